@@ -1,0 +1,121 @@
+// gradmesh: the command-line front end.
+//
+//   gradmesh replay --algo=spardl --workers=4 --teams=2 --density=0.01
+//                   --input-dir=IN --output-dir=OUT
+//
+// Flag names take '-' or '_' alike (--input-dir == --input_dir).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tools/gradmesh/replay.h"
+
+ABSL_FLAG(std::string, algo, "spardl", "all-reduce algorithm");
+ABSL_FLAG(int, workers, 4, "number of in-process workers P (1..1024)");
+ABSL_FLAG(int, teams, 1, "SparDL team count d; must divide --workers");
+ABSL_FLAG(double, density, 0.01, "k / n, in (0, 1]");
+ABSL_FLAG(std::string, input_dir, "",
+          "directory of rank{r}.npy files, float32 [n] or [T, n]; empty: "
+          "generate seeded gradients");
+ABSL_FLAG(std::string, output_dir, "replay-out",
+          "directory for rank{r}.result.npy, rank{r}.residual.npy, stats.json");
+ABSL_FLAG(bool, overwrite, false, "replace a non-empty --output-dir");
+ABSL_FLAG(uint64_t, n, 1 << 20, "generated gradients: values per worker");
+ABSL_FLAG(uint64_t, iterations, 5, "generated gradients: iterations");
+ABSL_FLAG(uint64_t, seed, 1, "generated gradients: seed");
+ABSL_FLAG(int, timeout_s, 600, "per-operation timeout in seconds");
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: gradmesh <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  replay   run an all-reduce algorithm on P in-process workers over\n"
+    "           gradients from .npy files (or generated ones) and write every\n"
+    "           rank's results, residuals and stats.json\n"
+    "\n"
+    "`gradmesh <command> --help` lists the command's flags.";
+
+// Rewrites --some-flag[=v] as --some_flag[=v]; values are left alone.
+std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::string& arg : args) {
+    if (!absl::StartsWith(arg, "--")) continue;
+    const size_t end = std::min(arg.find('='), arg.size());
+    for (size_t i = 2; i < end; ++i) {
+      if (arg[i] == '-') arg[i] = '_';
+    }
+  }
+  return args;
+}
+
+int Replay(int argc, char** argv) {
+  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
+  std::vector<char*> args;
+  for (std::string& a : normalized) args.push_back(a.data());
+  const std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "gradmesh replay: unexpected argument '%s'\n",
+                 positional[1]);
+    return 2;
+  }
+  gradmesh::tools::ReplayOptions options;
+  options.algorithm = {.algorithm = absl::GetFlag(FLAGS_algo),
+                       .density = absl::GetFlag(FLAGS_density),
+                       .teams = absl::GetFlag(FLAGS_teams)};
+  options.workers = absl::GetFlag(FLAGS_workers);
+  options.input_dir = absl::GetFlag(FLAGS_input_dir);
+  options.output_dir = absl::GetFlag(FLAGS_output_dir);
+  options.overwrite = absl::GetFlag(FLAGS_overwrite);
+  options.n = absl::GetFlag(FLAGS_n);
+  options.iterations = absl::GetFlag(FLAGS_iterations);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  const absl::Status status = gradmesh::tools::RunReplay(options);
+  if (!status.ok()) {
+    std::fprintf(stderr, "gradmesh replay: %s\n",
+                 std::string(status.message()).c_str());
+    return 1;
+  }
+  std::printf("gradmesh replay: wrote %s\n", options.output_dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "tools/gradmesh/");
+  };
+  config.normalize_filename = [](absl::string_view file) {
+    return std::string(file);
+  };
+  absl::SetFlagsUsageConfig(config);
+
+  const std::string command = argc > 1 ? argv[1] : "";
+  if (command == "replay") {
+    // Parse as "gradmesh replay" with the remaining flags.
+    std::string name = absl::StrCat(argv[0], " replay");
+    argv[1] = name.data();
+    return Replay(argc - 1, argv + 1);
+  }
+  if (command.empty() || command == "--help" || command == "-h" ||
+      command == "help") {
+    std::printf("%s\n", kUsage);
+    return command.empty() ? 2 : 0;
+  }
+  std::fprintf(stderr, "gradmesh: unknown command '%s'\n%s\n", command.c_str(),
+               kUsage);
+  return 2;
+}

@@ -1,0 +1,94 @@
+// Collective: one sparse all-reduce algorithm as seen by one worker.
+//
+// Semantics shared by every algorithm:
+//   - AllReduce returns the SUM over workers of the values the algorithm
+//     selects (callers divide by P for a mean), as a SparseBlock over the
+//     whole gradient [0, n). Every worker returns the bitwise identical block.
+//   - Error feedback: on entry `residual` holds what the previous iteration
+//     left; the algorithm works on gradient + residual and leaves the new
+//     residual there. Summed over workers, inputs = result + residuals (up to
+//     float rounding).
+//   - On error nothing is lost: `residual` then holds old residual + gradient
+//     (the whole input is fed back next time) and the status says why, with
+//     codes chosen for the caller: Unavailable (peer gone), DeadlineExceeded,
+//     Aborted, InvalidArgument (bad size or a malformed peer message).
+//     The caller decides whether to Abort the transport.
+//
+// A Collective instance belongs to one worker and one gradient buffer (it may
+// keep state across iterations, such as B-SAG's h) and is not thread-safe;
+// distinct instances may run concurrently on distinct operation ids.
+#ifndef GRADMESH_WORKER_COLLECTIVES_COLLECTIVE_H_
+#define GRADMESH_WORKER_COLLECTIVES_COLLECTIVE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "worker/sparse/sparse_block.h"
+#include "worker/transport/transport.h"
+
+namespace gradmesh::collectives {
+
+// Where and until when one operation runs.
+struct OpContext {
+  transport::Transport* transport = nullptr;
+  uint64_t epoch = 0;
+  uint64_t operation = 0;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// What one operation cost this worker and what it produced.
+struct OpStats {
+  int rounds = 0;  // communication steps (one exchange each)
+  uint64_t messages_sent = 0;
+  uint64_t messages_received = 0;
+  uint64_t bytes_sent = 0;  // payload bytes, as counted by the transport
+  uint64_t bytes_received = 0;
+  uint64_t result_nonzeros = 0;
+  // B-SAG only (-1 otherwise): the h used and the number of entries after the
+  // sparse all-gather across teams (N_t of Algorithm 2).
+  int64_t bsag_h = -1;
+  int64_t bsag_gathered = -1;
+};
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+
+  // Runs one all-reduce. gradient.size() and residual.size() must equal the
+  // n the instance was created for.
+  virtual absl::StatusOr<sparse::SparseBlock> AllReduce(
+      absl::Span<const float> gradient, absl::Span<float> residual,
+      const OpContext& context, OpStats* stats) = 0;
+};
+
+// k for a density: round(density * n), at least 1 when n > 0, at most n.
+uint64_t SelectionSize(uint64_t n, double density);
+
+// Runs the steps of one operation over its transport and accounts for them.
+// Each Exchange is one round: it queues the payloads for `send_to`, then
+// waits for `recv_count` messages from `recv_from`, all under the tag
+// (epoch, operation, step).
+class StepRunner {
+ public:
+  StepRunner(const OpContext& context, OpStats* stats);
+
+  absl::StatusOr<std::vector<std::string>> Exchange(
+      uint32_t step, int send_to, std::vector<std::string> payloads,
+      int recv_from, int recv_count);
+
+  // One payload each way.
+  absl::StatusOr<std::string> Exchange(uint32_t step, int send_to,
+                                       std::string payload, int recv_from);
+
+ private:
+  const OpContext& context_;
+  OpStats* const stats_;
+};
+
+}  // namespace gradmesh::collectives
+
+#endif  // GRADMESH_WORKER_COLLECTIVES_COLLECTIVE_H_

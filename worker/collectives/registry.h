@@ -1,0 +1,30 @@
+// Creates a Collective by algorithm name, so that every algorithm is
+// selectable wherever one is (the engine, `gradmesh replay`, the daemon).
+#ifndef GRADMESH_WORKER_COLLECTIVES_REGISTRY_H_
+#define GRADMESH_WORKER_COLLECTIVES_REGISTRY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/collectives/collective.h"
+
+namespace gradmesh::collectives {
+
+struct AlgorithmOptions {
+  std::string algorithm = "spardl";
+  double density = 0.01;  // k / n, in (0, 1]
+  int teams = 1;          // SparDL's d
+};
+
+// The names CreateCollective accepts.
+std::vector<std::string> AlgorithmNames();
+
+// InvalidArgument for an unknown name or options the algorithm rejects.
+absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
+    const AlgorithmOptions& options, int world_size, int rank, uint64_t n);
+
+}  // namespace gradmesh::collectives
+
+#endif  // GRADMESH_WORKER_COLLECTIVES_REGISTRY_H_

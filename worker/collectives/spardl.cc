@@ -1,0 +1,282 @@
+#include "worker/collectives/spardl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/kernels/topk.h"
+#include "worker/sparse/coo.h"
+
+namespace gradmesh::collectives {
+namespace {
+
+// Tag steps of the three phases, so their messages can never mix.
+constexpr uint32_t kSrsStep = 0;
+constexpr uint32_t kSagStep = 1u << 12;
+constexpr uint32_t kGatherStep = 2u << 12;
+
+std::vector<sparse::IndexRange> RunRanges(
+    const std::vector<sparse::IndexRange>& ranges, BlockRun run) {
+  std::vector<sparse::IndexRange> out;
+  const int p = static_cast<int>(ranges.size());
+  for (int i = 0; i < run.count; ++i) out.push_back(ranges[(run.first + i) % p]);
+  return out;
+}
+
+absl::Status FromPeer(absl::Status status, int peer) {
+  return absl::Status(status.code(), absl::StrCat("message from rank ", peer,
+                                                  ": ", status.message()));
+}
+
+}  // namespace
+
+BsagHController::BsagHController(uint64_t quota, int teams)
+    : quota_(static_cast<double>(quota)),
+      min_h_(std::ceil(quota_ / teams)),
+      h_(quota_ / teams),
+      step_(0.01 * quota_ * (teams - 1) / teams) {}
+
+uint64_t BsagHController::h() const {
+  return static_cast<uint64_t>(
+      std::clamp(std::llround(h_), static_cast<long long>(min_h_),
+                 static_cast<long long>(quota_)));
+}
+
+void BsagHController::Update(uint64_t gathered) {
+  // Algorithm 2, lines 3-12: keep going while the direction is right
+  // (too many entries and shrinking, or too few and growing), doubling the
+  // step every second time; otherwise turn round at half the step.
+  const bool too_many = static_cast<double>(gathered) > quota_;
+  if (too_many != (step_ > 0)) {
+    if (flag_) {
+      step_ *= 2;
+      flag_ = false;
+    } else {
+      flag_ = true;
+    }
+  } else {
+    step_ = -step_ / 2;
+    flag_ = false;
+  }
+  const double span = quota_ - min_h_;
+  step_ = std::clamp(step_, -span, span);
+  h_ = std::clamp(h_ + step_, min_h_, quota_);
+}
+
+absl::StatusOr<std::unique_ptr<SparDl>> SparDl::Create(
+    int world_size, int rank, uint64_t n, const SparDlOptions& options) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " outside a world of ", world_size));
+  }
+  if (!(options.density > 0.0 && options.density <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("density ", options.density, " is outside (0, 1]"));
+  }
+  if (options.teams < 1 || world_size % options.teams != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("teams d = ", options.teams,
+                     " must be a positive divisor of the ", world_size,
+                     " workers"));
+  }
+  if (n > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient of ", n, " values exceeds uint32 indices"));
+  }
+  return std::unique_ptr<SparDl>(new SparDl(world_size, rank, n, options));
+}
+
+SparDl::SparDl(int world_size, int rank, uint64_t n,
+               const SparDlOptions& options)
+    : layout_{world_size, options.teams},
+      rank_(rank),
+      team_(layout_.team_of(rank)),
+      position_(layout_.position_of(rank)),
+      n_(n),
+      k_(SelectionSize(n, options.density)),
+      work_(n),
+      h_controller_(0, 1) {
+  const int p = layout_.team_size();
+  for (int b = 0; b < p; ++b) {
+    ranges_.push_back(BlockRange(n_, p, b));
+    quotas_.push_back(BlockQuota(k_, p, b, ranges_.back().size()));
+  }
+  h_controller_ = BsagHController(quotas_[position_], layout_.teams);
+}
+
+absl::StatusOr<sparse::SparseBlock> SparDl::AllReduce(
+    absl::Span<const float> gradient, absl::Span<float> residual,
+    const OpContext& context, OpStats* stats) {
+  if (gradient.size() != n_ || residual.size() != n_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SparDL expects ", n_, " values, got a gradient of ", gradient.size(),
+        " and a residual of ", residual.size()));
+  }
+  // Step 1: acc = gradient + residual, in place, and its working copy.
+  for (uint64_t i = 0; i < n_; ++i) {
+    residual[i] += gradient[i];
+    work_[i] = residual[i];
+  }
+  *stats = OpStats{};
+  StepRunner runner(context, stats);
+  GM_ASSIGN_OR_RETURN(sparse::SparseBlock result, Run(runner, stats));
+  // Step 5: xi (and SAG shares) where the result has an entry.
+  for (uint32_t i : result.indices) residual[i] = work_[i];
+  stats->result_nonzeros = result.size();
+  return result;
+}
+
+absl::StatusOr<sparse::SparseBlock> SparDl::Run(StepRunner& runner,
+                                                OpStats* stats) {
+  GM_RETURN_IF_ERROR(SparReduceScatter(runner));
+  own_ = CutBlock(position_);
+  if (layout_.teams > 1) {
+    if (IsPowerOfTwo(layout_.teams)) {
+      GM_RETURN_IF_ERROR(RecursiveSag(runner));
+    } else {
+      GM_RETURN_IF_ERROR(BruckSag(runner, stats));
+    }
+  }
+  return TeamAllGather(runner);
+}
+
+absl::Status SparDl::SparReduceScatter(StepRunner& runner) {
+  const std::vector<Step> steps =
+      PlanSparReduceScatter(layout_.team_size(), position_);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const Step& step = steps[s];
+    std::vector<sparse::SparseBlock> bag;
+    for (int i = 0; i < step.send.count; ++i) {
+      bag.push_back(CutBlock((step.send.first + i) % layout_.team_size()));
+    }
+    std::vector<const sparse::SparseBlock*> bag_view;
+    for (const sparse::SparseBlock& block : bag) bag_view.push_back(&block);
+    const int source = layout_.rank_of(team_, step.recv_from);
+    GM_ASSIGN_OR_RETURN(
+        std::string bytes,
+        runner.Exchange(kSrsStep + s, layout_.rank_of(team_, step.send_to),
+                        sparse::EncodeCoo(bag_view), source));
+    auto received = sparse::DecodeCoo(bytes, RunRanges(ranges_, step.recv));
+    if (!received.ok()) return FromPeer(received.status(), source);
+    for (const sparse::SparseBlock& block : *received) {
+      sparse::ScatterAdd(block, absl::MakeSpan(work_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparDl::RecursiveSag(StepRunner& runner) {
+  const sparse::IndexRange range = ranges_[position_];
+  const std::vector<int> partners =
+      PlanRecursiveDoubling(layout_.teams, team_);
+  sparse::SparseBlock dropped;
+  for (size_t t = 0; t < partners.size(); ++t) {
+    const int peer = layout_.rank_of(partners[t], position_);
+    GM_ASSIGN_OR_RETURN(std::string bytes,
+                        runner.Exchange(kSagStep + t, peer,
+                                        sparse::EncodeCoo(own_), peer));
+    auto received = sparse::DecodeCoo(bytes, range);
+    if (!received.ok()) return FromPeer(received.status(), peer);
+    const sparse::SparseBlock sum = team_ < partners[t]
+                                        ? sparse::Add(own_, *received)
+                                        : sparse::Add(*received, own_);
+    kernels::SplitTopKAbs(sum, quotas_[position_], &own_, &dropped);
+    // 2^(t+1) workers now hold this identical discard.
+    KeepShare(dropped, std::ldexp(1.0f, -static_cast<int>(t + 1)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparDl::BruckSag(StepRunner& runner, OpStats* stats) {
+  const int d = layout_.teams;
+  const sparse::IndexRange range = ranges_[position_];
+  const uint64_t h = h_controller_.h();
+  std::vector<sparse::SparseBlock> team_blocks(d);
+  sparse::SparseBlock dropped;
+  kernels::SplitTopKAbs(own_, h, &team_blocks[team_], &dropped);
+  KeepShare(dropped, 1.0f);
+
+  const std::vector<Step> steps = PlanBruckAllGather(d, team_);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const Step& step = steps[s];
+    // Blocks of different teams cover the same range: one message each.
+    std::vector<std::string> payloads;
+    for (int i = 0; i < step.send.count; ++i) {
+      payloads.push_back(
+          sparse::EncodeCoo(team_blocks[(step.send.first + i) % d]));
+    }
+    const int source = layout_.rank_of(step.recv_from, position_);
+    GM_ASSIGN_OR_RETURN(
+        std::vector<std::string> received,
+        runner.Exchange(kSagStep + s, layout_.rank_of(step.send_to, position_),
+                        std::move(payloads), source, step.recv.count));
+    for (int i = 0; i < step.recv.count; ++i) {
+      auto block = sparse::DecodeCoo(received[i], range);
+      if (!block.ok()) return FromPeer(block.status(), source);
+      team_blocks[(step.recv.first + i) % d] = *std::move(block);
+    }
+  }
+  sparse::SparseBlock sum = std::move(team_blocks[0]);
+  for (int t = 1; t < d; ++t) sum = sparse::Add(sum, team_blocks[t]);
+  kernels::SplitTopKAbs(sum, quotas_[position_], &own_, &dropped);
+  KeepShare(dropped, 1.0f / static_cast<float>(d));
+
+  stats->bsag_h = static_cast<int64_t>(h);
+  stats->bsag_gathered = static_cast<int64_t>(sum.size());
+  h_controller_.Update(sum.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<sparse::SparseBlock> SparDl::TeamAllGather(StepRunner& runner) {
+  const int p = layout_.team_size();
+  std::vector<sparse::SparseBlock> blocks(p);
+  blocks[position_] = std::move(own_);
+  const std::vector<Step> steps = PlanBruckAllGather(p, position_);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const Step& step = steps[s];
+    std::vector<const sparse::SparseBlock*> outgoing;
+    for (int i = 0; i < step.send.count; ++i) {
+      outgoing.push_back(&blocks[(step.send.first + i) % p]);
+    }
+    const int source = layout_.rank_of(team_, step.recv_from);
+    GM_ASSIGN_OR_RETURN(
+        std::string bytes,
+        runner.Exchange(kGatherStep + s, layout_.rank_of(team_, step.send_to),
+                        sparse::EncodeCoo(outgoing), source));
+    auto received = sparse::DecodeCoo(bytes, RunRanges(ranges_, step.recv));
+    if (!received.ok()) return FromPeer(received.status(), source);
+    for (int i = 0; i < step.recv.count; ++i) {
+      blocks[(step.recv.first + i) % p] = std::move((*received)[i]);
+    }
+  }
+  // Blocks cover increasing ranges, so their concatenation is sorted.
+  sparse::SparseBlock result;
+  for (const sparse::SparseBlock& block : blocks) {
+    result.indices.insert(result.indices.end(), block.indices.begin(),
+                          block.indices.end());
+    result.values.insert(result.values.end(), block.values.begin(),
+                         block.values.end());
+  }
+  return result;
+}
+
+sparse::SparseBlock SparDl::CutBlock(int b) {
+  const sparse::IndexRange range = ranges_[b];
+  const absl::Span<float> block =
+      absl::MakeSpan(work_).subspan(range.begin, range.size());
+  sparse::SparseBlock kept = kernels::TopKAbs(
+      block, quotas_[b], static_cast<uint32_t>(range.begin));
+  for (uint32_t i : kept.indices) work_[i] = 0.0f;
+  return kept;
+}
+
+void SparDl::KeepShare(const sparse::SparseBlock& dropped, float share) {
+  for (size_t i = 0; i < dropped.size(); ++i) {
+    work_[dropped.indices[i]] += share * dropped.values[i];
+  }
+}
+
+}  // namespace gradmesh::collectives

@@ -1,0 +1,37 @@
+// Exact top-k selection by absolute value (CPU implementation).
+//
+// Semantics shared by every implementation of the project, so that they all
+// select the same set:
+//   - entries are ranked by |value|, larger first; equal magnitudes are broken
+//     by the lower index first;
+//   - entries whose value is exactly zero (+0 or -0) are never selected: a
+//     zero carries no gradient, so a span with fewer than k nonzeros yields
+//     all of its nonzeros;
+//   - the output is sorted by index.
+// Inputs must be free of NaN (callers validate external data).
+//
+// Thread-safety: pure functions.
+#ifndef GRADMESH_WORKER_KERNELS_TOPK_H_
+#define GRADMESH_WORKER_KERNELS_TOPK_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "worker/sparse/sparse_block.h"
+
+namespace gradmesh::kernels {
+
+// Top-k of a dense span. The selected entry x[i] gets the global index
+// base_index + i.
+sparse::SparseBlock TopKAbs(absl::Span<const float> x, size_t k,
+                            uint32_t base_index);
+
+// Splits `block` into its top-k entries (`kept`) and the rest (`dropped`),
+// both sorted by index. kept + dropped == block entry by entry.
+void SplitTopKAbs(const sparse::SparseBlock& block, size_t k,
+                  sparse::SparseBlock* kept, sparse::SparseBlock* dropped);
+
+}  // namespace gradmesh::kernels
+
+#endif  // GRADMESH_WORKER_KERNELS_TOPK_H_

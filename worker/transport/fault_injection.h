@@ -1,0 +1,50 @@
+// FaultInjectingTransport: wraps a Transport and misbehaves on request, so
+// that tests can show that faults end in a clear error, never a hang.
+//
+//   FaultInjectingTransport faulty(net.endpoint(2));
+//   faulty.CrashAfterSends(3, absl::UnavailableError("killed"));
+//
+// The wrapper does not own `base`. Thread-safe.
+#ifndef GRADMESH_WORKER_TRANSPORT_FAULT_INJECTION_H_
+#define GRADMESH_WORKER_TRANSPORT_FAULT_INJECTION_H_
+
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/transport/transport.h"
+
+namespace gradmesh::transport {
+
+class FaultInjectingTransport : public Transport {
+ public:
+  explicit FaultInjectingTransport(Transport* base) : base_(base) {}
+
+  // After `sends` further successful sends, the endpoint crashes: the base is
+  // aborted with `status` (peers see Unavailable) and every later call fails.
+  void CrashAfterSends(int sends, absl::Status status);
+
+  // Silently drops every later message to `peer`; the peer then waits until
+  // its deadline.
+  void DropSendsTo(int peer);
+
+  int rank() const override { return base_->rank(); }
+  int size() const override { return base_->size(); }
+  absl::Status Send(int peer, const Tag& tag, std::string payload) override;
+  absl::StatusOr<std::string> Recv(int peer, const Tag& tag,
+                                   absl::Time deadline) override;
+  void Abort(const absl::Status& status) override { base_->Abort(status); }
+  Counters counters() const override { return base_->counters(); }
+
+ private:
+  Transport* const base_;
+  absl::Mutex mu_;
+  std::optional<int> sends_before_crash_ ABSL_GUARDED_BY(mu_);
+  absl::Status crash_status_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<int> dropped_peers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradmesh::transport
+
+#endif  // GRADMESH_WORKER_TRANSPORT_FAULT_INJECTION_H_

@@ -1,0 +1,105 @@
+#include "worker/transport/loopback.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace gradmesh::transport {
+
+std::string ToString(const Tag& tag) {
+  return absl::StrCat("epoch ", tag.epoch, " op ", tag.operation, " step ",
+                      tag.step);
+}
+
+class LoopbackNetwork::Endpoint : public Transport {
+ public:
+  Endpoint(LoopbackNetwork* net, int rank) : net_(net), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return net_->size(); }
+
+  absl::Status Send(int peer, const Tag& tag, std::string payload) override {
+    GM_CHECK(peer >= 0 && peer < size() && peer != rank_) << "peer " << peer;
+    absl::MutexLock lock(&net_->mu_);
+    GM_RETURN_IF_ERROR(net_->aborted_[rank_]);
+    Counters& mine = net_->counters_[rank_];
+    ++mine.messages_sent;
+    mine.bytes_sent += payload.size();
+    mine.bytes_sent_to[peer] += payload.size();
+    net_->mailboxes_[MailboxKey{rank_, peer, tag}].push_back(
+        std::move(payload));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> Recv(int peer, const Tag& tag,
+                                   absl::Time deadline) override {
+    GM_CHECK(peer >= 0 && peer < size() && peer != rank_) << "peer " << peer;
+    const MailboxKey key{peer, rank_, tag};
+    absl::MutexLock lock(&net_->mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(net_->mu_) {
+      if (!net_->aborted_[rank_].ok() || !net_->aborted_[peer].ok()) {
+        return true;
+      }
+      auto it = net_->mailboxes_.find(key);
+      return it != net_->mailboxes_.end() && !it->second.empty();
+    };
+    net_->mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    GM_RETURN_IF_ERROR(net_->aborted_[rank_]);
+    auto it = net_->mailboxes_.find(key);
+    if (it == net_->mailboxes_.end() || it->second.empty()) {
+      if (!net_->aborted_[peer].ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("rank ", rank_, ": peer ", peer, " is gone (",
+                         net_->aborted_[peer].message(), ") while waiting for ",
+                         ToString(tag)));
+      }
+      return absl::DeadlineExceededError(
+          absl::StrCat("rank ", rank_, ": no message from peer ", peer,
+                       " for ", ToString(tag), " before the deadline"));
+    }
+    std::string payload = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) net_->mailboxes_.erase(it);
+    Counters& mine = net_->counters_[rank_];
+    ++mine.messages_received;
+    mine.bytes_received += payload.size();
+    mine.bytes_received_from[peer] += payload.size();
+    return payload;
+  }
+
+  void Abort(const absl::Status& status) override {
+    GM_CHECK(!status.ok());
+    absl::MutexLock lock(&net_->mu_);
+    if (net_->aborted_[rank_].ok()) net_->aborted_[rank_] = status;
+  }
+
+  Counters counters() const override {
+    absl::MutexLock lock(&net_->mu_);
+    return net_->counters_[rank_];
+  }
+
+ private:
+  LoopbackNetwork* const net_;
+  const int rank_;
+};
+
+LoopbackNetwork::LoopbackNetwork(int size) {
+  GM_CHECK(size >= 1) << "size " << size;
+  aborted_.assign(size, absl::OkStatus());
+  counters_.resize(size);
+  for (Counters& c : counters_) {
+    c.bytes_sent_to.assign(size, 0);
+    c.bytes_received_from.assign(size, 0);
+  }
+  for (int r = 0; r < size; ++r) {
+    endpoints_.push_back(std::make_unique<Endpoint>(this, r));
+  }
+}
+
+LoopbackNetwork::~LoopbackNetwork() = default;
+
+Transport* LoopbackNetwork::endpoint(int rank) const {
+  GM_CHECK(rank >= 0 && rank < size()) << "rank " << rank;
+  return endpoints_[rank].get();
+}
+
+}  // namespace gradmesh::transport

@@ -1,0 +1,83 @@
+// Transport: the narrow seam between the collectives and the network.
+//
+// A Transport is one rank's endpoint in a group of size() ranks. Messages are
+// opaque byte strings addressed by (peer, Tag); the Tag names the membership
+// epoch, the operation and the step, so that messages of different operations
+// or steps never mix, whatever order they arrive in.
+//
+//   GM_RETURN_IF_ERROR(t.Send(peer, tag, EncodeCoo(block)));
+//   GM_ASSIGN_OR_RETURN(std::string bytes, t.Recv(peer, tag, deadline));
+//
+// Contract for every implementation:
+//   - Send never waits for the receiver: it queues the message and returns.
+//     A step of a schedule may therefore send first and receive second on
+//     every rank without deadlock.
+//   - Messages between one ordered pair of ranks with equal tags are received
+//     in the order they were sent.
+//   - Recv blocks until the message arrives, the deadline passes
+//     (DeadlineExceeded), this endpoint is aborted (the Abort status), or the
+//     peer is known to be gone (Unavailable).
+//   - Abort(status) fails this endpoint's pending and future calls with
+//     `status` and makes peers waiting on it fail with Unavailable.
+//   - Counters count payload bytes only (tags and framing are not counted), so
+//     they compare directly with the papers' volume formulas.
+// All methods are thread-safe.
+#ifndef GRADMESH_WORKER_TRANSPORT_TRANSPORT_H_
+#define GRADMESH_WORKER_TRANSPORT_TRANSPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace gradmesh::transport {
+
+struct Tag {
+  uint64_t epoch = 0;      // membership epoch
+  uint64_t operation = 0;  // operation id, unique within an epoch
+  uint32_t step = 0;       // step of the operation's schedule
+
+  friend bool operator==(const Tag&, const Tag&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const Tag& tag) {
+    return H::combine(std::move(h), tag.epoch, tag.operation, tag.step);
+  }
+};
+
+std::string ToString(const Tag& tag);
+
+// Traffic of one endpoint, total and per peer.
+struct Counters {
+  uint64_t messages_sent = 0;
+  uint64_t messages_received = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  std::vector<uint64_t> bytes_sent_to;          // indexed by peer rank
+  std::vector<uint64_t> bytes_received_from;  // indexed by peer rank
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Queues `payload` for `peer` (0 <= peer < size(), peer != rank()).
+  virtual absl::Status Send(int peer, const Tag& tag, std::string payload) = 0;
+
+  // Waits for the message from `peer` carrying `tag`.
+  virtual absl::StatusOr<std::string> Recv(int peer, const Tag& tag,
+                                           absl::Time deadline) = 0;
+
+  virtual void Abort(const absl::Status& status) = 0;
+
+  virtual Counters counters() const = 0;
+};
+
+}  // namespace gradmesh::transport
+
+#endif  // GRADMESH_WORKER_TRANSPORT_TRANSPORT_H_
