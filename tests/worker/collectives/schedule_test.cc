@@ -1,0 +1,186 @@
+#include "worker/collectives/schedule.h"
+
+#include <set>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradmesh::collectives {
+namespace {
+
+constexpr int kMaxGroup = 1024;
+
+int Mod(int a, int p) { return ((a % p) + p) % p; }
+
+std::vector<int> Blocks(BlockRun run, int p) {
+  std::vector<int> out;
+  for (int i = 0; i < run.count; ++i) out.push_back(Mod(run.first + i, p));
+  return out;
+}
+
+TEST(ScheduleTest, CeilLog2AndPowerOfTwo) {
+  EXPECT_EQ(CeilLog2(1), 0);
+  EXPECT_EQ(CeilLog2(2), 1);
+  EXPECT_EQ(CeilLog2(3), 2);
+  EXPECT_EQ(CeilLog2(6), 3);
+  EXPECT_EQ(CeilLog2(1024), 10);
+  EXPECT_EQ(CeilLog2(1025), 11);
+  EXPECT_TRUE(IsPowerOfTwo(1));
+  EXPECT_TRUE(IsPowerOfTwo(8));
+  EXPECT_FALSE(IsPowerOfTwo(6));
+  EXPECT_FALSE(IsPowerOfTwo(0));
+}
+
+// Figure 5 of the SparDL paper, 0-based: worker 0 is the paper's worker 1.
+// Bags: B0 = {0}, B1 = {1}, B2 = {2, 3}, B3 = {4, 5}.
+// Step 1 (distance 4): sends B3 to worker 4 and receives 2 blocks from worker
+// 2 (the paper's Example 2 says worker 2, 1-based; Theorem 1 gives worker 3,
+// 1-based, which is 2 here). Step 2 (distance 2): B2 to worker 2, receives
+// from worker 4. Step 3 (distance 1): B1 to worker 1, receives from worker 5.
+TEST(ScheduleTest, SparReduceScatterMatchesSixWorkerExample) {
+  const std::vector<Step> steps = PlanSparReduceScatter(6, 0);
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_EQ(steps[0], (Step{.send_to = 4, .recv_from = 2, .send = {4, 2},
+                            .recv = {0, 2}}));
+  EXPECT_EQ(steps[1], (Step{.send_to = 2, .recv_from = 4, .send = {2, 2},
+                            .recv = {0, 2}}));
+  EXPECT_EQ(steps[2], (Step{.send_to = 1, .recv_from = 5, .send = {1, 1},
+                            .recv = {0, 1}}));
+  // Worker 3 (the paper's worker 4) at step 1: bag {1, 2} (blocks 7, 8 mod 6)
+  // to worker 1, two blocks {3, 4} from worker 5.
+  const std::vector<Step> w3 = PlanSparReduceScatter(6, 3);
+  EXPECT_THAT(Blocks(w3[0].send, 6), ::testing::ElementsAre(1, 2));
+  EXPECT_EQ(w3[0].send_to, 1);
+  EXPECT_EQ(w3[0].recv_from, 5);
+  EXPECT_THAT(Blocks(w3[0].recv, 6), ::testing::ElementsAre(3, 4));
+}
+
+// For every group size up to 1024 and every position: each block other than
+// w is sent exactly once, w is never sent, the bag received is a subset of the
+// blocks still held (Theorem 1), what a sender sends is what its target
+// expects, and after the last step only block w is held.
+TEST(ScheduleTest, SparReduceScatterIsConsistentUpTo1024) {
+  for (int p = 1; p <= kMaxGroup; ++p) {
+    std::vector<std::vector<Step>> plans;
+    for (int w = 0; w < p; ++w) plans.push_back(PlanSparReduceScatter(p, w));
+    for (int w = 0; w < p; ++w) {
+      ASSERT_EQ(static_cast<int>(plans[w].size()), CeilLog2(p)) << p;
+      std::vector<char> held(p, 1);
+      std::vector<int> sent_count(p, 0);
+      for (size_t i = 0; i < plans[w].size(); ++i) {
+        const Step& step = plans[w][i];
+        for (int b : Blocks(step.send, p)) {
+          ASSERT_TRUE(held[b]) << "p=" << p << " w=" << w << " b=" << b;
+          ++sent_count[b];
+          held[b] = 0;
+        }
+        for (int b : Blocks(step.recv, p)) {
+          ASSERT_TRUE(held[b])
+              << "Theorem 1 violated: p=" << p << " w=" << w << " b=" << b;
+        }
+        // The matching step of the source sends exactly what w expects.
+        const Step& source = plans[step.recv_from][i];
+        ASSERT_EQ(source.send_to, w) << p;
+        ASSERT_EQ(Blocks(source.send, p), Blocks(step.recv, p)) << p;
+      }
+      for (int b = 0; b < p; ++b) {
+        ASSERT_EQ(held[b], b == w) << "p=" << p << " w=" << w << " b=" << b;
+        ASSERT_EQ(sent_count[b], b == w ? 0 : 1) << "p=" << p << " b=" << b;
+      }
+    }
+  }
+}
+
+// Every position ends with every block exactly once, the blocks it sends are
+// ones it holds, and sender and receiver agree at each step.
+TEST(ScheduleTest, BruckAllGatherIsConsistentUpTo1024) {
+  for (int p = 1; p <= kMaxGroup; ++p) {
+    std::vector<std::vector<Step>> plans;
+    for (int w = 0; w < p; ++w) plans.push_back(PlanBruckAllGather(p, w));
+    for (int w = 0; w < p; ++w) {
+      ASSERT_EQ(static_cast<int>(plans[w].size()), CeilLog2(p));
+      std::vector<int> have(p, 0);
+      have[w] = 1;
+      for (size_t s = 0; s < plans[w].size(); ++s) {
+        const Step& step = plans[w][s];
+        for (int b : Blocks(step.send, p)) ASSERT_TRUE(have[b]) << p;
+        for (int b : Blocks(step.recv, p)) ++have[b];
+        const Step& source = plans[step.recv_from][s];
+        ASSERT_EQ(source.send_to, w);
+        ASSERT_EQ(Blocks(source.send, p), Blocks(step.recv, p));
+      }
+      for (int b = 0; b < p; ++b) ASSERT_EQ(have[b], 1) << "p=" << p;
+    }
+  }
+}
+
+TEST(ScheduleTest, RecursiveDoublingPairsUpTo1024) {
+  for (int p = 1; p <= kMaxGroup; p *= 2) {
+    for (int g = 0; g < p; ++g) {
+      const std::vector<int> partners = PlanRecursiveDoubling(p, g);
+      ASSERT_EQ(static_cast<int>(partners.size()), CeilLog2(p));
+      std::set<int> reached{g};
+      for (size_t t = 0; t < partners.size(); ++t) {
+        ASSERT_EQ(PlanRecursiveDoubling(p, partners[t])[t], g);
+        std::set<int> next = reached;
+        for (int m : reached) next.insert(m ^ (1 << t));
+        reached = next;
+      }
+      ASSERT_EQ(static_cast<int>(reached.size()), p);
+    }
+  }
+}
+
+TEST(ScheduleTest, BlockRangesTileTheGradient) {
+  for (uint64_t n : {0ull, 1ull, 5ull, 17ull, 1000ull, 4294967295ull}) {
+    for (int parts = 1; parts <= 64; ++parts) {
+      uint64_t expected_begin = 0;
+      uint64_t smallest = n;
+      uint64_t largest = 0;
+      for (int b = 0; b < parts; ++b) {
+        const sparse::IndexRange r = BlockRange(n, parts, b);
+        ASSERT_EQ(r.begin, expected_begin);
+        ASSERT_LE(r.begin, r.end);
+        smallest = std::min(smallest, r.size());
+        largest = std::max(largest, r.size());
+        expected_begin = r.end;
+      }
+      ASSERT_EQ(expected_begin, n);
+      ASSERT_LE(largest - smallest, 1u);
+    }
+  }
+}
+
+TEST(ScheduleTest, QuotasNeverExceedK) {
+  for (uint64_t n : {0ull, 3ull, 10ull, 1000ull}) {
+    for (uint64_t k = 0; k <= n; k += std::max<uint64_t>(1, n / 7)) {
+      for (int parts = 1; parts <= 16; ++parts) {
+        uint64_t total = 0;
+        for (int b = 0; b < parts; ++b) {
+          const uint64_t size = BlockRange(n, parts, b).size();
+          const uint64_t q = BlockQuota(k, parts, b, size);
+          ASSERT_LE(q, size);
+          total += q;
+        }
+        ASSERT_LE(total, k);
+        if (n >= k * parts) {  // no block is smaller than its quota
+          ASSERT_EQ(total, k);
+        }
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, TeamLayoutIsConsecutive) {
+  const TeamLayout layout{.world_size = 12, .teams = 3};
+  EXPECT_EQ(layout.team_size(), 4);
+  EXPECT_EQ(layout.team_of(5), 1);
+  EXPECT_EQ(layout.position_of(5), 1);
+  for (int r = 0; r < 12; ++r) {
+    EXPECT_EQ(layout.rank_of(layout.team_of(r), layout.position_of(r)), r);
+  }
+}
+
+}  // namespace
+}  // namespace gradmesh::collectives
