@@ -1,0 +1,97 @@
+#include "worker/kernels/topk.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradmesh::kernels {
+namespace {
+
+using ::testing::ElementsAre;
+
+// Plain reference: sort all nonzero positions by (|x| desc, index asc).
+sparse::SparseBlock SortReference(const std::vector<float>& x, size_t k,
+                                  uint32_t base) {
+  std::vector<uint32_t> order;
+  for (uint32_t i = 0; i < x.size(); ++i) {
+    if (x[i] != 0.0f) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return std::fabs(x[a]) > std::fabs(x[b]);
+  });
+  if (order.size() > k) order.resize(k);
+  std::sort(order.begin(), order.end());
+  sparse::SparseBlock out;
+  for (uint32_t i : order) out.push_back(base + i, x[i]);
+  return out;
+}
+
+std::vector<float> Values(size_t n, uint64_t seed, int distinct) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> x(n);
+  if (distinct > 0) {
+    // Heavy ties: few distinct magnitudes, both signs.
+    std::uniform_int_distribution<int> pick(-distinct, distinct);
+    for (float& v : x) v = static_cast<float>(pick(rng));
+  } else {
+    std::normal_distribution<float> normal;
+    for (float& v : x) v = normal(rng);
+  }
+  return x;
+}
+
+TEST(TopKTest, MatchesSortReferenceOnRandomAndTiedInputs) {
+  for (size_t n : {1u, 2u, 17u, 1000u, 4099u}) {
+    for (int distinct : {0, 1, 3, 50}) {
+      const std::vector<float> x = Values(n, n * 31 + distinct, distinct);
+      for (size_t k : {size_t{0}, size_t{1}, n / 100, n / 3, n - 1, n, n + 5}) {
+        EXPECT_EQ(TopKAbs(x, k, 100), SortReference(x, k, 100))
+            << "n=" << n << " distinct=" << distinct << " k=" << k;
+      }
+    }
+  }
+}
+
+TEST(TopKTest, TiesGoToTheLowerIndex) {
+  const std::vector<float> x = {1.0f, -2.0f, 2.0f, -1.0f, 2.0f};
+  const sparse::SparseBlock top = TopKAbs(x, 2, 0);
+  EXPECT_THAT(top.indices, ElementsAre(1, 2));
+  EXPECT_THAT(top.values, ElementsAre(-2.0f, 2.0f));
+}
+
+TEST(TopKTest, NeverSelectsZeros) {
+  const std::vector<float> x = {0.0f, -0.0f, 3.0f, 0.0f};
+  EXPECT_THAT(TopKAbs(x, 3, 0).indices, ElementsAre(2));
+  EXPECT_TRUE(TopKAbs(std::vector<float>(10, 0.0f), 4, 0).empty());
+  EXPECT_TRUE(TopKAbs({}, 4, 0).empty());
+}
+
+TEST(TopKTest, HandlesNegativeAndDenormalValues) {
+  const float denormal = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> x = {-5.0f, denormal, -denormal * 3, 4.0f, -1e30f};
+  const sparse::SparseBlock top = TopKAbs(x, 4, 7);
+  EXPECT_THAT(top.indices, ElementsAre(7, 9, 10, 11));
+  EXPECT_EQ(top, SortReference(x, 4, 7));
+}
+
+TEST(TopKTest, SplitKeepsTheTopAndDropsTheRest) {
+  const sparse::SparseBlock block{{2, 5, 8, 9}, {1.0f, -4.0f, 0.0f, 3.0f}};
+  sparse::SparseBlock kept, dropped;
+  SplitTopKAbs(block, 2, &kept, &dropped);
+  EXPECT_THAT(kept.indices, ElementsAre(5, 9));
+  EXPECT_THAT(dropped.indices, ElementsAre(2, 8));
+  EXPECT_EQ(sparse::Add(kept, dropped), block);
+  SplitTopKAbs(block, 10, &kept, &dropped);
+  EXPECT_THAT(kept.indices, ElementsAre(2, 5, 9));  // the zero is dropped
+  SplitTopKAbs(block, 0, &kept, &dropped);
+  EXPECT_TRUE(kept.empty());
+  EXPECT_EQ(dropped, block);
+}
+
+}  // namespace
+}  // namespace gradmesh::kernels

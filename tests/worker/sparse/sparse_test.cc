@@ -1,0 +1,102 @@
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/sparse/coo.h"
+#include "worker/sparse/sparse_block.h"
+
+namespace gradmesh::sparse {
+namespace {
+
+using ::testing::ElementsAre;
+
+SparseBlock Block(std::vector<uint32_t> indices, std::vector<float> values) {
+  return SparseBlock{std::move(indices), std::move(values)};
+}
+
+TEST(SparseBlockTest, AddMergesAndSumsInOrder) {
+  const SparseBlock a = Block({1, 4, 9}, {1.0f, 2.0f, 3.0f});
+  const SparseBlock b = Block({0, 4, 10}, {5.0f, -2.0f, 7.0f});
+  const SparseBlock sum = Add(a, b);
+  EXPECT_THAT(sum.indices, ElementsAre(0, 1, 4, 9, 10));
+  // A cancelled entry stays, with value zero.
+  EXPECT_THAT(sum.values, ElementsAre(5.0f, 1.0f, 0.0f, 3.0f, 7.0f));
+  EXPECT_EQ(Add(a, SparseBlock{}), a);
+  EXPECT_EQ(Add(SparseBlock{}, b), b);
+}
+
+TEST(SparseBlockTest, ScatterAddAndDensify) {
+  std::vector<float> dense(6, 1.0f);
+  ScatterAdd(Block({0, 5}, {2.0f, -1.0f}), absl::MakeSpan(dense));
+  EXPECT_THAT(dense, ElementsAre(3.0f, 1.0f, 1.0f, 1.0f, 1.0f, 0.0f));
+  std::vector<float> window(3, 9.0f);
+  Densify(Block({1, 3, 4, 8}, {1, 2, 3, 4}), {2, 5}, absl::MakeSpan(window));
+  EXPECT_THAT(window, ElementsAre(0.0f, 2.0f, 3.0f));
+  EXPECT_DOUBLE_EQ(Sum(Block({1, 2}, {0.5f, 0.25f})), 0.75);
+}
+
+TEST(SparseBlockTest, ValidateNamesTheViolation) {
+  EXPECT_TRUE(Validate(Block({1, 2}, {1, 1}), {0, 3}).ok());
+  EXPECT_TRUE(Validate(SparseBlock{}, {0, 0}).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(Validate(Block({1}, {1, 2}), {0, 3})));
+  EXPECT_TRUE(absl::IsInvalidArgument(Validate(Block({2, 2}, {1, 1}), {0, 3})));
+  EXPECT_TRUE(absl::IsInvalidArgument(Validate(Block({3, 1}, {1, 1}), {0, 9})));
+  const absl::Status out = Validate(Block({3}, {1}), {0, 3});
+  EXPECT_TRUE(absl::IsInvalidArgument(out));
+  EXPECT_THAT(out.message(), ::testing::HasSubstr("outside [0, 3)"));
+}
+
+TEST(CooTest, RoundTripsOneBlock) {
+  const SparseBlock block = Block({3, 7, 4000000000u}, {1.5f, -0.0f, 1e-40f});
+  const std::string bytes = EncodeCoo(block);
+  EXPECT_EQ(bytes.size(), 3 * kCooEntryBytes);
+  auto decoded = DecodeCoo(bytes, IndexRange{0, 4294967295ull});
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->indices, block.indices);
+  for (size_t i = 0; i < block.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&decoded->values[i], &block.values[i], 4), 0);
+  }
+  auto empty = DecodeCoo("", IndexRange{0, 10});
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->empty());
+}
+
+// A bag may wrap around: blocks 2, 0 (ranges [20,30) then [0,10)), with an
+// empty block in between.
+TEST(CooTest, SplitsABagByRanges) {
+  const SparseBlock b2 = Block({21, 29}, {1, 2});
+  const SparseBlock empty;
+  const SparseBlock b0 = Block({0, 5}, {3, 4});
+  const SparseBlock* bag[] = {&b2, &empty, &b0};
+  const IndexRange ranges[] = {{20, 30}, {10, 20}, {0, 10}};
+  auto decoded = DecodeCoo(EncodeCoo(bag), ranges);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_EQ(decoded->size(), 3u);
+  EXPECT_EQ((*decoded)[0], b2);
+  EXPECT_TRUE((*decoded)[1].empty());
+  EXPECT_EQ((*decoded)[2], b0);
+}
+
+TEST(CooTest, RejectsMalformedMessages) {
+  const IndexRange range{10, 20};
+  // Not a multiple of 8 bytes.
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeCoo("1234567", range).status()));
+  // Index outside the range.
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      DecodeCoo(EncodeCoo(Block({25}, {1})), range).status()));
+  // Not increasing.
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      DecodeCoo(EncodeCoo(Block({15, 12}, {1, 1})), range).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      DecodeCoo(EncodeCoo(Block({15, 15}, {1, 1})), range).status()));
+  // Ranges are consumed in order: an entry of an earlier range after a later
+  // one is rejected.
+  const IndexRange two[] = {{0, 10}, {10, 20}};
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      DecodeCoo(EncodeCoo(Block({12, 3}, {1, 1})), two).status()));
+}
+
+}  // namespace
+}  // namespace gradmesh::sparse
