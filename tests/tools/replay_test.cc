@@ -23,11 +23,11 @@ using ::testing::HasSubstr;
 class ReplayTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::path(::testing::TempDir()) /
-            absl::StrCat("replay_test_", getpid(), "_",
-                         ::testing::UnitTest::GetInstance()
-                             ->current_test_info()
-                             ->name());
+    root_ =
+        fs::path(::testing::TempDir()) /
+        absl::StrCat(
+            "replay_test_", getpid(), "_",
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root_);
     fs::create_directories(in());
   }
@@ -58,8 +58,8 @@ class ReplayTest : public ::testing::Test {
 
   ReplayOptions Options(int world, int teams, double density) const {
     ReplayOptions options;
-    options.algorithm = {.algorithm = "spardl", .density = density,
-                         .teams = teams};
+    options.algorithm = {
+        .algorithm = "spardl", .density = density, .teams = teams};
     options.workers = world;
     options.input_dir = in().string();
     options.output_dir = out().string();

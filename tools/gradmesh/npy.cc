@@ -34,7 +34,8 @@ absl::StatusOr<std::string> DictValue(absl::string_view header,
   }
   at = header.find(':', at + quoted.size());
   if (at == absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("header: no value for ", key));
+    return absl::InvalidArgumentError(
+        absl::StrCat("header: no value for ", key));
   }
   size_t end = at + 1;
   int depth = 0;
@@ -53,10 +54,12 @@ absl::StatusOr<std::vector<uint64_t>> ParseShape(absl::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat("bad shape ", text));
   }
   std::vector<uint64_t> shape;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+  for (absl::string_view part :
+       absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     uint64_t dim;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &dim)) {
-      return absl::InvalidArgumentError(absl::StrCat("bad shape entry '", part, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad shape entry '", part, "'"));
     }
     shape.push_back(dim);
   }
@@ -97,7 +100,8 @@ absl::StatusOr<NpyReader> NpyReader::Open(const std::string& path) {
   } else {
     return Bad(path, absl::StrCat("unsupported .npy version ", major));
   }
-  if (!reader.in_ || header_size > (1u << 20)) return Bad(path, "bad header length");
+  if (!reader.in_ || header_size > (1u << 20))
+    return Bad(path, "bad header length");
   std::string header(header_size, '\0');
   if (!reader.in_.read(header.data(), header.size())) {
     return Bad(path, "truncated header");
@@ -127,26 +131,27 @@ absl::StatusOr<NpyReader> NpyReader::Open(const std::string& path) {
   uint64_t values = 1;
   for (uint64_t dim : reader.shape_) values *= dim;
   if (file_size != reader.data_offset_ + values * sizeof(float)) {
-    return Bad(path, absl::StrCat("file holds ", file_size - reader.data_offset_,
-                                  " data bytes; shape (",
-                                  absl::StrJoin(reader.shape_, ", "),
-                                  ") needs ", values * sizeof(float)));
+    return Bad(
+        path,
+        absl::StrCat("file holds ", file_size - reader.data_offset_,
+                     " data bytes; shape (", absl::StrJoin(reader.shape_, ", "),
+                     ") needs ", values * sizeof(float)));
   }
   return reader;
 }
 
 absl::Status NpyReader::ReadRow(uint64_t row, absl::Span<float> out) {
   if (row >= rows() || out.size() != columns()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path_, ": row ", row, " of ", rows(), " with ",
-                     out.size(), " values requested"));
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": row ", row, " of ",
+                                                   rows(), " with ", out.size(),
+                                                   " values requested"));
   }
   in_.seekg(static_cast<std::streamoff>(data_offset_ +
                                         row * columns() * sizeof(float)));
   if (!in_.read(reinterpret_cast<char*>(out.data()),
                 static_cast<std::streamsize>(out.size() * sizeof(float)))) {
-    return absl::DataLossError(absl::StrCat(path_, ": read of row ", row,
-                                            " failed"));
+    return absl::DataLossError(
+        absl::StrCat(path_, ": read of row ", row, " failed"));
   }
   return absl::OkStatus();
 }
@@ -166,7 +171,8 @@ absl::StatusOr<NpyWriter> NpyWriter::Create(const std::string& path,
   dict.push_back('\n');
   writer.out_.open(path, std::ios::binary | std::ios::trunc);
   if (!writer.out_) {
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot be created"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": cannot be created"));
   }
   const uint16_t len = static_cast<uint16_t>(dict.size());
   writer.out_.write(kMagic, kMagicSize);
@@ -174,7 +180,8 @@ absl::StatusOr<NpyWriter> NpyWriter::Create(const std::string& path,
   writer.out_.put(0);
   writer.out_.write(reinterpret_cast<const char*>(&len), sizeof(len));
   writer.out_ << dict;
-  if (!writer.out_) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  if (!writer.out_)
+    return absl::DataLossError(absl::StrCat(path, ": write failed"));
   return writer;
 }
 

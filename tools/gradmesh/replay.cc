@@ -40,7 +40,8 @@ absl::StatusOr<std::vector<NpyReader>> OpenInputs(const ReplayOptions& options,
                                                   Shape* shape) {
   std::vector<NpyReader> readers;
   for (int r = 0; r < options.workers; ++r) {
-    const std::string path = (fs::path(options.input_dir) / RankFile(r)).string();
+    const std::string path =
+        (fs::path(options.input_dir) / RankFile(r)).string();
     auto reader = NpyReader::Open(path);
     if (!reader.ok()) {
       return absl::InvalidArgumentError(
@@ -50,10 +51,10 @@ absl::StatusOr<std::vector<NpyReader>> OpenInputs(const ReplayOptions& options,
       *shape = {reader->rows(), reader->columns()};
     } else if (reader->rows() != shape->iterations ||
                reader->columns() != shape->n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, " holds ", reader->rows(), " iteration(s) of ",
-          reader->columns(), " values; rank0.npy holds ", shape->iterations,
-          " of ", shape->n));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, " holds ", reader->rows(), " iteration(s) of ",
+                       reader->columns(), " values; rank0.npy holds ",
+                       shape->iterations, " of ", shape->n));
     }
     readers.push_back(*std::move(reader));
   }
@@ -99,8 +100,9 @@ absl::Status RunRank(const ReplayOptions& options, const Shape& shape,
                                          .timeout = options.timeout}));
   GM_ASSIGN_OR_RETURN(
       NpyWriter results,
-      NpyWriter::Create((staging / absl::StrCat("rank", rank, ".result.npy")).string(),
-                        {shape.iterations, shape.n}));
+      NpyWriter::Create(
+          (staging / absl::StrCat("rank", rank, ".result.npy")).string(),
+          {shape.iterations, shape.n}));
   std::vector<float> gradient(shape.n);
   for (uint64_t t = 0; t < shape.iterations; ++t) {
     if (reader.has_value()) {
@@ -132,22 +134,25 @@ absl::Status RunRank(const ReplayOptions& options, const Shape& shape,
   GM_RETURN_IF_ERROR(results.Close());
   GM_ASSIGN_OR_RETURN(
       NpyWriter residual,
-      NpyWriter::Create((staging / absl::StrCat("rank", rank, ".residual.npy")).string(),
-                        {shape.n}));
+      NpyWriter::Create(
+          (staging / absl::StrCat("rank", rank, ".residual.npy")).string(),
+          {shape.n}));
   GM_RETURN_IF_ERROR(residual.Append(engine->residual("gradient")));
   return residual.Close();
 }
 
-absl::Status WriteStats(const ReplayOptions& options, const Shape& shape,
-                        const std::vector<std::vector<collectives::OpStats>>& stats,
-                        const fs::path& path) {
+absl::Status WriteStats(
+    const ReplayOptions& options, const Shape& shape,
+    const std::vector<std::vector<collectives::OpStats>>& stats,
+    const fs::path& path) {
   std::ofstream out(path);
   out << "{\n  \"algorithm\": \"" << options.algorithm.algorithm << "\",\n"
       << "  \"workers\": " << options.workers << ",\n"
       << "  \"teams\": " << options.algorithm.teams << ",\n"
       << "  \"density\": " << options.algorithm.density << ",\n"
       << "  \"n\": " << shape.n << ",\n"
-      << "  \"k\": " << collectives::SelectionSize(shape.n, options.algorithm.density)
+      << "  \"k\": "
+      << collectives::SelectionSize(shape.n, options.algorithm.density)
       << ",\n  \"iterations\": " << shape.iterations << ",\n"
       << "  \"value_bytes\": 4,\n  \"index_bytes\": 4,\n  \"ranks\": [\n";
   for (size_t r = 0; r < stats.size(); ++r) {
@@ -168,7 +173,8 @@ absl::Status WriteStats(const ReplayOptions& options, const Shape& shape,
   }
   out << "  ]\n}\n";
   out.close();
-  if (!out) return absl::DataLossError(absl::StrCat(path.string(), ": write failed"));
+  if (!out)
+    return absl::DataLossError(absl::StrCat(path.string(), ": write failed"));
   return absl::OkStatus();
 }
 
@@ -196,8 +202,9 @@ absl::Status PrepareOutput(const ReplayOptions& options) {
           absl::StrCat(options.output_dir, " exists and is not a directory"));
     }
     if (!fs::is_empty(out, ec) && !options.overwrite) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          options.output_dir, " is not empty (pass --overwrite to replace it)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.output_dir,
+                       " is not empty (pass --overwrite to replace it)"));
     }
   }
   return absl::OkStatus();
@@ -231,7 +238,8 @@ absl::Status RunReplay(const ReplayOptions& options) {
   }
 
   const fs::path out(options.output_dir);
-  const fs::path staging = out.parent_path() /
+  const fs::path staging =
+      out.parent_path() /
       absl::StrCat(".", out.filename().string(), ".partial-", getpid());
   std::error_code ec;
   fs::remove_all(staging, ec);
@@ -255,7 +263,8 @@ absl::Status RunReplay(const ReplayOptions& options) {
   for (std::thread& t : threads) t.join();
 
   absl::Status status = RootCause(statuses);
-  if (status.ok()) status = WriteStats(options, shape, stats, staging / "stats.json");
+  if (status.ok())
+    status = WriteStats(options, shape, stats, staging / "stats.json");
   if (status.ok()) {
     fs::remove_all(out, ec);
     fs::rename(staging, out, ec);

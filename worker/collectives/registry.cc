@@ -11,15 +11,15 @@ std::vector<std::string> AlgorithmNames() { return {"spardl"}; }
 absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     const AlgorithmOptions& options, int world_size, int rank, uint64_t n) {
   if (options.algorithm == "spardl") {
-    auto spardl = SparDl::Create(world_size, rank, n,
-                                 {.density = options.density,
-                                  .teams = options.teams});
+    auto spardl =
+        SparDl::Create(world_size, rank, n,
+                       {.density = options.density, .teams = options.teams});
     if (!spardl.ok()) return spardl.status();
     return std::unique_ptr<Collective>(*std::move(spardl));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown algorithm '", options.algorithm, "' (known: ",
-                   absl::StrJoin(AlgorithmNames(), ", "), ")"));
+      absl::StrCat("unknown algorithm '", options.algorithm,
+                   "' (known: ", absl::StrJoin(AlgorithmNames(), ", "), ")"));
 }
 
 }  // namespace gradmesh::collectives

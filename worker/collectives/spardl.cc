@@ -22,7 +22,8 @@ std::vector<sparse::IndexRange> RunRanges(
     const std::vector<sparse::IndexRange>& ranges, BlockRun run) {
   std::vector<sparse::IndexRange> out;
   const int p = static_cast<int>(ranges.size());
-  for (int i = 0; i < run.count; ++i) out.push_back(ranges[(run.first + i) % p]);
+  for (int i = 0; i < run.count; ++i)
+    out.push_back(ranges[(run.first + i) % p]);
   return out;
 }
 
@@ -40,9 +41,9 @@ BsagHController::BsagHController(uint64_t quota, int teams)
       step_(0.01 * quota_ * (teams - 1) / teams) {}
 
 uint64_t BsagHController::h() const {
-  return static_cast<uint64_t>(
-      std::clamp(std::llround(h_), static_cast<long long>(min_h_),
-                 static_cast<long long>(quota_)));
+  return static_cast<uint64_t>(std::clamp(std::llround(h_),
+                                          static_cast<long long>(min_h_),
+                                          static_cast<long long>(quota_)));
 }
 
 void BsagHController::Update(uint64_t gathered) {
@@ -77,10 +78,9 @@ absl::StatusOr<std::unique_ptr<SparDl>> SparDl::Create(
         absl::StrCat("density ", options.density, " is outside (0, 1]"));
   }
   if (options.teams < 1 || world_size % options.teams != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("teams d = ", options.teams,
-                     " must be a positive divisor of the ", world_size,
-                     " workers"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "teams d = ", options.teams, " must be a positive divisor of the ",
+        world_size, " workers"));
   }
   if (n > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(
@@ -111,9 +111,9 @@ absl::StatusOr<sparse::SparseBlock> SparDl::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
   if (gradient.size() != n_ || residual.size() != n_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SparDL expects ", n_, " values, got a gradient of ", gradient.size(),
-        " and a residual of ", residual.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SparDL expects ", n_, " values, got a gradient of ",
+                     gradient.size(), " and a residual of ", residual.size()));
   }
   // Step 1: acc = gradient + residual, in place, and its working copy.
   for (uint64_t i = 0; i < n_; ++i) {
@@ -170,14 +170,13 @@ absl::Status SparDl::SparReduceScatter(StepRunner& runner) {
 
 absl::Status SparDl::RecursiveSag(StepRunner& runner) {
   const sparse::IndexRange range = ranges_[position_];
-  const std::vector<int> partners =
-      PlanRecursiveDoubling(layout_.teams, team_);
+  const std::vector<int> partners = PlanRecursiveDoubling(layout_.teams, team_);
   sparse::SparseBlock dropped;
   for (size_t t = 0; t < partners.size(); ++t) {
     const int peer = layout_.rank_of(partners[t], position_);
-    GM_ASSIGN_OR_RETURN(std::string bytes,
-                        runner.Exchange(kSagStep + t, peer,
-                                        sparse::EncodeCoo(own_), peer));
+    GM_ASSIGN_OR_RETURN(
+        std::string bytes,
+        runner.Exchange(kSagStep + t, peer, sparse::EncodeCoo(own_), peer));
     auto received = sparse::DecodeCoo(bytes, range);
     if (!received.ok()) return FromPeer(received.status(), peer);
     const sparse::SparseBlock sum = team_ < partners[t]
@@ -267,8 +266,8 @@ sparse::SparseBlock SparDl::CutBlock(int b) {
   const sparse::IndexRange range = ranges_[b];
   const absl::Span<float> block =
       absl::MakeSpan(work_).subspan(range.begin, range.size());
-  sparse::SparseBlock kept = kernels::TopKAbs(
-      block, quotas_[b], static_cast<uint32_t>(range.begin));
+  sparse::SparseBlock kept =
+      kernels::TopKAbs(block, quotas_[b], static_cast<uint32_t>(range.begin));
   for (uint32_t i : kept.indices) work_[i] = 0.0f;
   return kept;
 }

@@ -42,8 +42,8 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
       .epoch = options_.epoch,
       .operation = next_operation_++,
       .deadline = absl::Now() + options_.timeout};
-  return buffer.collective->AllReduce(
-      gradient, absl::MakeSpan(buffer.residual), context, stats);
+  return buffer.collective->AllReduce(gradient, absl::MakeSpan(buffer.residual),
+                                      context, stats);
 }
 
 absl::Span<const float> Engine::residual(absl::string_view name) const {

@@ -7,7 +7,8 @@
 // matches the messages of one request across ranks.
 //
 //   auto engine = Engine::Create(transport, {.algorithm = {.teams = 2}});
-//   GM_ASSIGN_OR_RETURN(SparseBlock sum, (*engine)->AllReduce("fc1", grad, &stats));
+//   GM_ASSIGN_OR_RETURN(SparseBlock sum, (*engine)->AllReduce("fc1", grad,
+//   &stats));
 //
 // Not thread-safe: one caller at a time. The transport must outlive it.
 #ifndef GRADMESH_WORKER_ENGINE_ENGINE_H_

@@ -47,9 +47,9 @@ absl::StatusOr<std::vector<SparseBlock>> DecodeCoo(
       ++current;
     }
     if (current == ranges.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "COO entry ", e, " has index ", index,
-          " outside the remaining block ranges of the message"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("COO entry ", e, " has index ", index,
+                       " outside the remaining block ranges of the message"));
     }
     SparseBlock& block = out[current];
     if (!block.empty() && index <= block.indices.back()) {

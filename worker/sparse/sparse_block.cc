@@ -10,20 +10,20 @@ namespace gradmesh::sparse {
 absl::Status Validate(const SparseBlock& block, IndexRange range) {
   if (block.indices.size() != block.values.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sparse block has ", block.indices.size(),
-                     " indices but ", block.values.size(), " values"));
+        absl::StrCat("sparse block has ", block.indices.size(), " indices but ",
+                     block.values.size(), " values"));
   }
   for (size_t i = 0; i < block.indices.size(); ++i) {
     const uint32_t index = block.indices[i];
     if (!range.Contains(index)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sparse index ", index, " outside [", range.begin, ", ",
-                       range.end, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("sparse index ", index,
+                                                     " outside [", range.begin,
+                                                     ", ", range.end, ")"));
     }
     if (i > 0 && index <= block.indices[i - 1]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("sparse indices not strictly increasing at position ",
-                       i, ": ", block.indices[i - 1], " then ", index));
+          absl::StrCat("sparse indices not strictly increasing at position ", i,
+                       ": ", block.indices[i - 1], " then ", index));
     }
   }
   return absl::OkStatus();
@@ -63,8 +63,8 @@ void Densify(const SparseBlock& block, IndexRange range,
              absl::Span<float> dense) {
   GM_CHECK(dense.size() == range.size());
   std::fill(dense.begin(), dense.end(), 0.0f);
-  auto first = std::lower_bound(block.indices.begin(), block.indices.end(),
-                                range.begin);
+  auto first =
+      std::lower_bound(block.indices.begin(), block.indices.end(), range.begin);
   for (auto it = first; it != block.indices.end() && *it < range.end; ++it) {
     dense[*it - range.begin] = block.values[it - block.indices.begin()];
   }

@@ -29,8 +29,9 @@ absl::Status FaultInjectingTransport::Send(int peer, const Tag& tag,
   return base_->Send(peer, tag, std::move(payload));
 }
 
-absl::StatusOr<std::string> FaultInjectingTransport::Recv(
-    int peer, const Tag& tag, absl::Time deadline) {
+absl::StatusOr<std::string> FaultInjectingTransport::Recv(int peer,
+                                                          const Tag& tag,
+                                                          absl::Time deadline) {
   return base_->Recv(peer, tag, deadline);
 }
 

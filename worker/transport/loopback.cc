@@ -53,8 +53,8 @@ class LoopbackNetwork::Endpoint : public Transport {
                          ToString(tag)));
       }
       return absl::DeadlineExceededError(
-          absl::StrCat("rank ", rank_, ": no message from peer ", peer,
-                       " for ", ToString(tag), " before the deadline"));
+          absl::StrCat("rank ", rank_, ": no message from peer ", peer, " for ",
+                       ToString(tag), " before the deadline"));
     }
     std::string payload = std::move(it->second.front());
     it->second.pop_front();

@@ -55,7 +55,7 @@ struct Counters {
   uint64_t messages_received = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
-  std::vector<uint64_t> bytes_sent_to;          // indexed by peer rank
+  std::vector<uint64_t> bytes_sent_to;        // indexed by peer rank
   std::vector<uint64_t> bytes_received_from;  // indexed by peer rank
 };
 

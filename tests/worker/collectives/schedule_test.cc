@@ -41,12 +41,15 @@ TEST(ScheduleTest, CeilLog2AndPowerOfTwo) {
 TEST(ScheduleTest, SparReduceScatterMatchesSixWorkerExample) {
   const std::vector<Step> steps = PlanSparReduceScatter(6, 0);
   ASSERT_EQ(steps.size(), 3u);
-  EXPECT_EQ(steps[0], (Step{.send_to = 4, .recv_from = 2, .send = {4, 2},
-                            .recv = {0, 2}}));
-  EXPECT_EQ(steps[1], (Step{.send_to = 2, .recv_from = 4, .send = {2, 2},
-                            .recv = {0, 2}}));
-  EXPECT_EQ(steps[2], (Step{.send_to = 1, .recv_from = 5, .send = {1, 1},
-                            .recv = {0, 1}}));
+  EXPECT_EQ(
+      steps[0],
+      (Step{.send_to = 4, .recv_from = 2, .send = {4, 2}, .recv = {0, 2}}));
+  EXPECT_EQ(
+      steps[1],
+      (Step{.send_to = 2, .recv_from = 4, .send = {2, 2}, .recv = {0, 2}}));
+  EXPECT_EQ(
+      steps[2],
+      (Step{.send_to = 1, .recv_from = 5, .send = {1, 1}, .recv = {0, 1}}));
   // Worker 3 (the paper's worker 4) at step 1: bag {1, 2} (blocks 7, 8 mod 6)
   // to worker 1, two blocks {3, 4} from worker 5.
   const std::vector<Step> w3 = PlanSparReduceScatter(6, 3);

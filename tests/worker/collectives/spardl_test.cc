@@ -45,12 +45,14 @@ Sparse SortTopK(const Sparse& entries, uint64_t q) {
 // Algorithm 2 of the paper, for one block of quota q and d teams.
 struct ReferenceH {
   ReferenceH(uint64_t quota, int d)
-      : q(quota), lo(std::ceil(static_cast<double>(quota) / d)),
+      : q(quota),
+        lo(std::ceil(static_cast<double>(quota) / d)),
         h(static_cast<double>(quota) / d),
         step(0.01 * static_cast<double>(quota) * (d - 1) / d) {}
   uint64_t Current() const {
-    return static_cast<uint64_t>(std::clamp<long long>(
-        std::llround(h), static_cast<long long>(lo), static_cast<long long>(q)));
+    return static_cast<uint64_t>(
+        std::clamp<long long>(std::llround(h), static_cast<long long>(lo),
+                              static_cast<long long>(q)));
   }
   void Update(uint64_t gathered) {
     const bool too_many = gathered > q;
@@ -76,7 +78,10 @@ struct ReferenceH {
 class ReferenceSparDl {
  public:
   ReferenceSparDl(int world, int teams, uint64_t n, double density)
-      : P_(world), d_(teams), p_(world / teams), n_(n),
+      : P_(world),
+        d_(teams),
+        p_(world / teams),
+        n_(n),
         residual_(world, std::vector<float>(n, 0.0f)) {
     k_ = n == 0 ? 0
                 : std::clamp<uint64_t>(
@@ -154,7 +159,8 @@ class ReferenceSparDl {
         for (int w = 0; w < P_; ++w) {
           const int partner = (team(w) ^ (1 << t)) * p_ + pos(w);
           const Sparse& lower = team(w) < team(partner) ? own[w] : own[partner];
-          const Sparse& higher = team(w) < team(partner) ? own[partner] : own[w];
+          const Sparse& higher =
+              team(w) < team(partner) ? own[partner] : own[w];
           Sparse sum = lower;
           for (const auto& [i, x] : higher) sum[i] += x;
           next[w] = SortTopK(sum, quota_[pos(w)]);
@@ -193,7 +199,8 @@ class ReferenceSparDl {
         out.bytes_received[w] += 8 * own[team(w) * p_ + o].size();
       }
     }
-    for (int w = 0; w < p_; ++w) out.result.insert(own[w].begin(), own[w].end());
+    for (int w = 0; w < p_; ++w)
+      out.result.insert(own[w].begin(), own[w].end());
 
     // Global residual collection.
     for (int w = 0; w < P_; ++w) {
@@ -231,8 +238,8 @@ std::vector<RankRun> RunIteration(
   std::vector<RankRun> runs(network.size());
   const absl::Time deadline = absl::Now() + timeout;
   RunRanks(network, [&](int r, transport::Transport* t) {
-    OpContext context{.transport = t, .operation = operation,
-                      .deadline = deadline};
+    OpContext context{
+        .transport = t, .operation = operation, .deadline = deadline};
     auto result = instances[r]->AllReduce(
         gradients[r], absl::MakeSpan(residuals[r]), context, &runs[r].stats);
     runs[r].status = result.status();
@@ -245,8 +252,8 @@ std::vector<std::unique_ptr<SparDl>> MakeInstances(int world, int teams,
                                                    uint64_t n, double density) {
   std::vector<std::unique_ptr<SparDl>> instances;
   for (int r = 0; r < world; ++r) {
-    auto instance = SparDl::Create(world, r, n, {.density = density,
-                                                 .teams = teams});
+    auto instance =
+        SparDl::Create(world, r, n, {.density = density, .teams = teams});
     EXPECT_TRUE(instance.ok()) << instance.status();
     instances.push_back(*std::move(instance));
   }
@@ -305,7 +312,8 @@ TEST_P(SparDlTest, AgreesWithReferenceConservesMassAndCostsWhatItShould) {
     const ReferenceSparDl::Output expected = reference.Iterate(gradients);
 
     for (int r = 0; r < world; ++r) {
-      ASSERT_TRUE(runs[r].status.ok()) << "rank " << r << ": " << runs[r].status;
+      ASSERT_TRUE(runs[r].status.ok())
+          << "rank " << r << ": " << runs[r].status;
       // Every rank holds the bitwise identical result.
       ASSERT_EQ(runs[r].result.indices, runs[0].result.indices) << "rank " << r;
       for (size_t e = 0; e < runs[r].result.size(); ++e) {
@@ -317,8 +325,7 @@ TEST_P(SparDlTest, AgreesWithReferenceConservesMassAndCostsWhatItShould) {
       EXPECT_LE(runs[r].result.size(), reference.k());
       EXPECT_EQ(runs[r].stats.result_nonzeros, runs[r].result.size());
       EXPECT_EQ(runs[r].stats.rounds, ExpectedRounds(world, teams));
-      EXPECT_EQ(runs[r].stats.messages_received,
-                runs[r].stats.messages_sent);
+      EXPECT_EQ(runs[r].stats.messages_received, runs[r].stats.messages_sent);
       EXPECT_EQ(runs[r].stats.bytes_received, expected.bytes_received[r])
           << "rank " << r;
       // The independent reference: same result, same residuals.
@@ -352,9 +359,9 @@ TEST_P(SparDlTest, AgreesWithReferenceConservesMassAndCostsWhatItShould) {
   }
 }
 
-std::string SparDlTestName(const ::testing::TestParamInfo<
-                           std::tuple<std::tuple<int, int>, uint64_t, double>>&
-                               info) {
+std::string SparDlTestName(
+    const ::testing::TestParamInfo<
+        std::tuple<std::tuple<int, int>, uint64_t, double>>& info) {
   const auto& [world_and_teams, n, density] = info.param;
   return absl::StrCat("P", std::get<0>(world_and_teams), "_d",
                       std::get<1>(world_and_teams), "_n", n, "_density",
@@ -389,7 +396,8 @@ TEST_P(SparDlCostTest, RoundsAndBytesMatchTableOne) {
   std::vector<std::vector<float>> residuals(world, std::vector<float>(n, 0.0f));
   for (int it = 0; it < 4; ++it) {
     std::vector<std::vector<float>> gradients;
-    for (int r = 0; r < world; ++r) gradients.push_back(RandomVector(n, 31 * it + r));
+    for (int r = 0; r < world; ++r)
+      gradients.push_back(RandomVector(n, 31 * it + r));
     const std::vector<RankRun> runs =
         RunIteration(network, instances, gradients, residuals, it);
     for (int r = 0; r < world; ++r) {
@@ -474,7 +482,8 @@ TEST(SparDlErrorsTest, InvalidOptionsAreInvalidArgument) {
   EXPECT_TRUE(absl::IsInvalidArgument(
       SparDl::Create(4, 0, 100, {.density = 1.5, .teams = 1}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
-      SparDl::Create(4, 0, 100, {.density = std::nan(""), .teams = 1}).status()));
+      SparDl::Create(4, 0, 100, {.density = std::nan(""), .teams = 1})
+          .status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
       SparDl::Create(4, 4, 100, {.density = 0.1, .teams = 1}).status()));
   EXPECT_TRUE(SparDl::Create(6, 5, 100, {.density = 1.0, .teams = 3}).ok());
@@ -543,10 +552,10 @@ TEST(SparDlErrorsTest, LostMessageEndsInDeadlineExceeded) {
     OpContext context{.transport = r == 1 ? &faulty : t,
                       .deadline = absl::Now() + absl::Milliseconds(300)};
     OpStats stats;
-    statuses[r] = instances[r]
-                      ->AllReduce(gradient, absl::MakeSpan(residual), context,
-                                  &stats)
-                      .status();
+    statuses[r] =
+        instances[r]
+            ->AllReduce(gradient, absl::MakeSpan(residual), context, &stats)
+            .status();
   });
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_TRUE(absl::IsDeadlineExceeded(statuses[0])) << statuses[0];
@@ -560,11 +569,10 @@ TEST(SparDlErrorsTest, MalformedPeerMessageIsInvalidArgument) {
   std::vector<float> gradient = RandomVector(100, 1);
   std::vector<float> residual(100, 0.0f);
   OpStats stats;
-  auto result = spardl->AllReduce(
-      gradient, absl::MakeSpan(residual),
-      {.transport = network.endpoint(0),
-       .deadline = absl::Now() + absl::Seconds(5)},
-      &stats);
+  auto result = spardl->AllReduce(gradient, absl::MakeSpan(residual),
+                                  {.transport = network.endpoint(0),
+                                   .deadline = absl::Now() + absl::Seconds(5)},
+                                  &stats);
   EXPECT_TRUE(absl::IsInvalidArgument(result.status())) << result.status();
   EXPECT_THAT(result.status().message(), ::testing::HasSubstr("rank 1"));
   for (int i = 0; i < 100; ++i) ASSERT_EQ(residual[i], gradient[i]);

@@ -33,9 +33,9 @@ TEST(EngineTest, KeepsResidualsPerBufferAcrossIterations) {
   constexpr uint64_t kN = 1000;
   transport::LoopbackNetwork net(kWorld);
   RunRanks(net, [&](int r, transport::Transport* t) {
-    auto engine = *Engine::Create(
-        t, {.algorithm = {.density = 0.05, .teams = 2},
-            .timeout = absl::Seconds(30)});
+    auto engine =
+        *Engine::Create(t, {.algorithm = {.density = 0.05, .teams = 2},
+                            .timeout = absl::Seconds(30)});
     for (int it = 0; it < 4; ++it) {
       for (const char* name : {"a", "b"}) {
         const std::vector<float> g =

@@ -77,7 +77,8 @@ TEST(FaultInjectionTest, CrashesAfterNSends) {
   EXPECT_TRUE(faulty.Send(1, {}, "one").ok());
   EXPECT_TRUE(absl::IsUnavailable(faulty.Send(1, {}, "two")));
   EXPECT_EQ(*net.endpoint(1)->Recv(0, {}, Soon()), "one");
-  EXPECT_TRUE(absl::IsUnavailable(net.endpoint(1)->Recv(0, {}, Soon()).status()));
+  EXPECT_TRUE(
+      absl::IsUnavailable(net.endpoint(1)->Recv(0, {}, Soon()).status()));
 }
 
 TEST(FaultInjectionTest, DropsSendsToAPeer) {
@@ -87,7 +88,9 @@ TEST(FaultInjectionTest, DropsSendsToAPeer) {
   EXPECT_TRUE(faulty.Send(1, {}, "lost").ok());
   EXPECT_TRUE(faulty.Send(2, {}, "kept").ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(
-      net.endpoint(1)->Recv(0, {}, absl::Now() + absl::Milliseconds(20)).status()));
+      net.endpoint(1)
+          ->Recv(0, {}, absl::Now() + absl::Milliseconds(20))
+          .status()));
   EXPECT_EQ(*net.endpoint(2)->Recv(0, {}, Soon()), "kept");
 }
 
