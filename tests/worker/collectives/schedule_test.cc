@@ -13,6 +13,12 @@ constexpr int kMaxGroup = 1024;
 
 int Mod(int a, int p) { return ((a % p) + p) % p; }
 
+// Block j of a run; runs start inside [0, p) and hold at most p blocks.
+int At(BlockRun run, int j, int p) {
+  const int b = run.first + j;
+  return b >= p ? b - p : b;
+}
+
 std::vector<int> Blocks(BlockRun run, int p) {
   std::vector<int> out;
   for (int i = 0; i < run.count; ++i) out.push_back(Mod(run.first + i, p));
@@ -67,31 +73,37 @@ TEST(ScheduleTest, SparReduceScatterIsConsistentUpTo1024) {
   for (int p = 1; p <= kMaxGroup; ++p) {
     std::vector<std::vector<Step>> plans;
     for (int w = 0; w < p; ++w) plans.push_back(PlanSparReduceScatter(p, w));
+    // Violations are counted in the hot loops and asserted once per p.
+    int sent_unheld = 0, theorem_1 = 0, mismatched = 0, wrong_end = 0;
+    std::vector<char> held(p);
+    std::vector<int> sent_count(p);
     for (int w = 0; w < p; ++w) {
       ASSERT_EQ(static_cast<int>(plans[w].size()), CeilLog2(p)) << p;
-      std::vector<char> held(p, 1);
-      std::vector<int> sent_count(p, 0);
+      std::fill(held.begin(), held.end(), 1);
+      std::fill(sent_count.begin(), sent_count.end(), 0);
       for (size_t i = 0; i < plans[w].size(); ++i) {
         const Step& step = plans[w][i];
-        for (int b : Blocks(step.send, p)) {
-          ASSERT_TRUE(held[b]) << "p=" << p << " w=" << w << " b=" << b;
+        for (int j = 0; j < step.send.count; ++j) {
+          const int b = At(step.send, j, p);
+          sent_unheld += !held[b];
           ++sent_count[b];
           held[b] = 0;
         }
-        for (int b : Blocks(step.recv, p)) {
-          ASSERT_TRUE(held[b])
-              << "Theorem 1 violated: p=" << p << " w=" << w << " b=" << b;
+        for (int j = 0; j < step.recv.count; ++j) {
+          theorem_1 += !held[At(step.recv, j, p)];
         }
         // The matching step of the source sends exactly what w expects.
         const Step& source = plans[step.recv_from][i];
-        ASSERT_EQ(source.send_to, w) << p;
-        ASSERT_EQ(Blocks(source.send, p), Blocks(step.recv, p)) << p;
+        mismatched += source.send_to != w || !(source.send == step.recv);
       }
       for (int b = 0; b < p; ++b) {
-        ASSERT_EQ(held[b], b == w) << "p=" << p << " w=" << w << " b=" << b;
-        ASSERT_EQ(sent_count[b], b == w ? 0 : 1) << "p=" << p << " b=" << b;
+        wrong_end += held[b] != (b == w) || sent_count[b] != (b == w ? 0 : 1);
       }
     }
+    ASSERT_EQ(sent_unheld, 0) << "p=" << p << ": a block sent twice";
+    ASSERT_EQ(theorem_1, 0) << "p=" << p << ": received bag not held";
+    ASSERT_EQ(mismatched, 0) << "p=" << p << ": sender and receiver disagree";
+    ASSERT_EQ(wrong_end, 0) << "p=" << p << ": not left with block w alone";
   }
 }
 
@@ -101,20 +113,28 @@ TEST(ScheduleTest, BruckAllGatherIsConsistentUpTo1024) {
   for (int p = 1; p <= kMaxGroup; ++p) {
     std::vector<std::vector<Step>> plans;
     for (int w = 0; w < p; ++w) plans.push_back(PlanBruckAllGather(p, w));
+    int sent_unheld = 0, mismatched = 0, not_once = 0;
+    std::vector<int> have(p);
     for (int w = 0; w < p; ++w) {
       ASSERT_EQ(static_cast<int>(plans[w].size()), CeilLog2(p));
-      std::vector<int> have(p, 0);
+      std::fill(have.begin(), have.end(), 0);
       have[w] = 1;
       for (size_t s = 0; s < plans[w].size(); ++s) {
         const Step& step = plans[w][s];
-        for (int b : Blocks(step.send, p)) ASSERT_TRUE(have[b]) << p;
-        for (int b : Blocks(step.recv, p)) ++have[b];
+        for (int j = 0; j < step.send.count; ++j) {
+          sent_unheld += !have[At(step.send, j, p)];
+        }
+        for (int j = 0; j < step.recv.count; ++j) {
+          ++have[At(step.recv, j, p)];
+        }
         const Step& source = plans[step.recv_from][s];
-        ASSERT_EQ(source.send_to, w);
-        ASSERT_EQ(Blocks(source.send, p), Blocks(step.recv, p));
+        mismatched += source.send_to != w || !(source.send == step.recv);
       }
-      for (int b = 0; b < p; ++b) ASSERT_EQ(have[b], 1) << "p=" << p;
+      for (int b = 0; b < p; ++b) not_once += have[b] != 1;
     }
+    ASSERT_EQ(sent_unheld, 0) << "p=" << p << ": sent a block not held";
+    ASSERT_EQ(mismatched, 0) << "p=" << p << ": sender and receiver disagree";
+    ASSERT_EQ(not_once, 0) << "p=" << p << ": a block arrived 0 or 2+ times";
   }
 }
 
