@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
-bash scripts/build.sh build -DCMAKE_BUILD_TYPE=Release -- gradmesh
-./build/tools/gradmesh/gradmesh replay --algo=spardl --workers=8 --teams=2 \
+bash scripts/build.sh build-release -DCMAKE_BUILD_TYPE=Release -- gradmesh
+./build-release/tools/gradmesh/gradmesh replay --algo=spardl --workers=8 --teams=2 \
     --density=0.01 --n=4000000 --iterations=5 --output-dir=out/replay \
     --overwrite "$@"

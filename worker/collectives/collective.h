@@ -58,8 +58,8 @@ class Collective {
  public:
   virtual ~Collective() = default;
 
-  // Runs one all-reduce. gradient.size() and residual.size() must equal the
-  // n the instance was created for.
+  // Runs one all-reduce and fills `stats` (not null). gradient.size() and
+  // residual.size() must equal the n the instance was created for.
   virtual absl::StatusOr<sparse::SparseBlock> AllReduce(
       absl::Span<const float> gradient, absl::Span<float> residual,
       const OpContext& context, OpStats* stats) = 0;

@@ -110,6 +110,7 @@ SparDl::SparDl(int world_size, int rank, uint64_t n,
 absl::StatusOr<sparse::SparseBlock> SparDl::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
+  GM_CHECK(stats != nullptr);
   if (gradient.size() != n_ || residual.size() != n_) {
     return absl::InvalidArgumentError(
         absl::StrCat("SparDL expects ", n_, " values, got a gradient of ",
@@ -154,14 +155,9 @@ absl::Status SparDl::SparReduceScatter(StepRunner& runner) {
     }
     std::vector<const sparse::SparseBlock*> bag_view;
     for (const sparse::SparseBlock& block : bag) bag_view.push_back(&block);
-    const int source = layout_.rank_of(team_, step.recv_from);
-    GM_ASSIGN_OR_RETURN(
-        std::string bytes,
-        runner.Exchange(kSrsStep + s, layout_.rank_of(team_, step.send_to),
-                        sparse::EncodeCoo(bag_view), source));
-    auto received = sparse::DecodeCoo(bytes, RunRanges(ranges_, step.recv));
-    if (!received.ok()) return FromPeer(received.status(), source);
-    for (const sparse::SparseBlock& block : *received) {
+    GM_ASSIGN_OR_RETURN(std::vector<sparse::SparseBlock> received,
+                        ExchangeInTeam(runner, kSrsStep + s, step, bag_view));
+    for (const sparse::SparseBlock& block : received) {
       sparse::ScatterAdd(block, absl::MakeSpan(work_));
     }
   }
@@ -240,15 +236,11 @@ absl::StatusOr<sparse::SparseBlock> SparDl::TeamAllGather(StepRunner& runner) {
     for (int i = 0; i < step.send.count; ++i) {
       outgoing.push_back(&blocks[(step.send.first + i) % p]);
     }
-    const int source = layout_.rank_of(team_, step.recv_from);
     GM_ASSIGN_OR_RETURN(
-        std::string bytes,
-        runner.Exchange(kGatherStep + s, layout_.rank_of(team_, step.send_to),
-                        sparse::EncodeCoo(outgoing), source));
-    auto received = sparse::DecodeCoo(bytes, RunRanges(ranges_, step.recv));
-    if (!received.ok()) return FromPeer(received.status(), source);
+        std::vector<sparse::SparseBlock> received,
+        ExchangeInTeam(runner, kGatherStep + s, step, outgoing));
     for (int i = 0; i < step.recv.count; ++i) {
-      blocks[(step.recv.first + i) % p] = std::move((*received)[i]);
+      blocks[(step.recv.first + i) % p] = std::move(received[i]);
     }
   }
   // Blocks cover increasing ranges, so their concatenation is sorted.
@@ -260,6 +252,19 @@ absl::StatusOr<sparse::SparseBlock> SparDl::TeamAllGather(StepRunner& runner) {
                          block.values.end());
   }
   return result;
+}
+
+absl::StatusOr<std::vector<sparse::SparseBlock>> SparDl::ExchangeInTeam(
+    StepRunner& runner, uint32_t tag_step, const Step& step,
+    absl::Span<const sparse::SparseBlock* const> outgoing) {
+  const int source = layout_.rank_of(team_, step.recv_from);
+  GM_ASSIGN_OR_RETURN(
+      std::string bytes,
+      runner.Exchange(tag_step, layout_.rank_of(team_, step.send_to),
+                      sparse::EncodeCoo(outgoing), source));
+  auto received = sparse::DecodeCoo(bytes, RunRanges(ranges_, step.recv));
+  if (!received.ok()) return FromPeer(received.status(), source);
+  return received;
 }
 
 sparse::SparseBlock SparDl::CutBlock(int b) {

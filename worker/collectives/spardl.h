@@ -100,6 +100,11 @@ class SparDl : public Collective {
   absl::Status BruckSag(StepRunner& runner, OpStats* stats);
   absl::StatusOr<sparse::SparseBlock> TeamAllGather(StepRunner& runner);
 
+  // Sends `outgoing` (the blocks of step.send) to the team member
+  // step.send_to and returns the blocks of step.recv from step.recv_from.
+  absl::StatusOr<std::vector<sparse::SparseBlock>> ExchangeInTeam(
+      StepRunner& runner, uint32_t tag_step, const Step& step,
+      absl::Span<const sparse::SparseBlock* const> outgoing);
   // Cuts dense block b of `work_` to its quota: returns the kept entries and
   // zeroes them in `work_`, leaving the discarded part there.
   sparse::SparseBlock CutBlock(int b);
