@@ -163,9 +163,8 @@ absl::Status WriteStats(
           << ", \"bytes_sent\": " << s.bytes_sent
           << ", \"bytes_received\": " << s.bytes_received
           << ", \"result_nonzeros\": " << s.result_nonzeros;
-      if (s.bsag_h >= 0) {
-        out << ", \"bsag_h\": " << s.bsag_h
-            << ", \"bsag_gathered\": " << s.bsag_gathered;
+      for (const auto& [name, value] : s.details) {
+        out << ", \"" << name << "\": " << value;
       }
       out << "}" << (t + 1 < stats[r].size() ? "," : "") << "\n";
     }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/status_macros.h"
+#include "worker/kernels/topk.h"
 
 namespace gradmesh::collectives {
 
@@ -18,17 +19,59 @@ StepRunner::StepRunner(const OpContext& context, OpStats* stats)
   GM_CHECK(context_.transport != nullptr);
 }
 
+void OpStats::SetDetail(std::string name, int64_t value) {
+  for (auto& [key, existing] : details) {
+    if (key == name) {
+      existing = value;
+      return;
+    }
+  }
+  details.emplace_back(std::move(name), value);
+}
+
+int64_t OpStats::detail(absl::string_view name) const {
+  for (const auto& [key, value] : details) {
+    if (key == name) return value;
+  }
+  return -1;
+}
+
+absl::Status StepRunner::Send(uint32_t step, int send_to,
+                              std::vector<std::string> payloads) {
+  ++stats_->rounds;
+  return SendPayloads(step, send_to, std::move(payloads));
+}
+
+absl::StatusOr<std::vector<std::string>> StepRunner::Receive(uint32_t step,
+                                                             int recv_from,
+                                                             int recv_count) {
+  ++stats_->rounds;
+  return ReceivePayloads(step, recv_from, recv_count);
+}
+
 absl::StatusOr<std::vector<std::string>> StepRunner::Exchange(
     uint32_t step, int send_to, std::vector<std::string> payloads,
     int recv_from, int recv_count) {
-  const transport::Tag tag{context_.epoch, context_.operation, step};
   ++stats_->rounds;
+  GM_RETURN_IF_ERROR(SendPayloads(step, send_to, std::move(payloads)));
+  return ReceivePayloads(step, recv_from, recv_count);
+}
+
+absl::Status StepRunner::SendPayloads(uint32_t step, int send_to,
+                                      std::vector<std::string> payloads) {
+  const transport::Tag tag{context_.epoch, context_.operation, step};
   for (std::string& payload : payloads) {
     stats_->bytes_sent += payload.size();
     ++stats_->messages_sent;
     GM_RETURN_IF_ERROR(
         context_.transport->Send(send_to, tag, std::move(payload)));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> StepRunner::ReceivePayloads(
+    uint32_t step, int recv_from, int recv_count) {
+  const transport::Tag tag{context_.epoch, context_.operation, step};
   std::vector<std::string> received;
   received.reserve(recv_count);
   for (int i = 0; i < recv_count; ++i) {
@@ -51,6 +94,23 @@ absl::StatusOr<std::string> StepRunner::Exchange(uint32_t step, int send_to,
                       Exchange(step, send_to, std::move(payloads), recv_from,
                                /*recv_count=*/1));
   return std::move(received[0]);
+}
+
+sparse::SparseBlock AccumulateAndSelect(absl::Span<const float> gradient,
+                                        absl::Span<float> residual,
+                                        uint64_t k) {
+  GM_CHECK(gradient.size() == residual.size());
+  for (size_t i = 0; i < residual.size(); ++i) residual[i] += gradient[i];
+  sparse::SparseBlock selected = kernels::TopKAbs(residual, k, 0);
+  for (uint32_t i : selected.indices) residual[i] = 0.0f;
+  return selected;
+}
+
+sparse::SparseBlock SumInOrder(std::vector<sparse::SparseBlock> blocks) {
+  if (blocks.empty()) return {};
+  sparse::SparseBlock sum = std::move(blocks[0]);
+  for (size_t i = 1; i < blocks.size(); ++i) sum = sparse::Add(sum, blocks[i]);
+  return sum;
 }
 
 }  // namespace gradmesh::collectives

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "worker/sparse/sparse_block.h"
@@ -48,10 +49,13 @@ struct OpStats {
   uint64_t bytes_sent = 0;  // payload bytes, as counted by the transport
   uint64_t bytes_received = 0;
   uint64_t result_nonzeros = 0;
-  // B-SAG only (-1 otherwise): the h used and the number of entries after the
-  // sparse all-gather across teams (N_t of Algorithm 2).
-  int64_t bsag_h = -1;
-  int64_t bsag_gathered = -1;
+  // Algorithm-specific figures, in the order they were recorded, e.g.
+  // SparDL B-SAG's "bsag_h"; each algorithm's header lists its own.
+  std::vector<std::pair<std::string, int64_t>> details;
+
+  void SetDetail(std::string name, int64_t value);
+  // The value of detail `name`, or -1 when absent.
+  int64_t detail(absl::string_view name) const;
 };
 
 class Collective {
@@ -69,12 +73,17 @@ class Collective {
 uint64_t SelectionSize(uint64_t n, double density);
 
 // Runs the steps of one operation over its transport and accounts for them.
-// Each Exchange is one round: it queues the payloads for `send_to`, then
-// waits for `recv_count` messages from `recv_from`, all under the tag
-// (epoch, operation, step).
+// Each call is one round, under the tag (epoch, operation, step): Exchange
+// queues the payloads for `send_to`, then waits for `recv_count` messages from
+// `recv_from`; Send and Receive do one half each (tree schedules).
 class StepRunner {
  public:
   StepRunner(const OpContext& context, OpStats* stats);
+
+  absl::Status Send(uint32_t step, int send_to,
+                    std::vector<std::string> payloads);
+  absl::StatusOr<std::vector<std::string>> Receive(uint32_t step, int recv_from,
+                                                   int recv_count);
 
   absl::StatusOr<std::vector<std::string>> Exchange(
       uint32_t step, int send_to, std::vector<std::string> payloads,
@@ -85,9 +94,26 @@ class StepRunner {
                                        std::string payload, int recv_from);
 
  private:
+  absl::Status SendPayloads(uint32_t step, int send_to,
+                            std::vector<std::string> payloads);
+  absl::StatusOr<std::vector<std::string>> ReceivePayloads(uint32_t step,
+                                                           int recv_from,
+                                                           int recv_count);
+
   const OpContext& context_;
   OpStats* const stats_;
 };
+
+// Error feedback's first step, shared by the algorithms that select locally:
+// residual += gradient (the accumulator), then the top-k of the accumulator
+// is cut out of it: returns the selected entries and leaves residual =
+// accumulator - selected.
+sparse::SparseBlock AccumulateAndSelect(absl::Span<const float> gradient,
+                                        absl::Span<float> residual, uint64_t k);
+
+// The sum of `blocks` in their order (blocks[0] + blocks[1] + ...), so that
+// every worker summing the same blocks gets the bitwise identical result.
+sparse::SparseBlock SumInOrder(std::vector<sparse::SparseBlock> blocks);
 
 }  // namespace gradmesh::collectives
 

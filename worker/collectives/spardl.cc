@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/collectives/primitives.h"
 #include "worker/kernels/topk.h"
 #include "worker/sparse/coo.h"
 
@@ -194,33 +195,26 @@ absl::Status SparDl::BruckSag(StepRunner& runner, OpStats* stats) {
   kernels::SplitTopKAbs(own_, h, &team_blocks[team_], &dropped);
   KeepShare(dropped, 1.0f);
 
-  const std::vector<Step> steps = PlanBruckAllGather(d, team_);
-  for (size_t s = 0; s < steps.size(); ++s) {
-    const Step& step = steps[s];
-    // Blocks of different teams cover the same range: one message each.
-    std::vector<std::string> payloads;
-    for (int i = 0; i < step.send.count; ++i) {
-      payloads.push_back(
-          sparse::EncodeCoo(team_blocks[(step.send.first + i) % d]));
-    }
-    const int source = layout_.rank_of(step.recv_from, position_);
-    GM_ASSIGN_OR_RETURN(
-        std::vector<std::string> received,
-        runner.Exchange(kSagStep + s, layout_.rank_of(step.send_to, position_),
-                        std::move(payloads), source, step.recv.count));
-    for (int i = 0; i < step.recv.count; ++i) {
-      auto block = sparse::DecodeCoo(received[i], range);
-      if (!block.ok()) return FromPeer(block.status(), source);
-      team_blocks[(step.recv.first + i) % d] = *std::move(block);
-    }
+  Group teams;
+  for (int t = 0; t < d; ++t)
+    teams.ranks.push_back(layout_.rank_of(t, position_));
+  teams.position = team_;
+  GM_ASSIGN_OR_RETURN(
+      std::vector<std::string> gathered,
+      AllGather(runner, kSagStep, teams, sparse::EncodeCoo(team_blocks[team_]),
+                AllGatherKind::kBruck));
+  for (int t = 0; t < d; ++t) {
+    if (t == team_) continue;
+    auto block = sparse::DecodeCoo(gathered[t], range);
+    if (!block.ok()) return FromPeer(block.status(), teams.ranks[t]);
+    team_blocks[t] = *std::move(block);
   }
-  sparse::SparseBlock sum = std::move(team_blocks[0]);
-  for (int t = 1; t < d; ++t) sum = sparse::Add(sum, team_blocks[t]);
+  const sparse::SparseBlock sum = SumInOrder(std::move(team_blocks));
   kernels::SplitTopKAbs(sum, quotas_[position_], &own_, &dropped);
   KeepShare(dropped, 1.0f / static_cast<float>(d));
 
-  stats->bsag_h = static_cast<int64_t>(h);
-  stats->bsag_gathered = static_cast<int64_t>(sum.size());
+  stats->SetDetail("bsag_h", static_cast<int64_t>(h));
+  stats->SetDetail("bsag_gathered", static_cast<int64_t>(sum.size()));
   h_controller_.Update(sum.size());
   return absl::OkStatus();
 }

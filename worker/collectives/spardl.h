@@ -42,6 +42,8 @@
 //
 // Rounds: 2 ceil(log2 p) + (log2 d for R-SAG, ceil(log2 d) for B-SAG).
 // Bytes: 8 per value (COO: uint32 index + float32 value, see coo.h).
+// Details (OpStats): B-SAG records "bsag_h", the h used, and "bsag_gathered",
+// the entries after the all-gather across teams (N_t of Algorithm 2).
 #ifndef GRADMESH_WORKER_COLLECTIVES_SPARDL_H_
 #define GRADMESH_WORKER_COLLECTIVES_SPARDL_H_
 
