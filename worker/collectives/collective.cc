@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/kernels/topk.h"
 
 namespace gradmesh::collectives {
 
@@ -96,14 +97,46 @@ absl::StatusOr<std::string> StepRunner::Exchange(uint32_t step, int send_to,
   return std::move(received[0]);
 }
 
-sparse::SparseBlock AccumulateAndSelect(absl::Span<const float> gradient,
-                                        absl::Span<float> residual,
-                                        uint64_t k) {
+absl::Status ValidateCommon(int world_size, int rank, uint64_t n,
+                            double density) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " outside a world of ", world_size));
+  }
+  if (!(density > 0.0 && density <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("density ", density, " is outside (0, 1]"));
+  }
+  if (n > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient of ", n, " values exceeds uint32 indices"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSizes(absl::string_view algorithm, uint64_t n,
+                           absl::Span<const float> gradient,
+                           absl::Span<const float> residual) {
+  if (gradient.size() != n || residual.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(algorithm, " expects ", n, " values, got a gradient of ",
+                     gradient.size(), " and a residual of ", residual.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerError(const absl::Status& status, int peer) {
+  return absl::Status(status.code(), absl::StrCat("message from rank ", peer,
+                                                  ": ", status.message()));
+}
+
+void Accumulate(absl::Span<const float> gradient, absl::Span<float> residual) {
   GM_CHECK(gradient.size() == residual.size());
   for (size_t i = 0; i < residual.size(); ++i) residual[i] += gradient[i];
-  sparse::SparseBlock selected = kernels::TopKAbs(residual, k, 0);
-  for (uint32_t i : selected.indices) residual[i] = 0.0f;
-  return selected;
+}
+
+void ZeroAt(const sparse::SparseBlock& block, absl::Span<float> residual) {
+  for (uint32_t i : block.indices) residual[i] = 0.0f;
 }
 
 sparse::SparseBlock SumInOrder(std::vector<sparse::SparseBlock> blocks) {

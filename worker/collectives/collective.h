@@ -104,12 +104,27 @@ class StepRunner {
   OpStats* const stats_;
 };
 
-// Error feedback's first step, shared by the algorithms that select locally:
-// residual += gradient (the accumulator), then the top-k of the accumulator
-// is cut out of it: returns the selected entries and leaves residual =
-// accumulator - selected.
-sparse::SparseBlock AccumulateAndSelect(absl::Span<const float> gradient,
-                                        absl::Span<float> residual, uint64_t k);
+// Shared input checks: InvalidArgument unless 0 <= rank < world_size, the
+// density lies in (0, 1] and n fits uint32 indices.
+absl::Status ValidateCommon(int world_size, int rank, uint64_t n,
+                            double density);
+
+// InvalidArgument unless gradient and residual both hold n values.
+absl::Status ValidateSizes(absl::string_view algorithm, uint64_t n,
+                           absl::Span<const float> gradient,
+                           absl::Span<const float> residual);
+
+// `status` with "message from rank <peer>: " in front, for errors caused by
+// what a peer sent.
+absl::Status PeerError(const absl::Status& status, int peer);
+
+// Error feedback's first step: residual += gradient, in place. The residual
+// buffer then holds the accumulator and stays untouched until the operation
+// has succeeded, so that a failed operation loses nothing.
+void Accumulate(absl::Span<const float> gradient, absl::Span<float> residual);
+
+// residual[i] = 0 at every index of `block` (the values it carried left).
+void ZeroAt(const sparse::SparseBlock& block, absl::Span<float> residual);
 
 // The sum of `blocks` in their order (blocks[0] + blocks[1] + ...), so that
 // every worker summing the same blocks gets the bitwise identical result.

@@ -1,21 +1,68 @@
 #include "worker/collectives/registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "worker/collectives/dense_ring.h"
+#include "worker/collectives/gtopk.h"
+#include "worker/collectives/oktopk.h"
 #include "worker/collectives/spardl.h"
+#include "worker/collectives/topka.h"
+#include "worker/collectives/topkdsa.h"
 
 namespace gradmesh::collectives {
 
-std::vector<std::string> AlgorithmNames() { return {"spardl"}; }
+namespace {
+
+// Upcasts a StatusOr<unique_ptr<Derived>>.
+template <typename T>
+absl::StatusOr<std::unique_ptr<Collective>> Upcast(
+    absl::StatusOr<std::unique_ptr<T>> created) {
+  if (!created.ok()) return created.status();
+  return std::unique_ptr<Collective>(*std::move(created));
+}
+
+}  // namespace
+
+std::vector<std::string> AlgorithmNames() {
+  return {"spardl", "dense",  "topka",    "topkdsa",
+          "gtopk",  "oktopk", "gaussiank"};
+}
 
 absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     const AlgorithmOptions& options, int world_size, int rank, uint64_t n) {
-  if (options.algorithm == "spardl") {
-    auto spardl =
+  const std::string& name = options.algorithm;
+  if (name == "spardl") {
+    return Upcast(
         SparDl::Create(world_size, rank, n,
-                       {.density = options.density, .teams = options.teams});
-    if (!spardl.ok()) return spardl.status();
-    return std::unique_ptr<Collective>(*std::move(spardl));
+                       {.density = options.density, .teams = options.teams}));
+  }
+  // Only SparDL has teams; d = 1 is the one value the others accept.
+  if (options.teams != 1 &&
+      std::find(AlgorithmNames().begin(), AlgorithmNames().end(), name) !=
+          AlgorithmNames().end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "teams d = ", options.teams, " applies to spardl only, not ", name));
+  }
+  if (name == "dense") return Upcast(DenseRing::Create(world_size, rank, n));
+  if (name == "topka" || name == "gaussiank") {
+    return Upcast(TopkAllGather::Create(world_size, rank, n, options.density,
+                                        name == "topka"
+                                            ? LocalSelection::kExactTopK
+                                            : LocalSelection::kGaussian));
+  }
+  if (name == "topkdsa") {
+    return Upcast(TopkDsa::Create(world_size, rank, n, options.density));
+  }
+  if (name == "gtopk") {
+    return Upcast(GTopk::Create(world_size, rank, n, options.density));
+  }
+  if (name == "oktopk") {
+    return Upcast(OkTopk::Create(world_size, rank, n,
+                                 {.density = options.density,
+                                  .tau = options.oktopk_tau,
+                                  .tau_prime = options.oktopk_tau_prime}));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown algorithm '", options.algorithm,

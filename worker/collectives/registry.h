@@ -14,8 +14,10 @@ namespace gradmesh::collectives {
 
 struct AlgorithmOptions {
   std::string algorithm = "spardl";
-  double density = 0.01;  // k / n, in (0, 1]
-  int teams = 1;          // SparDL's d
+  double density = 0.01;      // k / n, in (0, 1]
+  int teams = 1;              // SparDL's d
+  int oktopk_tau = 64;        // Ok-Topk region re-balancing period
+  int oktopk_tau_prime = 32;  // Ok-Topk threshold re-evaluation period
 };
 
 // The names CreateCollective accepts.

@@ -28,11 +28,6 @@ std::vector<sparse::IndexRange> RunRanges(
   return out;
 }
 
-absl::Status FromPeer(absl::Status status, int peer) {
-  return absl::Status(status.code(), absl::StrCat("message from rank ", peer,
-                                                  ": ", status.message()));
-}
-
 }  // namespace
 
 BsagHController::BsagHController(uint64_t quota, int teams)
@@ -70,22 +65,11 @@ void BsagHController::Update(uint64_t gathered) {
 
 absl::StatusOr<std::unique_ptr<SparDl>> SparDl::Create(
     int world_size, int rank, uint64_t n, const SparDlOptions& options) {
-  if (world_size < 1 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " outside a world of ", world_size));
-  }
-  if (!(options.density > 0.0 && options.density <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("density ", options.density, " is outside (0, 1]"));
-  }
+  GM_RETURN_IF_ERROR(ValidateCommon(world_size, rank, n, options.density));
   if (options.teams < 1 || world_size % options.teams != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "teams d = ", options.teams, " must be a positive divisor of the ",
         world_size, " workers"));
-  }
-  if (n > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient of ", n, " values exceeds uint32 indices"));
   }
   return std::unique_ptr<SparDl>(new SparDl(world_size, rank, n, options));
 }
@@ -112,11 +96,7 @@ absl::StatusOr<sparse::SparseBlock> SparDl::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
   GM_CHECK(stats != nullptr);
-  if (gradient.size() != n_ || residual.size() != n_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SparDL expects ", n_, " values, got a gradient of ",
-                     gradient.size(), " and a residual of ", residual.size()));
-  }
+  GM_RETURN_IF_ERROR(ValidateSizes("SparDL", n_, gradient, residual));
   // Step 1: acc = gradient + residual, in place, and its working copy.
   for (uint64_t i = 0; i < n_; ++i) {
     residual[i] += gradient[i];
@@ -175,7 +155,7 @@ absl::Status SparDl::RecursiveSag(StepRunner& runner) {
         std::string bytes,
         runner.Exchange(kSagStep + t, peer, sparse::EncodeCoo(own_), peer));
     auto received = sparse::DecodeCoo(bytes, range);
-    if (!received.ok()) return FromPeer(received.status(), peer);
+    if (!received.ok()) return PeerError(received.status(), peer);
     const sparse::SparseBlock sum = team_ < partners[t]
                                         ? sparse::Add(own_, *received)
                                         : sparse::Add(*received, own_);
@@ -206,7 +186,7 @@ absl::Status SparDl::BruckSag(StepRunner& runner, OpStats* stats) {
   for (int t = 0; t < d; ++t) {
     if (t == team_) continue;
     auto block = sparse::DecodeCoo(gathered[t], range);
-    if (!block.ok()) return FromPeer(block.status(), teams.ranks[t]);
+    if (!block.ok()) return PeerError(block.status(), teams.ranks[t]);
     team_blocks[t] = *std::move(block);
   }
   const sparse::SparseBlock sum = SumInOrder(std::move(team_blocks));
@@ -257,7 +237,7 @@ absl::StatusOr<std::vector<sparse::SparseBlock>> SparDl::ExchangeInTeam(
       runner.Exchange(tag_step, layout_.rank_of(team_, step.send_to),
                       sparse::EncodeCoo(outgoing), source));
   auto received = sparse::DecodeCoo(bytes, RunRanges(ranges_, step.recv));
-  if (!received.ok()) return FromPeer(received.status(), source);
+  if (!received.ok()) return PeerError(received.status(), source);
   return received;
 }
 

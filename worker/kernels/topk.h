@@ -32,6 +32,17 @@ sparse::SparseBlock TopKAbs(absl::Span<const float> x, size_t k,
 void SplitTopKAbs(const sparse::SparseBlock& block, size_t k,
                   sparse::SparseBlock* kept, sparse::SparseBlock* dropped);
 
+// Threshold selection (Ok-Topk, Gaussiank): every nonzero entry with
+// |x| >= threshold, sorted by index, global index = base_index + i. The count
+// is whatever the data gives: not necessarily k.
+sparse::SparseBlock SelectAbsAtLeast(absl::Span<const float> x,
+                                     float threshold, uint32_t base_index);
+
+// The k-th largest |x| over the nonzero entries (the threshold that selects
+// the top k); +infinity when k == 0 or there is no nonzero entry, and the
+// smallest nonzero magnitude when there are fewer than k.
+float KthLargestAbs(absl::Span<const float> x, size_t k);
+
 }  // namespace gradmesh::kernels
 
 #endif  // GRADMESH_WORKER_KERNELS_TOPK_H_

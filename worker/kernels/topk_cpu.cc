@@ -3,6 +3,7 @@
 // O(nonzeros) extra memory.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "worker/kernels/topk.h"
@@ -60,6 +61,23 @@ void SplitTopKAbs(const sparse::SparseBlock& block, size_t k,
       dropped->push_back(block.indices[i], block.values[i]);
     }
   }
+}
+
+sparse::SparseBlock SelectAbsAtLeast(absl::Span<const float> x,
+                                     float threshold, uint32_t base_index) {
+  sparse::SparseBlock out;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] != 0.0f && std::fabs(x[i]) >= threshold) {
+      out.push_back(base_index + static_cast<uint32_t>(i), x[i]);
+    }
+  }
+  return out;
+}
+
+float KthLargestAbs(absl::Span<const float> x, size_t k) {
+  float kth = std::numeric_limits<float>::infinity();
+  for (uint32_t p : SelectPositions(x, k)) kth = std::min(kth, std::fabs(x[p]));
+  return kth;
 }
 
 }  // namespace gradmesh::kernels

@@ -70,6 +70,16 @@ void Densify(const SparseBlock& block, IndexRange range,
   }
 }
 
+SparseBlock Slice(const SparseBlock& block, IndexRange range) {
+  const auto begin =
+      std::lower_bound(block.indices.begin(), block.indices.end(), range.begin);
+  const auto end = std::lower_bound(begin, block.indices.end(), range.end);
+  const size_t from = begin - block.indices.begin();
+  const size_t to = end - block.indices.begin();
+  return SparseBlock{{begin, end},
+                     {block.values.begin() + from, block.values.begin() + to}};
+}
+
 double Sum(const SparseBlock& block) {
   double sum = 0;
   for (float v : block.values) sum += v;

@@ -70,6 +70,9 @@ void ScatterAdd(const SparseBlock& block, absl::Span<float> dense);
 void Densify(const SparseBlock& block, IndexRange range,
              absl::Span<float> dense);
 
+// The entries of `block` whose indices fall in `range`. O(log |block| + out).
+SparseBlock Slice(const SparseBlock& block, IndexRange range);
+
 // Sum of the values (in double), for conservation checks and statistics.
 double Sum(const SparseBlock& block);
 

@@ -95,3 +95,28 @@ TEST(TopKTest, SplitKeepsTheTopAndDropsTheRest) {
 
 }  // namespace
 }  // namespace gradmesh::kernels
+
+namespace gradmesh::kernels {
+namespace {
+
+TEST(ThresholdTest, SelectsEveryNonzeroAtOrAboveTheThreshold) {
+  const std::vector<float> x = {0.5f, -2.0f, 0.0f, 2.0f, -0.25f, 1.0f};
+  const sparse::SparseBlock s = SelectAbsAtLeast(x, 1.0f, 10);
+  EXPECT_THAT(s.indices, ::testing::ElementsAre(11, 13, 15));
+  EXPECT_THAT(s.values, ::testing::ElementsAre(-2.0f, 2.0f, 1.0f));
+  EXPECT_EQ(SelectAbsAtLeast(x, 0.0f, 0).size(), 5u);  // zeros never
+}
+
+TEST(ThresholdTest, KthLargestIsTheTopKThreshold) {
+  const std::vector<float> x = Values(5000, 3, 0);
+  for (size_t k : {1u, 7u, 50u, 4999u}) {
+    const float th = KthLargestAbs(x, k);
+    EXPECT_EQ(SelectAbsAtLeast(x, th, 0), TopKAbs(x, k, 0)) << k;
+  }
+  EXPECT_EQ(KthLargestAbs(x, 0), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(KthLargestAbs({0.0f, -3.0f}, 5), 3.0f);
+  EXPECT_EQ(KthLargestAbs({0.0f}, 1), std::numeric_limits<float>::infinity());
+}
+
+}  // namespace
+}  // namespace gradmesh::kernels

@@ -1,0 +1,50 @@
+// Dense ring all-reduce: ring reduce-scatter, then ring all-gather, for any
+// P >= 1. The reference every sparse method must beat.
+//
+// The gradient is cut into P chunks (BlockRange). Reduce-scatter step s
+// (0..P-2): worker w sends chunk (w - s) mod P to w + 1 and adds the chunk
+// (w - s - 1) mod P it receives from w - 1 into its own (own + received), so
+// chunk c is summed in the order g_c, then g_(c+1), ... and ends complete at
+// worker c - 1. All-gather step s: w forwards chunk (w + 1 - s) mod P.
+//
+// Result: the exact sum, as a block of all n entries (zeros included); the
+// residual is zero afterwards. Rounds 2(P-1); bytes received
+// 4 (2n - |chunk w| - |chunk w+1|), about 2 n (P-1)/P words of 4 bytes.
+#ifndef GRADMESH_WORKER_COLLECTIVES_DENSE_RING_H_
+#define GRADMESH_WORKER_COLLECTIVES_DENSE_RING_H_
+
+#include <memory>
+#include <vector>
+
+#include "worker/collectives/collective.h"
+
+namespace gradmesh::collectives {
+
+class DenseRing : public Collective {
+ public:
+  static absl::StatusOr<std::unique_ptr<DenseRing>> Create(int world_size,
+                                                           int rank,
+                                                           uint64_t n);
+
+  absl::StatusOr<sparse::SparseBlock> AllReduce(
+      absl::Span<const float> gradient, absl::Span<float> residual,
+      const OpContext& context, OpStats* stats) override;
+
+ private:
+  DenseRing(int world_size, int rank, uint64_t n)
+      : world_size_(world_size), rank_(rank), n_(n), sum_(n) {}
+
+  // Sends chunk `send` to the next worker and stores (or, when `add`, adds)
+  // the chunk `recv` received from the previous one.
+  absl::Status RingStep(StepRunner& runner, uint32_t step, int send, int recv,
+                        bool add);
+
+  const int world_size_;
+  const int rank_;
+  const uint64_t n_;
+  std::vector<float> sum_;
+};
+
+}  // namespace gradmesh::collectives
+
+#endif  // GRADMESH_WORKER_COLLECTIVES_DENSE_RING_H_

@@ -1,0 +1,84 @@
+#include "worker/collectives/gtopk.h"
+
+#include <vector>
+
+#include "common/status_macros.h"
+#include "worker/kernels/topk.h"
+#include "worker/sparse/coo.h"
+
+namespace gradmesh::collectives {
+namespace {
+
+constexpr uint32_t kReduceStep = 0;
+constexpr uint32_t kBroadcastStep = 1u << 12;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GTopk>> GTopk::Create(int world_size, int rank,
+                                                     uint64_t n,
+                                                     double density) {
+  GM_RETURN_IF_ERROR(ValidateCommon(world_size, rank, n, density));
+  return std::unique_ptr<GTopk>(
+      new GTopk(world_size, rank, n, SelectionSize(n, density)));
+}
+
+absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
+    absl::Span<const float> gradient, absl::Span<float> residual,
+    const OpContext& context, OpStats* stats) {
+  GM_CHECK(stats != nullptr);
+  GM_RETURN_IF_ERROR(ValidateSizes("gTopk", n_, gradient, residual));
+  Accumulate(gradient, residual);
+  const sparse::SparseBlock selected = kernels::TopKAbs(residual, k_, 0);
+  *stats = OpStats{};
+  StepRunner runner(context, stats);
+  const sparse::IndexRange all{0, n_};
+  const int w = rank_;
+  int levels = 0;
+  while ((1 << levels) < world_size_) ++levels;
+
+  // Reduce up the binomial tree, keeping what re-selection drops.
+  sparse::SparseBlock current = selected;
+  std::vector<sparse::SparseBlock> discarded;
+  for (int t = 0; t < levels; ++t) {
+    const int bit = 1 << t;
+    if (w % (2 * bit) == bit) {
+      GM_RETURN_IF_ERROR(
+          runner.Send(kReduceStep + t, w - bit, {sparse::EncodeCoo(current)}));
+      break;
+    }
+    if (w + bit >= world_size_) continue;
+    GM_ASSIGN_OR_RETURN(std::vector<std::string> bytes,
+                        runner.Receive(kReduceStep + t, w + bit, 1));
+    auto received = sparse::DecodeCoo(bytes[0], all);
+    if (!received.ok()) return PeerError(received.status(), w + bit);
+    const sparse::SparseBlock sum = sparse::Add(current, *received);
+    discarded.emplace_back();
+    kernels::SplitTopKAbs(sum, k_, &current, &discarded.back());
+  }
+
+  // Broadcast the root's block down the same tree.
+  for (int t = levels - 1; t >= 0; --t) {
+    const int bit = 1 << t;
+    if (w % (2 * bit) == 0) {
+      if (w + bit < world_size_) {
+        GM_RETURN_IF_ERROR(runner.Send(kBroadcastStep + t, w + bit,
+                                       {sparse::EncodeCoo(current)}));
+      }
+    } else if (w % (2 * bit) == bit) {
+      GM_ASSIGN_OR_RETURN(std::vector<std::string> bytes,
+                          runner.Receive(kBroadcastStep + t, w - bit, 1));
+      auto received = sparse::DecodeCoo(bytes[0], all);
+      if (!received.ok()) return PeerError(received.status(), w - bit);
+      current = *std::move(received);
+    }
+  }
+
+  ZeroAt(selected, residual);
+  for (const sparse::SparseBlock& d : discarded) {
+    sparse::ScatterAdd(d, residual);
+  }
+  stats->result_nonzeros = current.size();
+  return current;
+}
+
+}  // namespace gradmesh::collectives

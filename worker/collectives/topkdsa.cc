@@ -1,0 +1,150 @@
+#include "worker/collectives/topkdsa.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/collectives/primitives.h"
+#include "worker/collectives/schedule.h"
+#include "worker/kernels/topk.h"
+#include "worker/sparse/coo.h"
+#include "worker/sparse/dense.h"
+
+namespace gradmesh::collectives {
+namespace {
+
+constexpr uint32_t kSplitStep = 0;
+constexpr uint32_t kAllGatherStep = 1u << 12;
+constexpr char kSparse = 0;
+constexpr char kDense = 1;
+
+// A partition being reduced: a sparse stream until delta is passed, dense
+// after.
+struct Stream {
+  bool dense = false;
+  sparse::SparseBlock sparse_sum;
+  std::vector<float> dense_sum;
+};
+
+void AddToStream(const sparse::SparseBlock& part, sparse::IndexRange range,
+                 Stream* stream) {
+  if (!stream->dense &&
+      stream->sparse_sum.size() + part.size() > TopkDsa::Delta(range.size())) {
+    stream->dense = true;
+    stream->dense_sum.assign(range.size(), 0.0f);
+    for (size_t i = 0; i < stream->sparse_sum.size(); ++i) {
+      stream->dense_sum[stream->sparse_sum.indices[i] - range.begin] =
+          stream->sparse_sum.values[i];
+    }
+    stream->sparse_sum.clear();
+  }
+  if (stream->dense) {
+    for (size_t i = 0; i < part.size(); ++i) {
+      stream->dense_sum[part.indices[i] - range.begin] += part.values[i];
+    }
+  } else {
+    stream->sparse_sum = sparse::Add(stream->sparse_sum, part);
+  }
+}
+
+std::string EncodeStream(const Stream& stream) {
+  if (stream.dense) return kDense + sparse::EncodeDense(stream.dense_sum);
+  return kSparse + sparse::EncodeCoo(stream.sparse_sum);
+}
+
+// Appends the nonzero entries of a partition message to `result`; returns
+// whether it was dense.
+absl::StatusOr<bool> AppendPartition(absl::string_view bytes,
+                                     sparse::IndexRange range,
+                                     sparse::SparseBlock* result) {
+  if (bytes.empty()) {
+    return absl::InvalidArgumentError("partition message lacks its tag byte");
+  }
+  const char tag = bytes[0];
+  bytes.remove_prefix(1);
+  if (tag == kDense) {
+    std::vector<float> values(range.size());
+    GM_RETURN_IF_ERROR(sparse::DecodeDense(bytes, absl::MakeSpan(values)));
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (values[i] != 0.0f) {
+        result->push_back(static_cast<uint32_t>(range.begin + i), values[i]);
+      }
+    }
+    return true;
+  }
+  if (tag != kSparse) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown partition representation ", int{tag}));
+  }
+  GM_ASSIGN_OR_RETURN(sparse::SparseBlock block,
+                      sparse::DecodeCoo(bytes, range));
+  for (size_t i = 0; i < block.size(); ++i) {
+    if (block.values[i] != 0.0f) {
+      result->push_back(block.indices[i], block.values[i]);
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TopkDsa>> TopkDsa::Create(int world_size,
+                                                         int rank, uint64_t n,
+                                                         double density) {
+  GM_RETURN_IF_ERROR(ValidateCommon(world_size, rank, n, density));
+  return std::unique_ptr<TopkDsa>(
+      new TopkDsa(world_size, rank, n, SelectionSize(n, density)));
+}
+
+absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
+    absl::Span<const float> gradient, absl::Span<float> residual,
+    const OpContext& context, OpStats* stats) {
+  GM_CHECK(stats != nullptr);
+  GM_RETURN_IF_ERROR(ValidateSizes("TopkDSA", n_, gradient, residual));
+  Accumulate(gradient, residual);
+  sparse::SparseBlock selected = kernels::TopKAbs(residual, k_, 0);
+  *stats = OpStats{};
+  StepRunner runner(context, stats);
+  const int p = world_size_;
+  const int w = rank_;
+  const sparse::IndexRange mine = BlockRange(n_, p, w);
+
+  // Split: send each owner its part, receive the parts of mine.
+  std::vector<sparse::SparseBlock> parts(p);
+  parts[w] = sparse::Slice(selected, mine);
+  for (int s = 1; s < p; ++s) {
+    const int to = (w + s) % p;
+    const int from = (w - s + p) % p;
+    GM_ASSIGN_OR_RETURN(std::string bytes,
+                        runner.Exchange(kSplitStep + s - 1, to,
+                                        sparse::EncodeCoo(sparse::Slice(
+                                            selected, BlockRange(n_, p, to))),
+                                        from));
+    auto part = sparse::DecodeCoo(bytes, mine);
+    if (!part.ok()) return PeerError(part.status(), from);
+    parts[from] = *std::move(part);
+  }
+  Stream stream;
+  for (const sparse::SparseBlock& part : parts)
+    AddToStream(part, mine, &stream);
+
+  // All-gather the reduced partitions.
+  GM_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
+                      AllGather(runner, kAllGatherStep, Group::World(p, w),
+                                EncodeStream(stream), PreferredAllGather(p)));
+  sparse::SparseBlock result;
+  int dense_partitions = 0;
+  for (int r = 0; r < p; ++r) {
+    auto dense = AppendPartition(gathered[r], BlockRange(n_, p, r), &result);
+    if (!dense.ok()) return PeerError(dense.status(), r);
+    dense_partitions += *dense;
+  }
+  ZeroAt(selected, residual);
+  stats->SetDetail("dense_partitions", dense_partitions);
+  stats->SetDetail("own_dense", stream.dense);
+  stats->result_nonzeros = result.size();
+  return result;
+}
+
+}  // namespace gradmesh::collectives
