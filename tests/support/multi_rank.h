@@ -8,6 +8,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "worker/collectives/collective.h"
 #include "worker/transport/loopback.h"
 
 namespace gradmesh::testing {
@@ -30,6 +33,35 @@ inline std::vector<float> RandomVector(uint64_t n, uint64_t seed) {
   std::vector<float> v(n);
   for (float& x : v) x = normal(rng);
   return v;
+}
+
+// What one rank got from one all-reduce.
+struct RankRun {
+  absl::Status status;
+  sparse::SparseBlock result;
+  collectives::OpStats stats;
+};
+
+// Runs one all-reduce on every rank (instances[r] on network rank r) with
+// operation id `operation`; residuals[r] is updated in place.
+template <typename CollectivePtr>
+std::vector<RankRun> RunIteration(
+    transport::LoopbackNetwork& network,
+    std::vector<CollectivePtr>& instances,
+    const std::vector<std::vector<float>>& gradients,
+    std::vector<std::vector<float>>& residuals, uint64_t operation,
+    absl::Duration timeout = absl::Seconds(30)) {
+  std::vector<RankRun> runs(network.size());
+  const absl::Time deadline = absl::Now() + timeout;
+  RunRanks(network, [&](int r, transport::Transport* t) {
+    collectives::OpContext context{
+        .transport = t, .operation = operation, .deadline = deadline};
+    auto result = instances[r]->AllReduce(
+        gradients[r], absl::MakeSpan(residuals[r]), context, &runs[r].stats);
+    runs[r].status = result.status();
+    if (result.ok()) runs[r].result = *std::move(result);
+  });
+  return runs;
 }
 
 }  // namespace gradmesh::testing

@@ -11,15 +11,19 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/reference.h"
 #include "worker/transport/fault_injection.h"
 #include "worker/transport/loopback.h"
 
 namespace gradmesh::collectives {
 namespace {
 
-using Sparse = std::map<uint32_t, float>;
 using ::gradmesh::testing::RandomVector;
+using ::gradmesh::testing::RankRun;
+using ::gradmesh::testing::RunIteration;
 using ::gradmesh::testing::RunRanks;
+using ::gradmesh::testing::SortTopK;
+using ::gradmesh::testing::Sparse;
 
 // ---------------------------------------------------------------------------
 // An independent, sequential SparDL written from the paper's text: all P
@@ -27,20 +31,6 @@ using ::gradmesh::testing::RunRanks;
 // It shares no code with the engine (only the design decisions documented in
 // spardl.h: consecutive teams, quotas, the 1/2^t and 1/d residual shares).
 // ---------------------------------------------------------------------------
-
-Sparse SortTopK(const Sparse& entries, uint64_t q) {
-  std::vector<std::pair<uint32_t, float>> v;
-  for (const auto& [i, x] : entries) {
-    if (x != 0.0f) v.emplace_back(i, x);
-  }
-  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
-    const float fa = std::fabs(a.second);
-    const float fb = std::fabs(b.second);
-    return fa != fb ? fa > fb : a.first < b.first;
-  });
-  if (v.size() > q) v.resize(q);
-  return Sparse(v.begin(), v.end());
-}
 
 // Algorithm 2 of the paper, for one block of quota q and d teams.
 struct ReferenceH {
@@ -221,32 +211,6 @@ class ReferenceSparDl {
 // ---------------------------------------------------------------------------
 // Running the engine on P loopback ranks.
 // ---------------------------------------------------------------------------
-
-struct RankRun {
-  absl::Status status;
-  sparse::SparseBlock result;
-  OpStats stats;
-};
-
-// Runs one iteration on every rank; residuals[w] is updated in place.
-std::vector<RankRun> RunIteration(
-    transport::LoopbackNetwork& network,
-    std::vector<std::unique_ptr<SparDl>>& instances,
-    const std::vector<std::vector<float>>& gradients,
-    std::vector<std::vector<float>>& residuals, uint64_t operation,
-    absl::Duration timeout = absl::Seconds(30)) {
-  std::vector<RankRun> runs(network.size());
-  const absl::Time deadline = absl::Now() + timeout;
-  RunRanks(network, [&](int r, transport::Transport* t) {
-    OpContext context{
-        .transport = t, .operation = operation, .deadline = deadline};
-    auto result = instances[r]->AllReduce(
-        gradients[r], absl::MakeSpan(residuals[r]), context, &runs[r].stats);
-    runs[r].status = result.status();
-    if (result.ok()) runs[r].result = *std::move(result);
-  });
-  return runs;
-}
 
 std::vector<std::unique_ptr<SparDl>> MakeInstances(int world, int teams,
                                                    uint64_t n, double density) {

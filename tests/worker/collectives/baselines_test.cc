@@ -1,0 +1,568 @@
+// The baselines (dense ring, TopkA, Gaussiank, TopkDSA, gTopk, Ok-Topk) on the
+// loopback transport, each against an independent sequential reference.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/multi_rank.h"
+#include "tests/support/reference.h"
+#include "worker/collectives/registry.h"
+#include "worker/collectives/schedule.h"
+#include "worker/collectives/topka.h"
+
+namespace gradmesh::collectives {
+namespace {
+
+using ::gradmesh::testing::RandomVector;
+using ::gradmesh::testing::RankRun;
+using ::gradmesh::testing::RunIteration;
+using ::gradmesh::testing::SortKthLargest;
+using ::gradmesh::testing::SortTopK;
+using ::gradmesh::testing::Sparse;
+using ::gradmesh::testing::ToSparse;
+
+constexpr int kTau = 3;       // Ok-Topk periods, short so that tests cross
+constexpr int kTauPrime = 2;  // several of them
+
+// ---------------------------------------------------------------------------
+// Independent references: all P workers in lockstep, written from the papers.
+// Each returns the result and the bytes every worker receives, and updates
+// the residuals.
+// ---------------------------------------------------------------------------
+
+struct Expected {
+  Sparse result;
+  std::vector<uint64_t> bytes_received;
+};
+
+uint64_t Begin(uint64_t n, int parts, int b) { return b * n / parts; }
+
+// Accumulators and their top-k selections.
+struct Local {
+  std::vector<std::vector<float>> acc;
+  std::vector<Sparse> selected;
+};
+
+Local Select(const std::vector<std::vector<float>>& gradients,
+             const std::vector<std::vector<float>>& residuals, uint64_t k,
+             bool gaussian) {
+  Local local;
+  for (size_t r = 0; r < gradients.size(); ++r) {
+    std::vector<float> acc = residuals[r];
+    for (size_t i = 0; i < acc.size(); ++i) acc[i] += gradients[r][i];
+    local.selected.push_back(gaussian ? ToSparse(GaussianSelect(acc, k))
+                                      : SortTopK(ToSparse(acc), k));
+    local.acc.push_back(std::move(acc));
+  }
+  return local;
+}
+
+// acc with the selected entries removed.
+std::vector<float> Without(std::vector<float> acc, const Sparse& selected) {
+  for (const auto& [i, x] : selected) acc[i] = 0.0f;
+  return acc;
+}
+
+Expected DenseReference(const std::vector<std::vector<float>>& gradients,
+                        std::vector<std::vector<float>>& residuals) {
+  const int p = gradients.size();
+  const uint64_t n = gradients[0].size();
+  std::vector<std::vector<float>> acc = residuals;
+  for (int r = 0; r < p; ++r) {
+    for (uint64_t i = 0; i < n; ++i) acc[r][i] += gradients[r][i];
+  }
+  Expected out;
+  out.bytes_received.assign(p, 0);
+  // Chunk c is summed g_c, then g_(c+1) + that, and so on round the ring.
+  for (int c = 0; c < p; ++c) {
+    for (uint64_t i = Begin(n, p, c); i < Begin(n, p, c + 1); ++i) {
+      float sum = acc[c][i];
+      for (int j = 1; j < p; ++j) sum = acc[(c + j) % p][i] + sum;
+      out.result[i] = sum;
+    }
+  }
+  for (int w = 0; w < p && p > 1; ++w) {
+    const uint64_t own = Begin(n, p, w + 1) - Begin(n, p, w);
+    const int next = (w + 1) % p;
+    const uint64_t next_size = Begin(n, p, next + 1) - Begin(n, p, next);
+    out.bytes_received[w] = 4 * (2 * n - own - next_size);
+  }
+  for (auto& r : residuals) std::fill(r.begin(), r.end(), 0.0f);
+  return out;
+}
+
+Expected AllGatherReference(const std::vector<std::vector<float>>& gradients,
+                            std::vector<std::vector<float>>& residuals,
+                            uint64_t k, bool gaussian) {
+  const int p = gradients.size();
+  Local local = Select(gradients, residuals, k, gaussian);
+  Expected out;
+  for (int r = 0; r < p; ++r) {
+    for (const auto& [i, x] : local.selected[r]) out.result[i] += x;
+  }
+  for (int w = 0; w < p; ++w) {
+    uint64_t others = 0;
+    for (int r = 0; r < p; ++r) others += r == w ? 0 : local.selected[r].size();
+    out.bytes_received.push_back(8 * others);
+    residuals[w] = Without(local.acc[w], local.selected[w]);
+  }
+  return out;
+}
+
+Expected GTopkReference(const std::vector<std::vector<float>>& gradients,
+                        std::vector<std::vector<float>>& residuals,
+                        uint64_t k) {
+  const int p = gradients.size();
+  Local local = Select(gradients, residuals, k, false);
+  std::vector<Sparse> current = local.selected;
+  for (int w = 0; w < p; ++w) residuals[w] = Without(local.acc[w], local.selected[w]);
+  Expected out;
+  out.bytes_received.assign(p, 0);
+  // Binomial tree: at level t, w (a multiple of 2^(t+1)) absorbs w + 2^t.
+  for (int bit = 1; bit < p; bit *= 2) {
+    for (int w = 0; w + bit < p; w += 2 * bit) {
+      Sparse sum = current[w];
+      for (const auto& [i, x] : current[w + bit]) sum[i] += x;
+      out.bytes_received[w] += 8 * current[w + bit].size();
+      current[w] = SortTopK(sum, k);
+      for (const auto& [i, x] : sum) {
+        if (!current[w].count(i)) residuals[w][i] += x;
+      }
+    }
+  }
+  out.result = current[0];
+  for (int w = 1; w < p; ++w) out.bytes_received[w] += 8 * out.result.size();
+  return out;
+}
+
+Expected DsaReference(const std::vector<std::vector<float>>& gradients,
+                      std::vector<std::vector<float>>& residuals, uint64_t k) {
+  const int p = gradients.size();
+  const uint64_t n = gradients[0].size();
+  Local local = Select(gradients, residuals, k, false);
+  Expected out;
+  out.bytes_received.assign(p, 0);
+  for (int q = 0; q < p; ++q) {
+    const uint64_t lo = Begin(n, p, q), hi = Begin(n, p, q + 1);
+    // SparCML's summation: sparse while |H1| + |H2| <= delta = N/2.
+    Sparse sum;
+    bool dense = false;
+    for (int r = 0; r < p; ++r) {
+      Sparse part(local.selected[r].lower_bound(lo),
+                  local.selected[r].lower_bound(hi));
+      if (r != q) out.bytes_received[q] += 8 * part.size();
+      if (!dense && sum.size() + part.size() > (hi - lo) / 2) dense = true;
+      for (const auto& [i, x] : part) sum[i] += x;
+    }
+    for (int w = 0; w < p; ++w) {
+      if (w != q) out.bytes_received[w] += 1 + (dense ? 4 * (hi - lo) : 8 * sum.size());
+    }
+    for (const auto& [i, x] : sum) {
+      if (x != 0.0f) out.result[i] = x;
+    }
+  }
+  for (int w = 0; w < p; ++w) residuals[w] = Without(local.acc[w], local.selected[w]);
+  return out;
+}
+
+// Ok-Topk keeps thresholds and regions across iterations.
+class OkTopkReference {
+ public:
+  OkTopkReference(int p, uint64_t n, uint64_t k) : p_(p), n_(n), k_(k) {
+    for (int r = 0; r <= p; ++r) bounds_.push_back(Begin(n, p, r));
+  }
+
+  Expected Iterate(const std::vector<std::vector<float>>& gradients,
+                   std::vector<std::vector<float>>& residuals) {
+    const bool evaluate = t_ % kTauPrime == 0;
+    const bool repartition = t_ % kTau == 0;
+    std::vector<std::vector<float>> acc = residuals;
+    for (int r = 0; r < p_; ++r) {
+      for (uint64_t i = 0; i < n_; ++i) acc[r][i] += gradients[r][i];
+    }
+    if (evaluate) {
+      local_th_.clear();
+      for (int r = 0; r < p_; ++r) local_th_.push_back(SortKthLargest(acc[r], k_));
+    }
+    std::vector<Sparse> local(p_);
+    for (int r = 0; r < p_; ++r) {
+      for (uint64_t i = 0; i < n_; ++i) {
+        if (acc[r][i] != 0.0f && std::fabs(acc[r][i]) >= local_th_[r]) {
+          local[r][i] = acc[r][i];
+        }
+      }
+    }
+    if (repartition) {
+      std::vector<uint64_t> sums(p_ + 1, 0);
+      for (int r = 0; r < p_; ++r) {
+        const std::vector<std::pair<uint32_t, float>> sel(local[r].begin(),
+                                                          local[r].end());
+        for (int b = 1; b < p_; ++b) {
+          sums[b] += sel.empty() ? Begin(n_, p_, b) : sel[b * sel.size() / p_].first;
+        }
+      }
+      for (int b = 1; b < p_; ++b) bounds_[b] = std::max(bounds_[b - 1], sums[b] / p_);
+    }
+    std::vector<Sparse> reduced(p_);
+    std::vector<float> all_reduced;
+    for (int q = 0; q < p_; ++q) {
+      for (int r = 0; r < p_; ++r) {
+        for (auto it = local[r].lower_bound(bounds_[q]);
+             it != local[r].lower_bound(bounds_[q + 1]); ++it) {
+          reduced[q][it->first] += it->second;
+        }
+      }
+      for (const auto& [i, x] : reduced[q]) all_reduced.push_back(x);
+    }
+    if (evaluate) global_th_ = SortKthLargest(all_reduced, k_);
+    Expected out;
+    for (int q = 0; q < p_; ++q) {
+      for (const auto& [i, x] : reduced[q]) {
+        if (x != 0.0f && std::fabs(x) >= global_th_) out.result[i] = x;
+      }
+    }
+    for (int r = 0; r < p_; ++r) {
+      residuals[r] = acc[r];
+      for (const auto& [i, x] : local[r]) {
+        if (out.result.count(i)) residuals[r][i] = 0.0f;
+      }
+    }
+    ++t_;
+    return out;
+  }
+
+ private:
+  int p_;
+  uint64_t n_, k_;
+  int t_ = 0;
+  std::vector<float> local_th_;
+  float global_th_ = 0;
+  std::vector<uint64_t> bounds_;
+};
+
+// ---------------------------------------------------------------------------
+// P in 1..16, several n and densities, four iterations, every algorithm.
+// ---------------------------------------------------------------------------
+
+using Param = std::tuple<std::string, int, uint64_t, double>;
+
+class BaselineTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(BaselineTest, AgreesWithReferenceAndConservesMass) {
+  const auto& [algorithm, world, n, density] = GetParam();
+  constexpr int kIterations = 4;
+  const uint64_t k = SelectionSize(n, density);
+  transport::LoopbackNetwork network(world);
+  std::vector<std::unique_ptr<Collective>> instances;
+  for (int r = 0; r < world; ++r) {
+    auto created = CreateCollective({.algorithm = algorithm,
+                                     .density = density,
+                                     .oktopk_tau = kTau,
+                                     .oktopk_tau_prime = kTauPrime},
+                                    world, r, n);
+    ASSERT_TRUE(created.ok()) << created.status();
+    instances.push_back(*std::move(created));
+  }
+  std::vector<std::vector<float>> residuals(world, std::vector<float>(n, 0.0f));
+  std::vector<std::vector<float>> expected_residuals = residuals;
+  OkTopkReference oktopk(world, n, k);
+  const int levels = CeilLog2(world);
+
+  for (int it = 0; it < kIterations; ++it) {
+    SCOPED_TRACE(absl::StrCat("iteration ", it));
+    std::vector<std::vector<float>> gradients;
+    for (int r = 0; r < world; ++r) {
+      gradients.push_back(RandomVector(n, 977 * it + 13 * r + n));
+    }
+    std::vector<double> input(n, 0.0), scale(n, 0.0);
+    for (int r = 0; r < world; ++r) {
+      for (uint64_t i = 0; i < n; ++i) {
+        const double x = static_cast<double>(gradients[r][i]) + residuals[r][i];
+        input[i] += x;
+        scale[i] += std::fabs(x);
+      }
+    }
+    const std::vector<RankRun> runs =
+        RunIteration(network, instances, gradients, residuals, it);
+
+    Expected expected;
+    if (algorithm == "dense") {
+      expected = DenseReference(gradients, expected_residuals);
+    } else if (algorithm == "topka" || algorithm == "gaussiank") {
+      expected = AllGatherReference(gradients, expected_residuals, k,
+                                    algorithm == "gaussiank");
+    } else if (algorithm == "gtopk") {
+      expected = GTopkReference(gradients, expected_residuals, k);
+    } else if (algorithm == "topkdsa") {
+      expected = DsaReference(gradients, expected_residuals, k);
+    } else {
+      ASSERT_EQ(algorithm, "oktopk");
+      expected = oktopk.Iterate(gradients, expected_residuals);
+    }
+
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(runs[r].status.ok()) << "rank " << r << ": " << runs[r].status;
+      // Bitwise identical on every rank.
+      ASSERT_EQ(runs[r].result.indices, runs[0].result.indices);
+      for (size_t e = 0; e < runs[r].result.size(); ++e) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(runs[r].result.values[e]),
+                  std::bit_cast<uint32_t>(runs[0].result.values[e]));
+      }
+      ASSERT_TRUE(sparse::Validate(runs[r].result, {0, n}).ok());
+      ASSERT_EQ(ToSparse(runs[r].result), expected.result) << "rank " << r;
+      for (uint64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(residuals[r][i], expected_residuals[r][i])
+            << "rank " << r << " index " << i;
+      }
+      const OpStats& s = runs[r].stats;
+      if (!expected.bytes_received.empty()) {
+        EXPECT_EQ(s.bytes_received, expected.bytes_received[r]) << "rank " << r;
+      }
+      // Table I, with 4-byte indexes and values (8 bytes per sparse value).
+      if (algorithm == "dense") {
+        EXPECT_EQ(s.rounds, 2 * (world - 1));
+        EXPECT_LE(s.bytes_received, 4 * 2 * (n / world + 1) * (world - 1));
+      } else if (algorithm == "topka") {
+        EXPECT_EQ(s.rounds, levels);
+        EXPECT_LE(s.bytes_received, 8 * k * (world - 1));
+      } else if (algorithm == "gaussiank") {
+        EXPECT_EQ(s.rounds, levels);
+      } else if (algorithm == "gtopk") {
+        EXPECT_LE(s.rounds, 2 * levels);
+        EXPECT_LE(s.bytes_received, 8 * k * (levels + 1));
+        if (r == 0) {
+          EXPECT_EQ(s.rounds, 2 * levels);
+          EXPECT_LE(s.bytes_received, 8 * k * levels);
+        }
+      } else if (algorithm == "topkdsa") {
+        EXPECT_EQ(s.rounds, world - 1 + levels);
+      }
+    }
+
+    // Conservation, index by index.
+    std::vector<double> output(n, 0.0);
+    for (size_t e = 0; e < runs[0].result.size(); ++e) {
+      output[runs[0].result.indices[e]] += runs[0].result.values[e];
+    }
+    for (int r = 0; r < world; ++r) {
+      for (uint64_t i = 0; i < n; ++i) output[i] += residuals[r][i];
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      ASSERT_LE(std::fabs(output[i] - input[i]), 1e-5 * scale[i] + 1e-30)
+          << "index " << i;
+    }
+  }
+}
+
+std::string BaselineName(const ::testing::TestParamInfo<Param>& info) {
+  const auto& [algorithm, world, n, density] = info.param;
+  return absl::StrCat(algorithm, "_P", world, "_n", n, "_density",
+                      static_cast<int>(density * 100));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AlgorithmsWorldsSizesDensities, BaselineTest,
+    ::testing::Combine(::testing::Values("dense", "topka", "gaussiank",
+                                         "topkdsa", "gtopk", "oktopk"),
+                       ::testing::Range(1, 17),
+                       ::testing::Values<uint64_t>(0, 5, 1000, 3001),
+                       ::testing::Values(0.01, 0.3)),
+    BaselineName);
+
+// ---------------------------------------------------------------------------
+// Table I on inputs that meet the papers' assumptions: every worker's large
+// values are spread evenly over the P partitions and all workers share them
+// (k = 4P of n = 400P), so every quantity is exact.
+// ---------------------------------------------------------------------------
+
+std::vector<std::vector<float>> SharedSpreadGradients(int world, uint64_t n,
+                                                      uint64_t k, int seed) {
+  std::vector<std::vector<float>> out;
+  for (int r = 0; r < world; ++r) {
+    std::vector<float> g = RandomVector(n, seed * 100 + r);
+    for (float& x : g) x *= 1e-3f;
+    // k / P large values in each partition, at the same places on every
+    // worker, all positive so that sums never cancel.
+    for (uint64_t j = 0; j < k; ++j) {
+      g[j * (n / k) + 3] = 10.0f + static_cast<float>((j * 7 + r) % 13);
+    }
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+class BaselineCostTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(BaselineCostTest, TopkDsaAndOkTopkMeetTableOne) {
+  const int world = GetParam();
+  const uint64_t n = 400 * world;
+  const double density = 0.01;
+  const double k = 4.0 * world;
+  const double P = world;
+  for (const std::string algorithm : {"topkdsa", "oktopk"}) {
+    SCOPED_TRACE(algorithm);
+    transport::LoopbackNetwork network(world);
+    std::vector<std::unique_ptr<Collective>> instances;
+    for (int r = 0; r < world; ++r) {
+      instances.push_back(*CreateCollective(
+          {.algorithm = algorithm, .density = density, .oktopk_tau = 64,
+           .oktopk_tau_prime = 32},
+          world, r, n));
+    }
+    std::vector<std::vector<float>> residuals(world, std::vector<float>(n, 0.0f));
+    for (int it = 0; it < 4; ++it) {
+      const auto runs = RunIteration(network, instances,
+                                     SharedSpreadGradients(world, n, k, it),
+                                     residuals, it);
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(runs[r].status.ok()) << runs[r].status;
+        const double received = runs[r].stats.bytes_received;
+        if (algorithm == "topkdsa") {
+          // [4 k (P-1)/P, (2k + n)(P-1)/P] words, plus one representation
+          // byte per gathered partition. Full overlap: the lower end.
+          EXPECT_EQ(runs[r].stats.detail("dense_partitions"), 0);
+          EXPECT_DOUBLE_EQ(received, 4 * 4 * k * (P - 1) / P + (P - 1));
+          EXPECT_LE(received, 4 * (2 * k + n) * (P - 1) / P + (P - 1));
+        } else if (it > 0) {
+          // Ok-Topk without threshold re-evaluation (iterations 2..tau'):
+          // [2 k (P-1)/P, 6 k (P-1)/P] words, plus the 4-byte counts
+          // all-gathered before balancing.
+          EXPECT_EQ(runs[r].stats.detail("thresholds_evaluated"), 0);
+          EXPECT_EQ(runs[r].stats.detail("global_selected"), k);
+          EXPECT_GE(received, 4 * 2 * k * (P - 1) / P);
+          EXPECT_LE(received, 4 * 6 * k * (P - 1) / P + 4 * (P - 1));
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, BaselineCostTest, ::testing::Range(1, 17));
+
+// TopkDSA switches a partition to dense exactly when |H1| + |H2| passes
+// delta = N/2: with N = 40 per partition (delta = 20) and every worker
+// putting k/P values into each partition, at indices no other worker uses,
+// each partition sums to k values, and the switch happens for k > 20.
+TEST(TopkDsaTest, SwitchesToDenseWhereDeltaSays) {
+  for (const auto& [world, k, dense] :
+       std::vector<std::tuple<int, uint64_t, bool>>{
+           {4, 20, false}, {4, 24, true}, {2, 20, false}, {2, 22, true}}) {
+    const uint64_t n = 40 * world;
+    transport::LoopbackNetwork network(world);
+    std::vector<std::unique_ptr<Collective>> instances;
+    std::vector<std::vector<float>> gradients;
+    for (int r = 0; r < world; ++r) {
+      instances.push_back(*CreateCollective(
+          {.algorithm = "topkdsa",
+           .density = static_cast<double>(k) / static_cast<double>(n)},
+          world, r, n));
+      std::vector<float> g(n, 0.0f);
+      for (int q = 0; q < world; ++q) {
+        for (uint64_t j = 0; j < k / world; ++j) {
+          g[q * 40 + j * world + r] = 1.0f + j;
+        }
+      }
+      gradients.push_back(std::move(g));
+    }
+    std::vector<std::vector<float>> residuals(world, std::vector<float>(n, 0.0f));
+    const auto runs = RunIteration(network, instances, gradients, residuals, 0);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(runs[r].status.ok());
+      EXPECT_EQ(runs[r].stats.detail("dense_partitions"), dense ? world : 0)
+          << "P=" << world << " k=" << k;
+      EXPECT_EQ(runs[r].result.size(), k * world);
+    }
+  }
+}
+
+// Ok-Topk re-balances before its allgatherv when one region holds more than
+// 4x the mean of the global values, and the result does not change.
+TEST(OkTopkTest, BalancesSkewedRegions) {
+  constexpr int kWorld = 8;
+  constexpr uint64_t kN = 8000;
+  transport::LoopbackNetwork network(kWorld);
+  std::vector<std::unique_ptr<Collective>> instances;
+  std::vector<std::vector<float>> gradients;
+  for (int r = 0; r < kWorld; ++r) {
+    instances.push_back(*CreateCollective(
+        {.algorithm = "oktopk", .density = 0.01, .oktopk_tau = 1000,
+         .oktopk_tau_prime = 1000},
+        kWorld, r, kN));
+    gradients.push_back(RandomVector(kN, r));
+  }
+  // Iteration 1 balances the regions on uniform data; iteration 2 puts every
+  // large value into region 0 while the boundaries stay.
+  std::vector<std::vector<float>> residuals(kWorld, std::vector<float>(kN, 0.0f));
+  auto runs = RunIteration(network, instances, gradients, residuals, 0);
+  for (const RankRun& run : runs) {
+    ASSERT_TRUE(run.status.ok());
+    EXPECT_EQ(run.stats.detail("balanced"), 0);
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    for (uint64_t i = 0; i < kN; ++i) gradients[r][i] *= i < 400 ? 100.0f : 0.0f;
+  }
+  runs = RunIteration(network, instances, gradients, residuals, 1);
+  for (const RankRun& run : runs) {
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_EQ(run.stats.detail("balanced"), 1);
+    EXPECT_EQ(run.result, runs[0].result);
+    EXPECT_GT(run.result.size(), 0u);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Gaussiank's threshold and the registry.
+// ---------------------------------------------------------------------------
+
+TEST(GaussianTest, PercentPointFunctionMatchesKnownQuantiles) {
+  EXPECT_NEAR(NormalPpf(0.5), 0.0, 1e-12);
+  EXPECT_NEAR(NormalPpf(0.975), 1.959963984540054, 1e-9);
+  EXPECT_NEAR(NormalPpf(0.995), 2.575829303548901, 1e-9);
+  EXPECT_NEAR(NormalPpf(1e-6), -4.753424308822899, 1e-8);
+  EXPECT_NEAR(NormalPpf(0.01), -2.326347874040841, 1e-9);
+}
+
+TEST(GaussianTest, SelectsAThresholdSetOfAtLeastThreeQuartersOfK) {
+  std::vector<float> x = RandomVector(100000, 5);
+  for (uint64_t k : {10u, 1000u, 20000u}) {
+    const sparse::SparseBlock s = GaussianSelect(x, k);
+    EXPECT_GE(s.size(), (3 * k + 3) / 4) << k;
+    // A threshold set: nothing unselected is larger than anything selected.
+    float smallest = INFINITY;
+    for (float v : s.values) smallest = std::min(smallest, std::fabs(v));
+    const Sparse chosen = ToSparse(s);
+    for (uint32_t i = 0; i < x.size(); ++i) {
+      if (!chosen.count(i)) {
+        ASSERT_LT(std::fabs(x[i]), smallest);
+      }
+    }
+  }
+  // Heavy-tailed data: the Gaussian guess is too high and gets scaled down.
+  for (float& v : x) v = v * v * v;
+  EXPECT_GE(GaussianSelect(x, 1000).size(), 750u);
+}
+
+TEST(RegistryTest, KnowsEveryAlgorithmAndRejectsTheRest) {
+  for (const std::string& name : AlgorithmNames()) {
+    EXPECT_TRUE(CreateCollective({.algorithm = name}, 4, 1, 100).ok()) << name;
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      CreateCollective({.algorithm = "allreduce"}, 4, 1, 100).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      CreateCollective({.algorithm = "topka", .teams = 2}, 4, 1, 100).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      CreateCollective({.algorithm = "gtopk", .density = 0}, 4, 1, 100).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      CreateCollective({.algorithm = "oktopk", .oktopk_tau = 0}, 4, 1, 100)
+          .status()));
+}
+
+}  // namespace
+}  // namespace gradmesh::collectives
