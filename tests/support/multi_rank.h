@@ -46,8 +46,7 @@ struct RankRun {
 // operation id `operation`; residuals[r] is updated in place.
 template <typename CollectivePtr>
 std::vector<RankRun> RunIteration(
-    transport::LoopbackNetwork& network,
-    std::vector<CollectivePtr>& instances,
+    transport::LoopbackNetwork& network, std::vector<CollectivePtr>& instances,
     const std::vector<std::vector<float>>& gradients,
     std::vector<std::vector<float>>& residuals, uint64_t operation,
     absl::Duration timeout = absl::Seconds(30)) {

@@ -52,7 +52,8 @@ inline float SortKthLargest(std::vector<float> values, uint64_t k) {
   for (float v : values) {
     if (v != 0.0f) magnitudes.push_back(std::fabs(v));
   }
-  if (k == 0 || magnitudes.empty()) return std::numeric_limits<float>::infinity();
+  if (k == 0 || magnitudes.empty())
+    return std::numeric_limits<float>::infinity();
   std::sort(magnitudes.rbegin(), magnitudes.rend());
   return magnitudes[std::min<uint64_t>(k, magnitudes.size()) - 1];
 }

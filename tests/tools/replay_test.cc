@@ -139,6 +139,44 @@ TEST_F(ReplayTest, WritesIdenticalResultsThatConserveMass) {
   EXPECT_THAT(json, HasSubstr("{\"rank\": 5,"));
 }
 
+// Every algorithm writes the same outputs from the same inputs, so that they
+// can be compared from outside.
+TEST_F(ReplayTest, EveryAlgorithmWritesTheSameOutputs) {
+  constexpr int kWorld = 5;
+  constexpr uint64_t kN = 300;
+  const auto inputs = WriteInputs(kWorld, 2, kN);
+  for (const std::string& algorithm : collectives::AlgorithmNames()) {
+    SCOPED_TRACE(algorithm);
+    ReplayOptions options = Options(kWorld, 1, 0.05);
+    options.algorithm.algorithm = algorithm;
+    options.overwrite = true;
+    ASSERT_TRUE(RunReplay(options).ok());
+    double lhs = 0, rhs = 0, scale = 0;
+    for (int r = 0; r < kWorld; ++r) {
+      const std::vector<float> result =
+          ReadAll(out() / absl::StrCat("rank", r, ".result.npy"));
+      ASSERT_EQ(result.size(), 2 * kN);
+      EXPECT_EQ(result, ReadAll(out() / "rank0.result.npy"));
+      for (float x :
+           ReadAll(out() / absl::StrCat("rank", r, ".residual.npy"))) {
+        rhs += x;
+      }
+      for (float x : inputs[r]) {
+        lhs += x;
+        scale += std::fabs(x);
+      }
+      if (r == 0) {
+        for (float x : result) rhs += x;
+      }
+    }
+    EXPECT_NEAR(lhs, rhs, 1e-5 * scale);
+    std::ifstream stats(out() / "stats.json");
+    const std::string json((std::istreambuf_iterator<char>(stats)),
+                           std::istreambuf_iterator<char>());
+    EXPECT_THAT(json, HasSubstr(absl::StrCat("\"algorithm\": \"", algorithm)));
+  }
+}
+
 TEST_F(ReplayTest, OneDimensionalInputIsOneIteration) {
   for (int r = 0; r < 2; ++r) WriteRank(r, {40}, RandomVector(40, r));
   ASSERT_TRUE(RunReplay(Options(2, 1, 0.1)).ok());

@@ -17,9 +17,15 @@
 #include "absl/strings/str_join.h"
 #include "tools/gradmesh/replay.h"
 
-ABSL_FLAG(std::string, algo, "spardl", "all-reduce algorithm");
+ABSL_FLAG(std::string, algo, "spardl",
+          "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
+          "or gaussiank");
 ABSL_FLAG(int, workers, 4, "number of in-process workers P (1..1024)");
 ABSL_FLAG(int, teams, 1, "SparDL team count d; must divide --workers");
+ABSL_FLAG(int, oktopk_tau, 64, "Ok-Topk: region re-balancing period");
+ABSL_FLAG(int, oktopk_tau_prime, 32, "Ok-Topk: threshold re-evaluation period");
+ABSL_FLAG(int, quantize_bits, 0,
+          "TopkDSA: quantize the dense phase to 2, 4 or 8 bits (0: off)");
 ABSL_FLAG(double, density, 0.01, "k / n, in (0, 1]");
 ABSL_FLAG(std::string, input_dir, "",
           "directory of rank{r}.npy files, float32 [n] or [T, n]; empty: "
@@ -29,7 +35,8 @@ ABSL_FLAG(std::string, output_dir, "replay-out",
 ABSL_FLAG(bool, overwrite, false, "replace a non-empty --output-dir");
 ABSL_FLAG(uint64_t, n, 1 << 20, "generated gradients: values per worker");
 ABSL_FLAG(uint64_t, iterations, 5, "generated gradients: iterations");
-ABSL_FLAG(uint64_t, seed, 1, "generated gradients: seed");
+ABSL_FLAG(uint64_t, seed, 1,
+          "seed of generated gradients and of randomized rounding");
 ABSL_FLAG(int, timeout_s, 600, "per-operation timeout in seconds");
 
 namespace {
@@ -69,9 +76,14 @@ int Replay(int argc, char** argv) {
     return 2;
   }
   gradmesh::tools::ReplayOptions options;
-  options.algorithm = {.algorithm = absl::GetFlag(FLAGS_algo),
-                       .density = absl::GetFlag(FLAGS_density),
-                       .teams = absl::GetFlag(FLAGS_teams)};
+  options.algorithm = {
+      .algorithm = absl::GetFlag(FLAGS_algo),
+      .density = absl::GetFlag(FLAGS_density),
+      .teams = absl::GetFlag(FLAGS_teams),
+      .oktopk_tau = absl::GetFlag(FLAGS_oktopk_tau),
+      .oktopk_tau_prime = absl::GetFlag(FLAGS_oktopk_tau_prime),
+      .quantize_bits = absl::GetFlag(FLAGS_quantize_bits),
+      .seed = absl::GetFlag(FLAGS_seed)};
   options.workers = absl::GetFlag(FLAGS_workers);
   options.input_dir = absl::GetFlag(FLAGS_input_dir);
   options.output_dir = absl::GetFlag(FLAGS_output_dir);

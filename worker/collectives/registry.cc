@@ -45,6 +45,10 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     return absl::InvalidArgumentError(absl::StrCat(
         "teams d = ", options.teams, " applies to spardl only, not ", name));
   }
+  if (options.quantize_bits != 0 && name != "topkdsa") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantization applies to topkdsa's dense phase only, not ", name));
+  }
   if (name == "dense") return Upcast(DenseRing::Create(world_size, rank, n));
   if (name == "topka" || name == "gaussiank") {
     return Upcast(TopkAllGather::Create(world_size, rank, n, options.density,
@@ -53,7 +57,8 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
                                             : LocalSelection::kGaussian));
   }
   if (name == "topkdsa") {
-    return Upcast(TopkDsa::Create(world_size, rank, n, options.density));
+    return Upcast(TopkDsa::Create(world_size, rank, n, options.density,
+                                  options.quantize_bits, options.seed));
   }
   if (name == "gtopk") {
     return Upcast(GTopk::Create(world_size, rank, n, options.density));

@@ -18,6 +18,8 @@ struct AlgorithmOptions {
   int teams = 1;              // SparDL's d
   int oktopk_tau = 64;        // Ok-Topk region re-balancing period
   int oktopk_tau_prime = 32;  // Ok-Topk threshold re-evaluation period
+  int quantize_bits = 0;      // TopkDSA's dense phase: 0 (off), 2, 4 or 8
+  uint64_t seed = 1;          // seeds randomized rounding
 };
 
 // The names CreateCollective accepts.

@@ -10,6 +10,7 @@
 #include "worker/kernels/topk.h"
 #include "worker/sparse/coo.h"
 #include "worker/sparse/dense.h"
+#include "worker/sparse/qsgd.h"
 
 namespace gradmesh::collectives {
 namespace {
@@ -18,6 +19,7 @@ constexpr uint32_t kSplitStep = 0;
 constexpr uint32_t kAllGatherStep = 1u << 12;
 constexpr char kSparse = 0;
 constexpr char kDense = 1;
+constexpr char kQuantized = 2;
 
 // A partition being reduced: a sparse stream until delta is passed, dense
 // after.
@@ -48,9 +50,20 @@ void AddToStream(const sparse::SparseBlock& part, sparse::IndexRange range,
   }
 }
 
-std::string EncodeStream(const Stream& stream) {
-  if (stream.dense) return kDense + sparse::EncodeDense(stream.dense_sum);
-  return kSparse + sparse::EncodeCoo(stream.sparse_sum);
+// Encodes the reduced partition. A quantized dense partition also returns,
+// in `error`, what quantization took off each value (x - Q(x)).
+std::string EncodeStream(const Stream& stream, int quantize_bits, uint64_t seed,
+                         std::vector<float>* error) {
+  if (!stream.dense) return kSparse + sparse::EncodeCoo(stream.sparse_sum);
+  if (quantize_bits == 0) return kDense + sparse::EncodeDense(stream.dense_sum);
+  std::string out{kQuantized, static_cast<char>(quantize_bits)};
+  error->resize(stream.dense_sum.size());
+  sparse::EncodeQsgd(stream.dense_sum, quantize_bits, seed, &out,
+                     absl::MakeSpan(*error));
+  for (size_t i = 0; i < error->size(); ++i) {
+    (*error)[i] = stream.dense_sum[i] - (*error)[i];
+  }
+  return out;
 }
 
 // Appends the nonzero entries of a partition message to `result`; returns
@@ -63,9 +76,20 @@ absl::StatusOr<bool> AppendPartition(absl::string_view bytes,
   }
   const char tag = bytes[0];
   bytes.remove_prefix(1);
-  if (tag == kDense) {
+  if (tag == kDense || tag == kQuantized) {
     std::vector<float> values(range.size());
-    GM_RETURN_IF_ERROR(sparse::DecodeDense(bytes, absl::MakeSpan(values)));
+    if (tag == kDense) {
+      GM_RETURN_IF_ERROR(sparse::DecodeDense(bytes, absl::MakeSpan(values)));
+    } else {
+      if (bytes.empty()) {
+        return absl::InvalidArgumentError(
+            "quantized partition lacks its width");
+      }
+      const int bits = bytes[0];
+      bytes.remove_prefix(1);
+      GM_RETURN_IF_ERROR(
+          sparse::DecodeQsgd(bytes, bits, absl::MakeSpan(values)));
+    }
     for (size_t i = 0; i < values.size(); ++i) {
       if (values[i] != 0.0f) {
         result->push_back(static_cast<uint32_t>(range.begin + i), values[i]);
@@ -91,10 +115,16 @@ absl::StatusOr<bool> AppendPartition(absl::string_view bytes,
 
 absl::StatusOr<std::unique_ptr<TopkDsa>> TopkDsa::Create(int world_size,
                                                          int rank, uint64_t n,
-                                                         double density) {
+                                                         double density,
+                                                         int quantize_bits,
+                                                         uint64_t seed) {
   GM_RETURN_IF_ERROR(ValidateCommon(world_size, rank, n, density));
-  return std::unique_ptr<TopkDsa>(
-      new TopkDsa(world_size, rank, n, SelectionSize(n, density)));
+  if (quantize_bits != 0 && !sparse::IsQsgdBits(quantize_bits)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantize_bits = ", quantize_bits, " must be 0, 2, 4 or 8"));
+  }
+  return std::unique_ptr<TopkDsa>(new TopkDsa(
+      world_size, rank, n, SelectionSize(n, density), quantize_bits, seed));
 }
 
 absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
@@ -130,9 +160,14 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
     AddToStream(part, mine, &stream);
 
   // All-gather the reduced partitions.
-  GM_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
-                      AllGather(runner, kAllGatherStep, Group::World(p, w),
-                                EncodeStream(stream), PreferredAllGather(p)));
+  std::vector<float> quantization_error;
+  const uint64_t seed = seed_ ^ (context.operation * 0x9e3779b97f4a7c15ULL) ^
+                        (static_cast<uint64_t>(w) << 40);
+  GM_ASSIGN_OR_RETURN(
+      std::vector<std::string> gathered,
+      AllGather(runner, kAllGatherStep, Group::World(p, w),
+                EncodeStream(stream, quantize_bits_, seed, &quantization_error),
+                PreferredAllGather(p)));
   sparse::SparseBlock result;
   int dense_partitions = 0;
   for (int r = 0; r < p; ++r) {
@@ -141,6 +176,9 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
     dense_partitions += *dense;
   }
   ZeroAt(selected, residual);
+  for (size_t i = 0; i < quantization_error.size(); ++i) {
+    residual[mine.begin + i] += quantization_error[i];
+  }
   stats->SetDetail("dense_partitions", dense_partitions);
   stats->SetDetail("own_dense", stream.dense);
   stats->result_nonzeros = result.size();

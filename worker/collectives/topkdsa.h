@@ -16,6 +16,15 @@
 //     that starts with a representation byte (SparCML's "extra value"):
 //     0 = sparse COO (8 bytes per value), 1 = dense float32 (4 bytes per
 //     value of the partition).
+// Optional low-precision dense phase (SparCML Section 6): with
+// quantize_bits = 2, 4 or 8, a partition that went dense travels QSGD-
+// quantized (sparse/qsgd.h; representation byte 2, then the width) instead
+// of as float32, rounded with a generator seeded by (seed, operation, rank)
+// so runs repeat. The owner keeps the rounding error x - Q(x) in its
+// residual, so the conservation identity still holds to float rounding;
+// each result value is within scale / (2^(b-1) - 1) of the exact sum, scale
+// being the largest |x| of its bucket of 1024.
+//
 // The result is the concatenation of the partitions with exact zeros dropped
 // (a dense partition carries zeros, a cancelled sum may), so every
 // representation yields the same result. Summation order is fixed by rank,
@@ -39,9 +48,12 @@ namespace gradmesh::collectives {
 
 class TopkDsa : public Collective {
  public:
+  // quantize_bits: 0 (off), 2, 4 or 8.
   static absl::StatusOr<std::unique_ptr<TopkDsa>> Create(int world_size,
                                                          int rank, uint64_t n,
-                                                         double density);
+                                                         double density,
+                                                         int quantize_bits = 0,
+                                                         uint64_t seed = 1);
 
   absl::StatusOr<sparse::SparseBlock> AllReduce(
       absl::Span<const float> gradient, absl::Span<float> residual,
@@ -51,13 +63,21 @@ class TopkDsa : public Collective {
   static uint64_t Delta(uint64_t size) { return size / 2; }
 
  private:
-  TopkDsa(int world_size, int rank, uint64_t n, uint64_t k)
-      : world_size_(world_size), rank_(rank), n_(n), k_(k) {}
+  TopkDsa(int world_size, int rank, uint64_t n, uint64_t k, int quantize_bits,
+          uint64_t seed)
+      : world_size_(world_size),
+        rank_(rank),
+        n_(n),
+        k_(k),
+        quantize_bits_(quantize_bits),
+        seed_(seed) {}
 
   const int world_size_;
   const int rank_;
   const uint64_t n_;
   const uint64_t k_;
+  const int quantize_bits_;
+  const uint64_t seed_;
 };
 
 }  // namespace gradmesh::collectives

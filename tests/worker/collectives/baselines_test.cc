@@ -122,7 +122,8 @@ Expected GTopkReference(const std::vector<std::vector<float>>& gradients,
   const int p = gradients.size();
   Local local = Select(gradients, residuals, k, false);
   std::vector<Sparse> current = local.selected;
-  for (int w = 0; w < p; ++w) residuals[w] = Without(local.acc[w], local.selected[w]);
+  for (int w = 0; w < p; ++w)
+    residuals[w] = Without(local.acc[w], local.selected[w]);
   Expected out;
   out.bytes_received.assign(p, 0);
   // Binomial tree: at level t, w (a multiple of 2^(t+1)) absorbs w + 2^t.
@@ -162,13 +163,15 @@ Expected DsaReference(const std::vector<std::vector<float>>& gradients,
       for (const auto& [i, x] : part) sum[i] += x;
     }
     for (int w = 0; w < p; ++w) {
-      if (w != q) out.bytes_received[w] += 1 + (dense ? 4 * (hi - lo) : 8 * sum.size());
+      if (w != q)
+        out.bytes_received[w] += 1 + (dense ? 4 * (hi - lo) : 8 * sum.size());
     }
     for (const auto& [i, x] : sum) {
       if (x != 0.0f) out.result[i] = x;
     }
   }
-  for (int w = 0; w < p; ++w) residuals[w] = Without(local.acc[w], local.selected[w]);
+  for (int w = 0; w < p; ++w)
+    residuals[w] = Without(local.acc[w], local.selected[w]);
   return out;
 }
 
@@ -189,7 +192,8 @@ class OkTopkReference {
     }
     if (evaluate) {
       local_th_.clear();
-      for (int r = 0; r < p_; ++r) local_th_.push_back(SortKthLargest(acc[r], k_));
+      for (int r = 0; r < p_; ++r)
+        local_th_.push_back(SortKthLargest(acc[r], k_));
     }
     std::vector<Sparse> local(p_);
     for (int r = 0; r < p_; ++r) {
@@ -205,10 +209,12 @@ class OkTopkReference {
         const std::vector<std::pair<uint32_t, float>> sel(local[r].begin(),
                                                           local[r].end());
         for (int b = 1; b < p_; ++b) {
-          sums[b] += sel.empty() ? Begin(n_, p_, b) : sel[b * sel.size() / p_].first;
+          sums[b] +=
+              sel.empty() ? Begin(n_, p_, b) : sel[b * sel.size() / p_].first;
         }
       }
-      for (int b = 1; b < p_; ++b) bounds_[b] = std::max(bounds_[b - 1], sums[b] / p_);
+      for (int b = 1; b < p_; ++b)
+        bounds_[b] = std::max(bounds_[b - 1], sums[b] / p_);
     }
     std::vector<Sparse> reduced(p_);
     std::vector<float> all_reduced;
@@ -308,7 +314,8 @@ TEST_P(BaselineTest, AgreesWithReferenceAndConservesMass) {
     }
 
     for (int r = 0; r < world; ++r) {
-      ASSERT_TRUE(runs[r].status.ok()) << "rank " << r << ": " << runs[r].status;
+      ASSERT_TRUE(runs[r].status.ok())
+          << "rank " << r << ": " << runs[r].status;
       // Bitwise identical on every rank.
       ASSERT_EQ(runs[r].result.indices, runs[0].result.indices);
       for (size_t e = 0; e < runs[r].result.size(); ++e) {
@@ -411,16 +418,18 @@ TEST_P(BaselineCostTest, TopkDsaAndOkTopkMeetTableOne) {
     transport::LoopbackNetwork network(world);
     std::vector<std::unique_ptr<Collective>> instances;
     for (int r = 0; r < world; ++r) {
-      instances.push_back(*CreateCollective(
-          {.algorithm = algorithm, .density = density, .oktopk_tau = 64,
-           .oktopk_tau_prime = 32},
-          world, r, n));
+      instances.push_back(*CreateCollective({.algorithm = algorithm,
+                                             .density = density,
+                                             .oktopk_tau = 64,
+                                             .oktopk_tau_prime = 32},
+                                            world, r, n));
     }
-    std::vector<std::vector<float>> residuals(world, std::vector<float>(n, 0.0f));
+    std::vector<std::vector<float>> residuals(world,
+                                              std::vector<float>(n, 0.0f));
     for (int it = 0; it < 4; ++it) {
-      const auto runs = RunIteration(network, instances,
-                                     SharedSpreadGradients(world, n, k, it),
-                                     residuals, it);
+      const auto runs =
+          RunIteration(network, instances,
+                       SharedSpreadGradients(world, n, k, it), residuals, it);
       for (int r = 0; r < world; ++r) {
         ASSERT_TRUE(runs[r].status.ok()) << runs[r].status;
         const double received = runs[r].stats.bytes_received;
@@ -471,7 +480,8 @@ TEST(TopkDsaTest, SwitchesToDenseWhereDeltaSays) {
       }
       gradients.push_back(std::move(g));
     }
-    std::vector<std::vector<float>> residuals(world, std::vector<float>(n, 0.0f));
+    std::vector<std::vector<float>> residuals(world,
+                                              std::vector<float>(n, 0.0f));
     const auto runs = RunIteration(network, instances, gradients, residuals, 0);
     for (int r = 0; r < world; ++r) {
       ASSERT_TRUE(runs[r].status.ok());
@@ -491,22 +501,25 @@ TEST(OkTopkTest, BalancesSkewedRegions) {
   std::vector<std::unique_ptr<Collective>> instances;
   std::vector<std::vector<float>> gradients;
   for (int r = 0; r < kWorld; ++r) {
-    instances.push_back(*CreateCollective(
-        {.algorithm = "oktopk", .density = 0.01, .oktopk_tau = 1000,
-         .oktopk_tau_prime = 1000},
-        kWorld, r, kN));
+    instances.push_back(*CreateCollective({.algorithm = "oktopk",
+                                           .density = 0.01,
+                                           .oktopk_tau = 1000,
+                                           .oktopk_tau_prime = 1000},
+                                          kWorld, r, kN));
     gradients.push_back(RandomVector(kN, r));
   }
   // Iteration 1 balances the regions on uniform data; iteration 2 puts every
   // large value into region 0 while the boundaries stay.
-  std::vector<std::vector<float>> residuals(kWorld, std::vector<float>(kN, 0.0f));
+  std::vector<std::vector<float>> residuals(kWorld,
+                                            std::vector<float>(kN, 0.0f));
   auto runs = RunIteration(network, instances, gradients, residuals, 0);
   for (const RankRun& run : runs) {
     ASSERT_TRUE(run.status.ok());
     EXPECT_EQ(run.stats.detail("balanced"), 0);
   }
   for (int r = 0; r < kWorld; ++r) {
-    for (uint64_t i = 0; i < kN; ++i) gradients[r][i] *= i < 400 ? 100.0f : 0.0f;
+    for (uint64_t i = 0; i < kN; ++i)
+      gradients[r][i] *= i < 400 ? 100.0f : 0.0f;
   }
   runs = RunIteration(network, instances, gradients, residuals, 1);
   for (const RankRun& run : runs) {
@@ -556,12 +569,98 @@ TEST(RegistryTest, KnowsEveryAlgorithmAndRejectsTheRest) {
   EXPECT_TRUE(absl::IsInvalidArgument(
       CreateCollective({.algorithm = "allreduce"}, 4, 1, 100).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
-      CreateCollective({.algorithm = "topka", .teams = 2}, 4, 1, 100).status()));
+      CreateCollective({.algorithm = "topka", .teams = 2}, 4, 1, 100)
+          .status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
-      CreateCollective({.algorithm = "gtopk", .density = 0}, 4, 1, 100).status()));
+      CreateCollective({.algorithm = "gtopk", .density = 0}, 4, 1, 100)
+          .status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
       CreateCollective({.algorithm = "oktopk", .oktopk_tau = 0}, 4, 1, 100)
           .status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      CreateCollective({.algorithm = "topkdsa", .quantize_bits = 3}, 4, 1, 100)
+          .status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      CreateCollective({.algorithm = "topka", .quantize_bits = 4}, 4, 1, 100)
+          .status()));
+  EXPECT_TRUE(
+      CreateCollective({.algorithm = "topkdsa", .quantize_bits = 4}, 4, 1, 100)
+          .ok());
+}
+
+}  // namespace
+}  // namespace gradmesh::collectives
+
+namespace gradmesh::collectives {
+namespace {
+
+// TopkDSA's quantized dense phase: identical results on every rank, the
+// conservation identity (the owner keeps the rounding error), every value
+// within one quantization level of the exact sum, and seeded repeatability.
+TEST(TopkDsaTest, QuantizedDensePhaseConservesMassWithinOneLevel) {
+  constexpr int kWorld = 8;
+  constexpr uint64_t kN = 4096;
+  for (int bits : {2, 4, 8}) {
+    SCOPED_TRACE(absl::StrCat(bits, " bits"));
+    std::vector<std::vector<Sparse>> results(2);
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      transport::LoopbackNetwork network(kWorld);
+      std::vector<std::unique_ptr<Collective>> instances;
+      for (int r = 0; r < kWorld; ++r) {
+        instances.push_back(*CreateCollective({.algorithm = "topkdsa",
+                                               .density = 0.3,
+                                               .quantize_bits = bits,
+                                               .seed = 9},
+                                              kWorld, r, kN));
+      }
+      std::vector<std::vector<float>> residuals(kWorld,
+                                                std::vector<float>(kN, 0.0f));
+      for (int it = 0; it < 2; ++it) {
+        std::vector<std::vector<float>> gradients;
+        for (int r = 0; r < kWorld; ++r) {
+          gradients.push_back(RandomVector(kN, 50 * it + r));
+        }
+        std::vector<std::vector<float>> exact_residuals = residuals;
+        const Expected exact =
+            DsaReference(gradients, exact_residuals, SelectionSize(kN, 0.3));
+        std::vector<double> input(kN, 0.0), scale(kN, 0.0);
+        for (int r = 0; r < kWorld; ++r) {
+          for (uint64_t i = 0; i < kN; ++i) {
+            const double x = double{gradients[r][i]} + residuals[r][i];
+            input[i] += x;
+            scale[i] += std::fabs(x);
+          }
+        }
+        const auto runs =
+            RunIteration(network, instances, gradients, residuals, it);
+        ASSERT_TRUE(runs[0].status.ok()) << runs[0].status;
+        EXPECT_EQ(runs[0].stats.detail("dense_partitions"), kWorld);
+        for (const RankRun& run : runs) EXPECT_EQ(run.result, runs[0].result);
+        const Sparse got = ToSparse(runs[0].result);
+        results[repeat].push_back(got);
+        // Within one level of the exact sum; bucket scales are at most the
+        // largest |exact sum| of the partition.
+        float largest = 0;
+        for (const auto& [i, x] : exact.result)
+          largest = std::max(largest, std::fabs(x));
+        const float level = largest / ((1 << (bits - 1)) - 1);
+        for (const auto& [i, x] : exact.result) {
+          const auto it2 = got.find(i);
+          const float q = it2 == got.end() ? 0.0f : it2->second;
+          ASSERT_LE(std::fabs(q - x), level * 1.0001f) << "index " << i;
+        }
+        std::vector<double> output(kN, 0.0);
+        for (const auto& [i, x] : got) output[i] += x;
+        for (int r = 0; r < kWorld; ++r) {
+          for (uint64_t i = 0; i < kN; ++i) output[i] += residuals[r][i];
+        }
+        for (uint64_t i = 0; i < kN; ++i) {
+          ASSERT_LE(std::fabs(output[i] - input[i]), 1e-5 * scale[i] + 1e-30);
+        }
+      }
+    }
+    EXPECT_EQ(results[0], results[1]);  // seeded: the same twice
+  }
 }
 
 }  // namespace

@@ -386,7 +386,8 @@ TEST_P(SparDlCostTest, RoundsAndBytesMatchTableOne) {
         EXPECT_GE(received, 4 * 2 * (d * d + P - 2 * d) / (P * d) * k);
         EXPECT_GE(received, 8 * (P * d + P - 2 * d) / (P * d) * k);
         EXPECT_LE(received, 4 * 2 * (d * d + 2 * P - 3 * d) / P * k);
-        EXPECT_GE(s.detail("bsag_h"), static_cast<int64_t>(std::ceil(8.0 / teams)));
+        EXPECT_GE(s.detail("bsag_h"),
+                  static_cast<int64_t>(std::ceil(8.0 / teams)));
         EXPECT_LE(s.detail("bsag_h"), 8);
       }
     }

@@ -1,3 +1,4 @@
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -96,6 +97,71 @@ TEST(CooTest, RejectsMalformedMessages) {
   const IndexRange two[] = {{0, 10}, {10, 20}};
   EXPECT_TRUE(absl::IsInvalidArgument(
       DecodeCoo(EncodeCoo(Block({12, 3}, {1, 1})), two).status()));
+}
+
+}  // namespace
+}  // namespace gradmesh::sparse
+
+#include "worker/sparse/qsgd.h"
+
+namespace gradmesh::sparse {
+namespace {
+
+TEST(QsgdTest, RoundTripsWithinOneLevelAndRepeats) {
+  std::vector<float> x(2500);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::sin(static_cast<float>(i)) * (i < 1024 ? 1.0f : 100.0f);
+  }
+  x[7] = 0.0f;
+  for (int bits : {2, 4, 8}) {
+    std::string bytes;
+    std::vector<float> decoded(x.size());
+    EncodeQsgd(x, bits, 42, &bytes, absl::MakeSpan(decoded));
+    EXPECT_EQ(bytes.size(), QsgdBytes(x.size(), bits));
+    // Buckets of 1024, 1024 and 452 values, each with a 4-byte scale.
+    EXPECT_EQ(bytes.size(),
+              3 * 4 + 2 * (1024 * bits / 8) + (452 * bits + 7) / 8);
+    std::vector<float> received(x.size());
+    ASSERT_TRUE(DecodeQsgd(bytes, bits, absl::MakeSpan(received)).ok());
+    EXPECT_EQ(received, decoded);  // the sender knows what arrives
+    const float levels = static_cast<float>((1 << (bits - 1)) - 1);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float scale = i < 1024 ? 1.0f : 100.0f;
+      ASSERT_LE(std::fabs(received[i] - x[i]), scale / levels * 1.0001f)
+          << "bits " << bits << " index " << i;
+    }
+    EXPECT_EQ(received[7], 0.0f);
+    std::string again;
+    EncodeQsgd(x, bits, 42, &again, absl::MakeSpan(decoded));
+    EXPECT_EQ(again, bytes);  // seeded: runs repeat
+    std::string other;
+    EncodeQsgd(x, bits, 43, &other, absl::MakeSpan(decoded));
+    EXPECT_NE(other, bytes);
+  }
+}
+
+TEST(QsgdTest, IsUnbiased) {
+  const std::vector<float> x(1024, 0.3f);
+  std::vector<float> decoded(x.size());
+  double mean = 0;
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    std::string bytes;
+    EncodeQsgd(x, 2, seed, &bytes, absl::MakeSpan(decoded));
+    for (float v : decoded) mean += v;
+  }
+  // With 2 bits every value rounds to 0 or 0.3's scale (0.3): mean 0.3.
+  EXPECT_NEAR(mean / (50 * 1024), 0.3, 0.01);
+}
+
+TEST(QsgdTest, RejectsMalformedInput) {
+  std::vector<float> out(10);
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeQsgd("", 4, absl::MakeSpan(out))));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      DecodeQsgd(std::string(9, '\0'), 3, absl::MakeSpan(out))));
+  std::string bad(QsgdBytes(10, 4), '\0');
+  const float nan = std::nanf("");
+  std::memcpy(bad.data(), &nan, 4);
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeQsgd(bad, 4, absl::MakeSpan(out))));
 }
 
 }  // namespace
