@@ -26,6 +26,7 @@ expect_error "density" --density=1.5
 expect_error "teams d = 4" --workers=6 --teams=4
 expect_error "no such file" --input-dir="$work/missing" --workers=2
 expect_error "unknown algorithm" --algo=nope
+expect_error "is not auto, cpu or cuda" --topk=tpu
 
 "$gradmesh" replay --workers=6 --teams=3 --n=5000 --iterations=2 \
     --output-dir="$work/out" >"$work/log"

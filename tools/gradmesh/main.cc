@@ -16,6 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tools/gradmesh/replay.h"
+#ifdef GRADMESH_HAS_CUDA
+#include "worker/kernels/force_cuda.h"
+#endif
 
 ABSL_FLAG(std::string, algo, "spardl",
           "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
@@ -38,6 +41,9 @@ ABSL_FLAG(uint64_t, iterations, 5, "generated gradients: iterations");
 ABSL_FLAG(uint64_t, seed, 1,
           "seed of generated gradients and of randomized rounding");
 ABSL_FLAG(int, timeout_s, 600, "per-operation timeout in seconds");
+ABSL_FLAG(std::string, topk, "auto",
+          "top-k implementation: auto (the CPU for host data), cpu, or cuda "
+          "(copies each span to the device; needs a CUDA build and device)");
 
 namespace {
 
@@ -74,6 +80,25 @@ int Replay(int argc, char** argv) {
     std::fprintf(stderr, "gradmesh replay: unexpected argument '%s'\n",
                  positional[1]);
     return 2;
+  }
+  const std::string topk = absl::GetFlag(FLAGS_topk);
+  if (topk == "cuda") {
+#ifdef GRADMESH_HAS_CUDA
+    if (const absl::Status status = gradmesh::kernels::ForceCudaTopK();
+        !status.ok()) {
+      std::fprintf(stderr, "gradmesh replay: --topk=cuda: %s\n",
+                   std::string(status.message()).c_str());
+      return 1;
+    }
+#else
+    std::fprintf(stderr, "gradmesh replay: --topk=cuda: built without CUDA\n");
+    return 1;
+#endif
+  } else if (topk != "auto" && topk != "cpu") {
+    std::fprintf(stderr,
+                 "gradmesh replay: --topk=%s is not auto, cpu or cuda\n",
+                 topk.c_str());
+    return 1;
   }
   gradmesh::tools::ReplayOptions options;
   options.algorithm = {

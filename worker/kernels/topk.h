@@ -1,4 +1,5 @@
-// Exact top-k selection by absolute value (CPU implementation).
+// Exact top-k selection by absolute value: the CPU implementation (radix
+// select, topk_cpu.cc); the CUDA one, on device memory, is in topk_cuda.h.
 //
 // Semantics shared by every implementation of the project, so that they all
 // select the same set:
@@ -16,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/types/span.h"
 #include "worker/sparse/sparse_block.h"
@@ -27,6 +29,14 @@ namespace gradmesh::kernels {
 sparse::SparseBlock TopKAbs(absl::Span<const float> x, size_t k,
                             uint32_t base_index);
 
+// Segmented top-k: for every segment (a range of positions in x) its own
+// top quotas[s]; global index = base_index + position in x. Segments may be
+// empty; a quota of 0 selects nothing, one >= the segment's nonzeros selects
+// them all.
+std::vector<sparse::SparseBlock> SegmentedTopKAbs(
+    absl::Span<const float> x, absl::Span<const sparse::IndexRange> segments,
+    absl::Span<const uint64_t> quotas, uint32_t base_index);
+
 // Splits `block` into its top-k entries (`kept`) and the rest (`dropped`),
 // both sorted by index. kept + dropped == block entry by entry.
 void SplitTopKAbs(const sparse::SparseBlock& block, size_t k,
@@ -35,13 +45,22 @@ void SplitTopKAbs(const sparse::SparseBlock& block, size_t k,
 // Threshold selection (Ok-Topk, Gaussiank): every nonzero entry with
 // |x| >= threshold, sorted by index, global index = base_index + i. The count
 // is whatever the data gives: not necessarily k.
-sparse::SparseBlock SelectAbsAtLeast(absl::Span<const float> x,
-                                     float threshold, uint32_t base_index);
+sparse::SparseBlock SelectAbsAtLeast(absl::Span<const float> x, float threshold,
+                                     uint32_t base_index);
 
 // The k-th largest |x| over the nonzero entries (the threshold that selects
 // the top k); +infinity when k == 0 or there is no nonzero entry, and the
 // smallest nonzero magnitude when there are fewer than k.
 float KthLargestAbs(absl::Span<const float> x, size_t k);
+
+// Replaces the selection behind every function above, for host data, by
+// `positions`, which must return the ascending positions of the top k of a
+// span with the semantics above; nullptr restores the CPU implementation.
+// This is how a device implementation is forced (force_cuda.h). Not
+// thread-safe against concurrent selections: set it before any.
+using TopKPositionsFn = std::vector<uint32_t> (*)(absl::Span<const float>,
+                                                  size_t k);
+void SetTopKPositionsForTesting(TopKPositionsFn positions);
 
 }  // namespace gradmesh::kernels
 

@@ -1,6 +1,7 @@
 #include "worker/kernels/topk.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -116,6 +117,58 @@ TEST(ThresholdTest, KthLargestIsTheTopKThreshold) {
   EXPECT_EQ(KthLargestAbs(x, 0), std::numeric_limits<float>::infinity());
   EXPECT_EQ(KthLargestAbs({0.0f, -3.0f}, 5), 3.0f);
   EXPECT_EQ(KthLargestAbs({0.0f}, 1), std::numeric_limits<float>::infinity());
+}
+
+}  // namespace
+}  // namespace gradmesh::kernels
+
+namespace gradmesh::kernels {
+namespace {
+
+TEST(SegmentedTopKTest, SelectsPerSegmentIncludingEdgeCases) {
+  const std::vector<float> x = Values(1000, 11, 5);  // ties
+  const std::vector<sparse::IndexRange> segments = {
+      {0, 100}, {100, 100}, {100, 400}, {400, 1000}, {1000, 1000}};
+  const std::vector<uint64_t> quotas = {7, 3, 0, 10000, 2};
+  const std::vector<sparse::SparseBlock> out =
+      SegmentedTopKAbs(x, segments, quotas, 50);
+  ASSERT_EQ(out.size(), segments.size());
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const std::vector<float> part(x.begin() + segments[s].begin,
+                                  x.begin() + segments[s].end);
+    EXPECT_EQ(out[s],
+              SortReference(part, quotas[s],
+                            50 + static_cast<uint32_t>(segments[s].begin)))
+        << "segment " << s;
+  }
+  EXPECT_TRUE(out[1].empty());
+  EXPECT_TRUE(out[2].empty());
+  EXPECT_TRUE(out[4].empty());
+}
+
+// Values that share their top key bits (the radix select's boundary bin)
+// and differ only in the low bits, plus denormals and exact ties.
+TEST(TopKTest, ResolvesTheBoundaryBinExactly) {
+  std::vector<float> x;
+  for (int i = 0; i < 5000; ++i) {
+    x.push_back(std::bit_cast<float>(0x3f800000u + (i * 7919u) % 4096u) *
+                (i % 2 ? -1.0f : 1.0f));
+  }
+  for (int i = 0; i < 300; ++i) {
+    x.push_back(std::numeric_limits<float>::denorm_min() * (i % 17));
+  }
+  for (size_t k : {1u, 10u, 2500u, 4999u, 5000u, 5100u, 6000u}) {
+    EXPECT_EQ(TopKAbs(x, k, 0), SortReference(x, k, 0)) << k;
+  }
+}
+
+TEST(TopKTest, ParallelPathMatchesTheReference) {
+  // Above the size where selection splits over threads.
+  std::vector<float> x = Values(3'000'001, 21, 0);
+  for (size_t i = 0; i < x.size(); i += 3) x[i] = std::round(x[i] * 4) / 4;
+  for (size_t k : {1u, 30000u, 1000000u}) {
+    EXPECT_EQ(TopKAbs(x, k, 0), SortReference(x, k, 0)) << k;
+  }
 }
 
 }  // namespace
