@@ -8,6 +8,14 @@
 #include "common/status_macros.h"
 
 namespace gradmesh::collectives {
+namespace {
+
+void Accumulate(absl::Span<const float> gradient, absl::Span<float> residual) {
+  GM_CHECK(gradient.size() == residual.size());
+  for (size_t i = 0; i < residual.size(); ++i) residual[i] += gradient[i];
+}
+
+}  // namespace
 
 uint64_t SelectionSize(uint64_t n, double density) {
   if (n == 0) return 0;
@@ -130,9 +138,14 @@ absl::Status PeerError(const absl::Status& status, int peer) {
                                                   ": ", status.message()));
 }
 
-void Accumulate(absl::Span<const float> gradient, absl::Span<float> residual) {
-  GM_CHECK(gradient.size() == residual.size());
-  for (size_t i = 0; i < residual.size(); ++i) residual[i] += gradient[i];
+absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,
+                            absl::Span<const float> gradient,
+                            absl::Span<float> residual, OpStats* stats) {
+  GM_CHECK(stats != nullptr);
+  GM_RETURN_IF_ERROR(ValidateSizes(algorithm, n, gradient, residual));
+  Accumulate(gradient, residual);
+  *stats = OpStats{};
+  return absl::OkStatus();
 }
 
 void ZeroAt(const sparse::SparseBlock& block, absl::Span<float> residual) {

@@ -118,10 +118,14 @@ absl::Status ValidateSizes(absl::string_view algorithm, uint64_t n,
 // what a peer sent.
 absl::Status PeerError(const absl::Status& status, int peer);
 
-// Error feedback's first step: residual += gradient, in place. The residual
-// buffer then holds the accumulator and stays untouched until the operation
-// has succeeded, so that a failed operation loses nothing.
-void Accumulate(absl::Span<const float> gradient, absl::Span<float> residual);
+// The common start of an AllReduce: checks the sizes (InvalidArgument, and
+// nothing changes), accumulates the gradient into the residual (error
+// feedback's first step) and resets `stats` (not null). The residual then
+// holds the accumulator and must stay untouched until the operation has
+// succeeded, so that a failed operation loses nothing.
+absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,
+                            absl::Span<const float> gradient,
+                            absl::Span<float> residual, OpStats* stats);
 
 // residual[i] = 0 at every index of `block` (the values it carried left).
 void ZeroAt(const sparse::SparseBlock& block, absl::Span<float> residual);

@@ -24,11 +24,8 @@ absl::StatusOr<std::unique_ptr<DenseRing>> DenseRing::Create(int world_size,
 absl::StatusOr<sparse::SparseBlock> DenseRing::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
-  GM_CHECK(stats != nullptr);
-  GM_RETURN_IF_ERROR(ValidateSizes("dense", n_, gradient, residual));
-  Accumulate(gradient, residual);
+  GM_RETURN_IF_ERROR(BeginAllReduce("dense", n_, gradient, residual, stats));
   std::copy(residual.begin(), residual.end(), sum_.begin());
-  *stats = OpStats{};
   StepRunner runner(context, stats);
   const int p = world_size_;
   const int w = rank_;

@@ -25,11 +25,8 @@ absl::StatusOr<std::unique_ptr<GTopk>> GTopk::Create(int world_size, int rank,
 absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
-  GM_CHECK(stats != nullptr);
-  GM_RETURN_IF_ERROR(ValidateSizes("gTopk", n_, gradient, residual));
-  Accumulate(gradient, residual);
+  GM_RETURN_IF_ERROR(BeginAllReduce("gTopk", n_, gradient, residual, stats));
   const sparse::SparseBlock selected = kernels::TopKAbs(residual, k_, 0);
-  *stats = OpStats{};
   StepRunner runner(context, stats);
   const sparse::IndexRange all{0, n_};
   const int w = rank_;

@@ -75,10 +75,7 @@ OkTopk::OkTopk(int world_size, int rank, uint64_t n,
 absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
-  GM_CHECK(stats != nullptr);
-  GM_RETURN_IF_ERROR(ValidateSizes("Ok-Topk", n_, gradient, residual));
-  Accumulate(gradient, residual);
-  *stats = OpStats{};
+  GM_RETURN_IF_ERROR(BeginAllReduce("Ok-Topk", n_, gradient, residual, stats));
   StepRunner runner(context, stats);
   const bool evaluate = iteration_ % options_.tau_prime == 0;
   const bool repartition = iteration_ % options_.tau == 0;

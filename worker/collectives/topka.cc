@@ -84,13 +84,10 @@ absl::StatusOr<std::unique_ptr<TopkAllGather>> TopkAllGather::Create(
 absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
-  GM_CHECK(stats != nullptr);
-  GM_RETURN_IF_ERROR(ValidateSizes("TopkA", n_, gradient, residual));
-  Accumulate(gradient, residual);
+  GM_RETURN_IF_ERROR(BeginAllReduce("TopkA", n_, gradient, residual, stats));
   sparse::SparseBlock selected = selection_ == LocalSelection::kExactTopK
                                      ? kernels::TopKAbs(residual, k_, 0)
                                      : GaussianSelect(residual, k_);
-  *stats = OpStats{};
   stats->SetDetail("selected", static_cast<int64_t>(selected.size()));
   StepRunner runner(context, stats);
   GM_ASSIGN_OR_RETURN(

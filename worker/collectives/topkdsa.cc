@@ -130,11 +130,8 @@ absl::StatusOr<std::unique_ptr<TopkDsa>> TopkDsa::Create(int world_size,
 absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
-  GM_CHECK(stats != nullptr);
-  GM_RETURN_IF_ERROR(ValidateSizes("TopkDSA", n_, gradient, residual));
-  Accumulate(gradient, residual);
+  GM_RETURN_IF_ERROR(BeginAllReduce("TopkDSA", n_, gradient, residual, stats));
   sparse::SparseBlock selected = kernels::TopKAbs(residual, k_, 0);
-  *stats = OpStats{};
   StepRunner runner(context, stats);
   const int p = world_size_;
   const int w = rank_;
