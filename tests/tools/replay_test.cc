@@ -251,6 +251,33 @@ TEST_F(ReplayTest, RejectsBadOptions) {
   ExpectRejected(Options(0, 1, 0.1), "--workers=0");
 }
 
+TEST_F(ReplayTest, AcceptsAnOutputDirWithATrailingSlash) {
+  WriteInputs(2, 1, 10);
+  ReplayOptions options = Options(2, 1, 0.1);
+  options.output_dir = out().string() + "/";
+  ASSERT_TRUE(RunReplay(options).ok());
+  EXPECT_TRUE(fs::exists(out() / "stats.json"));
+  options.overwrite = true;
+  ASSERT_TRUE(RunReplay(options).ok());
+  EXPECT_TRUE(fs::exists(out() / "rank1.result.npy"));
+}
+
+TEST_F(ReplayTest, RejectsAnAbsurdShape) {
+  WriteInputs(2, 1, 4);
+  std::string header =
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (17179869184, "
+      "1073741824), }";
+  header.append(128 - 10 - header.size() - 1, ' ');
+  header.push_back('\n');
+  std::ofstream f(in() / "rank1.npy", std::ios::binary | std::ios::trunc);
+  const uint16_t len = header.size();
+  f.write("\x93NUMPY\x01\x00", 8);
+  f.write(reinterpret_cast<const char*>(&len), 2);
+  f << header;
+  f.close();
+  ExpectRejected(Options(2, 1, 0.1), "too large");
+}
+
 TEST_F(ReplayTest, KeepsANonEmptyOutputDirUnlessTold) {
   WriteInputs(2, 1, 10);
   fs::create_directories(out());

@@ -129,7 +129,12 @@ absl::StatusOr<NpyReader> NpyReader::Open(const std::string& path) {
   }
   reader.shape_ = *std::move(shape);
   uint64_t values = 1;
-  for (uint64_t dim : reader.shape_) values *= dim;
+  for (uint64_t dim : reader.shape_) {
+    if (__builtin_mul_overflow(values, dim, &values) ||
+        values > (uint64_t{1} << 60)) {
+      return Bad(path, "shape is too large");
+    }
+  }
   if (file_size != reader.data_offset_ + values * sizeof(float)) {
     return Bad(
         path,

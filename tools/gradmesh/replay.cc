@@ -236,7 +236,9 @@ absl::Status RunReplay(const ReplayOptions& options) {
         absl::StrCat("n = ", shape.n, " exceeds uint32 indices"));
   }
 
-  const fs::path out(options.output_dir);
+  // "out/" names the directory "out": drop the empty last component.
+  fs::path out = fs::path(options.output_dir).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();
   const fs::path staging =
       out.parent_path() /
       absl::StrCat(".", out.filename().string(), ".partial-", getpid());

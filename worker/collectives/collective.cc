@@ -107,9 +107,11 @@ absl::StatusOr<std::string> StepRunner::Exchange(uint32_t step, int send_to,
 
 absl::Status ValidateCommon(int world_size, int rank, uint64_t n,
                             double density) {
-  if (world_size < 1 || rank < 0 || rank >= world_size) {
+  if (world_size < 1 || world_size > kMaxWorldSize || rank < 0 ||
+      rank >= world_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " outside a world of ", world_size));
+        absl::StrCat("rank ", rank, " outside a world of ", world_size,
+                     " (at most ", kMaxWorldSize, " workers)"));
   }
   if (!(density > 0.0 && density <= 1.0)) {
     return absl::InvalidArgumentError(

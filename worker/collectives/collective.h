@@ -104,7 +104,12 @@ class StepRunner {
   OpStats* const stats_;
 };
 
-// Shared input checks: InvalidArgument unless 0 <= rank < world_size, the
+// Phases number their steps 4096 apart in the message tags, so a world holds
+// at most this many workers.
+inline constexpr int kMaxWorldSize = 4096;
+
+// Shared input checks: InvalidArgument unless 0 <= rank < world_size <=
+// kMaxWorldSize, the
 // density lies in (0, 1] and n fits uint32 indices.
 absl::Status ValidateCommon(int world_size, int rank, uint64_t n,
                             double density);

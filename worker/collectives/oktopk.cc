@@ -77,8 +77,11 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
     const OpContext& context, OpStats* stats) {
   GM_RETURN_IF_ERROR(BeginAllReduce("Ok-Topk", n_, gradient, residual, stats));
   StepRunner runner(context, stats);
-  const bool evaluate = iteration_ % options_.tau_prime == 0;
-  const bool repartition = iteration_ % options_.tau == 0;
+  // Every call counts, failed or not, so that ranks whose calls ended
+  // differently still agree on the periods of the next one.
+  const uint64_t t = iteration_++;
+  const bool evaluate = t % options_.tau_prime == 0;
+  const bool repartition = t % options_.tau == 0;
 
   if (evaluate) local_threshold_ = kernels::KthLargestAbs(residual, k_);
   const sparse::SparseBlock local =
@@ -103,7 +106,6 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
     while (j < result.size() && result.indices[j] < i) ++j;
     if (j < result.size() && result.indices[j] == i) residual[i] = 0.0f;
   }
-  ++iteration_;
   stats->SetDetail("local_selected", static_cast<int64_t>(local.size()));
   stats->SetDetail("global_selected", static_cast<int64_t>(result.size()));
   stats->SetDetail("thresholds_evaluated", evaluate);
@@ -208,7 +210,9 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::BalanceAndAllGather(
     };
     std::vector<sparse::SparseBlock> pieces(p);
     const auto [own_lo, own_hi] = overlap(w, w);
-    pieces[w] = Positions(mine, own_lo - offset[w], own_hi - offset[w]);
+    if (own_hi > own_lo) {
+      pieces[w] = Positions(mine, own_lo - offset[w], own_hi - offset[w]);
+    }
     for (int s = 1; s < p; ++s) {
       const int to = (w + s) % p;
       const int from = (w - s + p) % p;

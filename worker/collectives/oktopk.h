@@ -82,7 +82,7 @@ class OkTopk : public Collective {
   const uint64_t k_;
   const OkTopkOptions options_;
   const Group world_;
-  uint64_t iteration_ = 0;  // completed all-reduces
+  uint64_t iteration_ = 0;  // all-reduces started (past the size check)
   float local_threshold_ = 0;
   float global_threshold_ = 0;
   std::vector<uint64_t> boundaries_;  // P + 1 values, 0 .. n

@@ -1,5 +1,6 @@
 #include "worker/collectives/topka.h"
 
+#include <cfloat>
 #include <cmath>
 #include <numbers>
 #include <vector>
@@ -62,13 +63,20 @@ sparse::SparseBlock GaussianSelect(absl::Span<const float> x, uint64_t k) {
   const double tail = std::min(0.5, static_cast<double>(k) / (2 * n));
   double threshold = sigma * NormalPpf(1.0 - tail);
   const uint64_t wanted = std::min<uint64_t>(nonzeros, (3 * k + 3) / 4);
-  sparse::SparseBlock selected =
-      kernels::SelectAbsAtLeast(x, static_cast<float>(threshold), 0);
-  // Each pass lowers t by 10%; below the smallest float nothing changes, so
-  // the loop ends within a few hundred passes even on tiny values.
-  for (int pass = 0; selected.size() < wanted && pass < 2000; ++pass) {
+  auto select = [&](double t) {
+    return kernels::SelectAbsAtLeast(
+        x, static_cast<float>(std::min<double>(t, FLT_MAX)), 0);
+  };
+  sparse::SparseBlock selected = select(threshold);
+  // Lower t by 10% a pass; after 50 passes (t / 190) an outlier-heavy span
+  // takes the exact threshold of its top `wanted` instead.
+  for (int pass = 0; selected.size() < wanted && pass < 50; ++pass) {
     threshold *= 0.9;
-    selected = kernels::SelectAbsAtLeast(x, static_cast<float>(threshold), 0);
+    selected = select(threshold);
+  }
+  if (selected.size() < wanted) {
+    selected =
+        kernels::SelectAbsAtLeast(x, kernels::KthLargestAbs(x, wanted), 0);
   }
   return selected;
 }

@@ -7,7 +7,8 @@
 //     where sigma is the standard deviation of the accumulator and PPF the
 //     standard normal percent-point function; t is scaled by 0.9 until at
 //     least ceil(3k/4) values are selected (or every nonzero is), as the
-//     Ok-Topk paper does for a fair comparison. The count varies.
+//     Ok-Topk paper does for a fair comparison; after 50 such passes the
+//     exact threshold of the top ceil(3k/4) is taken. The count varies.
 // then all-gathers the selected blocks (recursive doubling when P is a power
 // of two, Bruck otherwise) and sums them in rank order 0..P-1, so every
 // worker gets the bitwise identical sum. The residual is the accumulator

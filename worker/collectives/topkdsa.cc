@@ -1,6 +1,7 @@
 #include "worker/collectives/topkdsa.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -153,8 +154,15 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
     parts[from] = *std::move(part);
   }
   Stream stream;
-  for (const sparse::SparseBlock& part : parts)
+  for (const sparse::SparseBlock& part : parts) {
     AddToStream(part, mine, &stream);
+  }
+  for (float v : stream.dense ? stream.dense_sum : stream.sparse_sum.values) {
+    if (!std::isfinite(v)) {
+      return absl::OutOfRangeError(
+          "TopkDSA: a partition's sum overflowed float32");
+    }
+  }
 
   // All-gather the reduced partitions.
   std::vector<float> quantization_error;

@@ -12,8 +12,8 @@
 //   check   if fewer than k keys were collected, the guess was too high: an
 //           exact histogram of x gives the true boundary bin and a second
 //           scan collects from it;
-//   resolve three histograms over the collected keys (11 + 11 + 9 bits) give
-//           the exact k-th key T; every collected key above T is taken, and
+//   resolve two histograms over the collected keys (16 + 15 bits) give the
+//           exact k-th key T; every collected key above T is taken, and
 //           the lowest-indexed ones equal to T fill the rest (ties to the
 //           lower index). The output is in index order.
 // So a selection usually reads x once, plus the sample. Scans split x into

@@ -4,6 +4,7 @@
 #include <thrust/iterator/counting_iterator.h>
 
 #include <algorithm>
+#include <climits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -97,7 +98,7 @@ struct IsTie {
 };
 
 __global__ void TieCutoff(const uint32_t* ties, const int* num_ties, Cut* cut) {
-  if (cut->take_all || cut->ties == 0) return;
+  if (cut->take_all || cut->ties == 0 || *num_ties == 0) return;
   const long long m = static_cast<long long>(cut->ties);
   cut->cutoff = m <= *num_ties ? ties[m - 1] : ties[*num_ties - 1];
 }
@@ -168,6 +169,10 @@ absl::StatusOr<std::unique_ptr<CudaTopK>> CudaTopK::Create(
     cudaGetLastError();
     return absl::UnavailableError("no CUDA device");
   }
+  if (max_segment > static_cast<size_t>(INT_MAX)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("segments above ", INT_MAX, " values are not supported"));
+  }
   auto s = std::make_unique<State>();
   s->max_segment = std::max<size_t>(max_segment, 1);
   const size_t m = s->max_segment;
@@ -235,25 +240,35 @@ absl::StatusOr<std::vector<TopKSelection>> CudaTopK::SegmentedTopKAbs(
     const uint32_t masks[] = {kMidMask, kMidMask, kLowMask};
     const int match[] = {32, kTopShift, kMidShift};
     const int bits[] = {11, 11, 9};
-    for (int level = 0; level < 3; ++level) {
-      cudaMemsetAsync(s.hist, 0, kBins * sizeof(*s.hist), s.stream);
-      if (level == 0) cudaMemsetAsync(s.cut, 0, sizeof(Cut), s.stream);
+    absl::Status status;
+    for (int level = 0; level < 3 && status.ok(); ++level) {
+      status = Check(
+          cudaMemsetAsync(s.hist, 0, kBins * sizeof(*s.hist), s.stream),
+          "clear histogram");
+      if (status.ok() && level == 0) {
+        status = Check(cudaMemsetAsync(s.cut, 0, sizeof(Cut), s.stream),
+                       "clear cut");
+      }
       Histogram<<<grid, kThreads, 0, s.stream>>>(x, len, shifts[level],
                                                  masks[level], match[level],
                                                  s.cut, s.hist);
       Boundary<<<1, 1, 0, s.stream>>>(s.hist, static_cast<int>(masks[level] + 1),
                                       bits[level], level == 0, level == 2,
                                       range.quota, s.cut);
+      if (status.ok()) status = Check(cudaGetLastError(), "histogram launch");
     }
+    if (!status.ok()) return status;
     thrust::counting_iterator<uint32_t> first(0);
     size_t temp_bytes = s.temp_bytes;
-    absl::Status status = Check(
+    status = Check(
         cub::DeviceSelect::If(s.temp, temp_bytes, first, s.scratch_positions,
                               s.counts, static_cast<int>(len),
                               IsTie{x, s.cut}, s.stream),
         "select ties");
     if (!status.ok()) return status;
     TieCutoff<<<1, 1, 0, s.stream>>>(s.scratch_positions, s.counts, s.cut);
+    status = Check(cudaGetLastError(), "tie cut-off launch");
+    if (!status.ok()) return status;
     uint32_t* selected = s.scratch_positions + s.max_segment;
     temp_bytes = s.temp_bytes;
     status = Check(cub::DeviceSelect::If(s.temp, temp_bytes, first, selected,
@@ -263,16 +278,26 @@ absl::StatusOr<std::vector<TopKSelection>> CudaTopK::SegmentedTopKAbs(
     if (!status.ok()) return status;
     Gather<<<grid, kThreads, 0, s.stream>>>(x, selected, s.counts + 1,
                                             s.values);
-    cudaMemcpyAsync(s.host_count, s.counts + 1, sizeof(int),
-                    cudaMemcpyDeviceToHost, s.stream);
-    status = Check(cudaStreamSynchronize(s.stream), "top-k");
+    status = Check(cudaGetLastError(), "gather launch");
+    if (status.ok()) {
+      status = Check(cudaMemcpyAsync(s.host_count, s.counts + 1, sizeof(int),
+                                     cudaMemcpyDeviceToHost, s.stream),
+                     "count copy");
+    }
+    if (status.ok()) status = Check(cudaStreamSynchronize(s.stream), "top-k");
     if (!status.ok()) return status;
     const int count = *s.host_count;
-    cudaMemcpyAsync(s.host_positions, selected, count * sizeof(uint32_t),
-                    cudaMemcpyDeviceToHost, s.stream);
-    cudaMemcpyAsync(s.host_values, s.values, count * sizeof(float),
-                    cudaMemcpyDeviceToHost, s.stream);
-    status = Check(cudaStreamSynchronize(s.stream), "copy out");
+    status = Check(cudaMemcpyAsync(s.host_positions, selected,
+                                   count * sizeof(uint32_t),
+                                   cudaMemcpyDeviceToHost, s.stream),
+                   "positions copy");
+    if (status.ok()) {
+      status = Check(cudaMemcpyAsync(s.host_values, s.values,
+                                     count * sizeof(float),
+                                     cudaMemcpyDeviceToHost, s.stream),
+                     "values copy");
+    }
+    if (status.ok()) status = Check(cudaStreamSynchronize(s.stream), "copy out");
     if (!status.ok()) return status;
     TopKSelection& block = out[seg];
     block.indices.resize(count);
@@ -296,9 +321,9 @@ absl::StatusOr<std::vector<uint32_t>> CudaTopK::TopKPositionsOfHostData(
                                       sizeof(float)),
             "upload buffer");
   if (status.ok()) {
-    status = Check(cudaMemcpy(device_x, host_x.data(),
-                              host_x.size() * sizeof(float),
-                              cudaMemcpyHostToDevice),
+    status = Check(cudaMemcpyAsync(device_x, host_x.data(),
+                                   host_x.size() * sizeof(float),
+                                   cudaMemcpyHostToDevice, s.stream),
                    "upload");
   }
   absl::StatusOr<std::vector<TopKSelection>> selected =

@@ -1,6 +1,7 @@
 #include "worker/sparse/coo.h"
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,10 @@ absl::StatusOr<std::vector<SparseBlock>> DecodeCoo(
       return absl::InvalidArgumentError(
           absl::StrCat("COO entry ", e, " has index ", index,
                        " outside the remaining block ranges of the message"));
+    }
+    if (!std::isfinite(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("COO entry ", e, " has a non-finite value"));
     }
     SparseBlock& block = out[current];
     if (!block.empty() && index <= block.indices.back()) {

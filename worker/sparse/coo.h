@@ -12,8 +12,8 @@
 // papers' cost formulas count (4-byte index + 4-byte value per entry).
 //
 // DecodeCoo never trusts its input: a length that is not a multiple of 8, an
-// index outside every remaining range, or indices that do not increase within
-// a block are InvalidArgument errors.
+// index outside every remaining range, indices that do not increase within a
+// block, or a non-finite value are InvalidArgument errors.
 #ifndef GRADMESH_WORKER_SPARSE_COO_H_
 #define GRADMESH_WORKER_SPARSE_COO_H_
 

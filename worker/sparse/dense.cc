@@ -1,6 +1,7 @@
 #include "worker/sparse/dense.h"
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,12 @@ absl::Status DecodeDense(absl::string_view bytes, absl::Span<float> out) {
                      out.size(), " float32 values"));
   }
   if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  for (float v : out) {
+    if (!std::isfinite(v)) {
+      return absl::InvalidArgumentError(
+          "dense message holds a non-finite value");
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -16,7 +16,7 @@ inline constexpr size_t kDenseValueBytes = 4;
 std::string EncodeDense(absl::Span<const float> values);
 
 // Copies a message of exactly out.size() values into `out`; InvalidArgument
-// for any other length.
+// for any other length or a non-finite value.
 absl::Status DecodeDense(absl::string_view bytes, absl::Span<float> out);
 
 }  // namespace gradmesh::sparse

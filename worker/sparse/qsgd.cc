@@ -46,6 +46,7 @@ void EncodeQsgd(absl::Span<const float> values, int bits, uint64_t seed,
     for (size_t i = 0; i < len; ++i) {
       scale = std::max(scale, std::fabs(values[begin + i]));
     }
+    GM_CHECK(std::isfinite(scale)) << "EncodeQsgd needs finite values";
     char scale_bytes[sizeof(float)];
     std::memcpy(scale_bytes, &scale, sizeof(float));
     out->append(scale_bytes, sizeof(float));
@@ -102,6 +103,9 @@ absl::Status DecodeQsgd(absl::string_view bytes, int bits,
           (static_cast<unsigned char>(bytes[at + bit / 8]) >> (bit % 8)) & mask;
       const int level = (raw & sign) ? static_cast<int>(raw) - (1 << bits)
                                      : static_cast<int>(raw);
+      if (level < -s) {
+        return absl::InvalidArgumentError("quantized level out of range");
+      }
       out[begin + i] =
           scale > 0 ? static_cast<float>(level) * scale / static_cast<float>(s)
                     : 0.0f;

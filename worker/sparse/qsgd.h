@@ -31,9 +31,9 @@ bool IsQsgdBits(int bits);
 // Encoded size of `count` values.
 size_t QsgdBytes(size_t count, int bits);
 
-// Quantizes `values`, appends the encoding to `out` and writes the values as
-// the receiver will decode them into `decoded` (decoded.size() ==
-// values.size()).
+// Quantizes `values` (finite: a broken invariant otherwise), appends the
+// encoding to `out` and writes the values as the receiver will decode them into
+// `decoded` (decoded.size() == values.size()).
 void EncodeQsgd(absl::Span<const float> values, int bits, uint64_t seed,
                 std::string* out, absl::Span<float> decoded);
 

@@ -517,16 +517,24 @@ TEST(OkTopkTest, BalancesSkewedRegions) {
     ASSERT_TRUE(run.status.ok());
     EXPECT_EQ(run.stats.detail("balanced"), 0);
   }
-  for (int r = 0; r < kWorld; ++r) {
-    for (uint64_t i = 0; i < kN; ++i)
-      gradients[r][i] *= i < 400 ? 100.0f : 0.0f;
-  }
-  runs = RunIteration(network, instances, gradients, residuals, 1);
-  for (const RankRun& run : runs) {
-    ASSERT_TRUE(run.status.ok()) << run.status;
-    EXPECT_EQ(run.stats.detail("balanced"), 1);
-    EXPECT_EQ(run.result, runs[0].result);
-    EXPECT_GT(run.result.size(), 0u);
+  // Then into region 0, then into the last region (where most workers hold
+  // nothing to re-balance).
+  for (const bool at_start : {true, false}) {
+    std::vector<std::vector<float>> skewed = gradients;
+    for (int r = 0; r < kWorld; ++r) {
+      for (uint64_t i = 0; i < kN; ++i) {
+        const bool inside = at_start ? i < 400 : i >= kN - 400;
+        skewed[r][i] *= inside ? 100.0f : 0.0f;
+      }
+    }
+    runs =
+        RunIteration(network, instances, skewed, residuals, at_start ? 1 : 2);
+    for (const RankRun& run : runs) {
+      ASSERT_TRUE(run.status.ok()) << run.status;
+      EXPECT_EQ(run.stats.detail("balanced"), 1);
+      EXPECT_EQ(run.result, runs[0].result);
+      EXPECT_GT(run.result.size(), 0u);
+    }
   }
 }
 

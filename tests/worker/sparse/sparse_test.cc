@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/sparse/coo.h"
+#include "worker/sparse/dense.h"
 #include "worker/sparse/sparse_block.h"
 
 namespace gradmesh::sparse {
@@ -26,6 +27,17 @@ TEST(SparseBlockTest, AddMergesAndSumsInOrder) {
   EXPECT_THAT(sum.values, ElementsAre(5.0f, 1.0f, 0.0f, 3.0f, 7.0f));
   EXPECT_EQ(Add(a, SparseBlock{}), a);
   EXPECT_EQ(Add(SparseBlock{}, b), b);
+}
+
+TEST(DenseWireTest, RoundTripsAndRejectsBadMessages) {
+  const std::vector<float> x = {1.5f, -0.0f, 3e30f};
+  std::vector<float> out(3);
+  ASSERT_TRUE(DecodeDense(EncodeDense(x), absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, x);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      DecodeDense(EncodeDense({1.0f, 2.0f}), absl::MakeSpan(out))));
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeDense(
+      EncodeDense({1.0f, std::nanf(""), 2.0f}), absl::MakeSpan(out))));
 }
 
 TEST(SparseBlockTest, ScatterAddAndDensify) {
@@ -92,6 +104,11 @@ TEST(CooTest, RejectsMalformedMessages) {
       DecodeCoo(EncodeCoo(Block({15, 12}, {1, 1})), range).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
       DecodeCoo(EncodeCoo(Block({15, 15}, {1, 1})), range).status()));
+  // Values must be finite.
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      DecodeCoo(EncodeCoo(Block({12}, {std::nanf("")})), range).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      DecodeCoo(EncodeCoo(Block({12}, {INFINITY})), range).status()));
   // Ranges are consumed in order: an entry of an earlier range after a later
   // one is rejected.
   const IndexRange two[] = {{0, 10}, {10, 20}};
@@ -158,6 +175,12 @@ TEST(QsgdTest, RejectsMalformedInput) {
   EXPECT_TRUE(absl::IsInvalidArgument(DecodeQsgd("", 4, absl::MakeSpan(out))));
   EXPECT_TRUE(absl::IsInvalidArgument(
       DecodeQsgd(std::string(9, '\0'), 3, absl::MakeSpan(out))));
+  // Level -8 of 4 bits is never written (levels are -7..7).
+  std::string low(QsgdBytes(10, 4), '\0');
+  const float one = 1.0f;
+  std::memcpy(low.data(), &one, 4);
+  low[4] = 0x08;
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeQsgd(low, 4, absl::MakeSpan(out))));
   std::string bad(QsgdBytes(10, 4), '\0');
   const float nan = std::nanf("");
   std::memcpy(bad.data(), &nan, 4);
