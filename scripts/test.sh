@@ -19,3 +19,18 @@ bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug \
 echo "== unit tests under sanitizers"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -L unit --output-on-failure -j "$jobs"
+
+# The decoders' fuzz target, for a bounded time, where clang's fuzzer runtime
+# is installed (scripts/setup.sh installs it).
+if command -v clang++ >/dev/null &&
+    echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, long) { return 0; }' |
+    clang++ -x c++ -fsanitize=fuzzer - -o /tmp/gradmesh-fuzz-probe 2>/dev/null; then
+  echo "== fuzz the block decoders (60 s)"
+  bash scripts/build.sh build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
+      -DGRADMESH_FUZZ=ON -DGRADMESH_CUDA=OFF -- codec_fuzz
+  ./build-fuzz/tests/codec_fuzz -max_total_time=60 -seed=1 -print_final_stats=1 \
+      2>&1 | tail -5
+else
+  echo "== fuzz target skipped: clang's fuzzer runtime is not installed"
+fi
