@@ -27,6 +27,8 @@ expect_error "teams d = 4" --workers=6 --teams=4
 expect_error "no such file" --input-dir="$work/missing" --workers=2
 expect_error "unknown algorithm" --algo=nope
 expect_error "is not auto, cpu or cuda" --topk=tpu
+expect_error "need a tagged encoding" --values=fp16
+expect_error "is not coo, auto" --encoding=zip
 
 "$gradmesh" replay --workers=6 --teams=3 --n=5000 --iterations=2 \
     --output-dir="$work/out" >"$work/log"
@@ -36,4 +38,8 @@ for r in 0 1 2 3 4 5; do
       fail "rank $r outputs missing"
 done
 grep -q '"bsag_h"' "$work/out/stats.json" || fail "stats.json lacks bsag_h"
+"$gradmesh" replay --workers=4 --n=5000 --iterations=2 --encoding=auto \
+    --values=bf16 --output-dir="$work/out" --overwrite >/dev/null
+grep -q '"coo_bytes_received"' "$work/out/stats.json" ||
+    fail "stats.json lacks the bytes without encoding"
 echo "cli_test: all checks passed"

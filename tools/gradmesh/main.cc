@@ -29,6 +29,12 @@ ABSL_FLAG(int, oktopk_tau, 64, "Ok-Topk: region re-balancing period");
 ABSL_FLAG(int, oktopk_tau_prime, 32, "Ok-Topk: threshold re-evaluation period");
 ABSL_FLAG(int, quantize_bits, 0,
           "TopkDSA: quantize the dense phase to 2, 4 or 8 bits (0: off)");
+ABSL_FLAG(std::string, encoding, "coo",
+          "how sparse blocks travel: coo (plain, 8 bytes a value), auto (the "
+          "smallest per block), coo-tagged, delta, runs, bitmap or dense");
+ABSL_FLAG(std::string, values, "fp32",
+          "wire value type: fp32, fp16 or bf16 (16-bit needs a tagged "
+          "encoding; rounding losses stay in the residuals)");
 ABSL_FLAG(double, density, 0.01, "k / n, in (0, 1]");
 ABSL_FLAG(std::string, input_dir, "",
           "directory of rank{r}.npy files, float32 [n] or [T, n]; empty: "
@@ -100,6 +106,13 @@ int Replay(int argc, char** argv) {
                  topk.c_str());
     return 1;
   }
+  const auto wire = gradmesh::collectives::WireFormat::Parse(
+      absl::GetFlag(FLAGS_encoding), absl::GetFlag(FLAGS_values));
+  if (!wire.ok()) {
+    std::fprintf(stderr, "gradmesh replay: %s\n",
+                 std::string(wire.status().message()).c_str());
+    return 1;
+  }
   gradmesh::tools::ReplayOptions options;
   options.algorithm = {
       .algorithm = absl::GetFlag(FLAGS_algo),
@@ -108,7 +121,8 @@ int Replay(int argc, char** argv) {
       .oktopk_tau = absl::GetFlag(FLAGS_oktopk_tau),
       .oktopk_tau_prime = absl::GetFlag(FLAGS_oktopk_tau_prime),
       .quantize_bits = absl::GetFlag(FLAGS_quantize_bits),
-      .seed = absl::GetFlag(FLAGS_seed)};
+      .seed = absl::GetFlag(FLAGS_seed),
+      .wire = *wire};
   options.workers = absl::GetFlag(FLAGS_workers);
   options.input_dir = absl::GetFlag(FLAGS_input_dir);
   options.output_dir = absl::GetFlag(FLAGS_output_dir);

@@ -162,6 +162,7 @@ absl::Status WriteStats(
       out << "      {\"iteration\": " << t << ", \"rounds\": " << s.rounds
           << ", \"bytes_sent\": " << s.bytes_sent
           << ", \"bytes_received\": " << s.bytes_received
+          << ", \"coo_bytes_received\": " << s.coo_bytes_received
           << ", \"result_nonzeros\": " << s.result_nonzeros;
       for (const auto& [name, value] : s.details) {
         out << ", \"" << name << "\": " << value;

@@ -154,6 +154,13 @@ void ZeroAt(const sparse::SparseBlock& block, absl::Span<float> residual) {
   for (uint32_t i : block.indices) residual[i] = 0.0f;
 }
 
+void LeaveSelected(const sparse::SparseBlock& sent,
+                   const sparse::SparseBlock& loss,
+                   absl::Span<float> residual) {
+  ZeroAt(sent, residual);
+  sparse::ScatterAdd(loss, residual);
+}
+
 sparse::SparseBlock SumInOrder(std::vector<sparse::SparseBlock> blocks) {
   if (blocks.empty()) return {};
   sparse::SparseBlock sum = std::move(blocks[0]);

@@ -48,6 +48,9 @@ struct OpStats {
   uint64_t messages_received = 0;
   uint64_t bytes_sent = 0;  // payload bytes, as counted by the transport
   uint64_t bytes_received = 0;
+  // The sparse blocks received from peers, counted as plain COO (8 bytes a
+  // value) whatever the wire format: bytes received "without encoding".
+  uint64_t coo_bytes_received = 0;
   uint64_t result_nonzeros = 0;
   // Algorithm-specific figures, in the order they were recorded, e.g.
   // SparDL B-SAG's "bsag_h"; each algorithm's header lists its own.
@@ -88,6 +91,8 @@ class StepRunner {
   absl::StatusOr<std::vector<std::string>> Exchange(
       uint32_t step, int send_to, std::vector<std::string> payloads,
       int recv_from, int recv_count);
+
+  OpStats* stats() const { return stats_; }
 
   // One payload each way.
   absl::StatusOr<std::string> Exchange(uint32_t step, int send_to,
@@ -134,6 +139,12 @@ absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,
 
 // residual[i] = 0 at every index of `block` (the values it carried left).
 void ZeroAt(const sparse::SparseBlock& block, absl::Span<float> residual);
+
+// A locally selected block left, as rounded for the wire (wire.h): the
+// residual becomes 0 at its entries, plus what rounding took off (`loss`).
+// Entries that rounded to zero never left and keep their value.
+void LeaveSelected(const sparse::SparseBlock& sent,
+                   const sparse::SparseBlock& loss, absl::Span<float> residual);
 
 // The sum of `blocks` in their order (blocks[0] + blocks[1] + ...), so that
 // every worker summing the same blocks gets the bitwise identical result.

@@ -15,18 +15,19 @@ constexpr uint32_t kBroadcastStep = 1u << 12;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GTopk>> GTopk::Create(int world_size, int rank,
-                                                     uint64_t n,
-                                                     double density) {
+                                                     uint64_t n, double density,
+                                                     const WireFormat& wire) {
   GM_RETURN_IF_ERROR(ValidateCommon(world_size, rank, n, density));
   return std::unique_ptr<GTopk>(
-      new GTopk(world_size, rank, n, SelectionSize(n, density)));
+      new GTopk(world_size, rank, n, SelectionSize(n, density), wire));
 }
 
 absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
   GM_RETURN_IF_ERROR(BeginAllReduce("gTopk", n_, gradient, residual, stats));
-  const sparse::SparseBlock selected = kernels::TopKAbs(residual, k_, 0);
+  sparse::SparseBlock selected = kernels::TopKAbs(residual, k_, 0);
+  const sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const sparse::IndexRange all{0, n_};
   const int w = rank_;
@@ -40,17 +41,20 @@ absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
     const int bit = 1 << t;
     if (w % (2 * bit) == bit) {
       GM_RETURN_IF_ERROR(
-          runner.Send(kReduceStep + t, w - bit, {sparse::EncodeCoo(current)}));
+          runner.Send(kReduceStep + t, w - bit, {codec_.Encode(current, all)}));
       break;
     }
     if (w + bit >= world_size_) continue;
     GM_ASSIGN_OR_RETURN(std::vector<std::string> bytes,
                         runner.Receive(kReduceStep + t, w + bit, 1));
-    auto received = sparse::DecodeCoo(bytes[0], all);
+    auto received = codec_.Decode(bytes[0], all, stats);
     if (!received.ok()) return PeerError(received.status(), w + bit);
     const sparse::SparseBlock sum = sparse::Add(current, *received);
     discarded.emplace_back();
     kernels::SplitTopKAbs(sum, k_, &current, &discarded.back());
+    // Rounding for the wire: what it takes off or drops stays here too.
+    sparse::SparseBlock loss = codec_.Round(&current, &discarded.back());
+    discarded.push_back(std::move(loss));
   }
 
   // Broadcast the root's block down the same tree.
@@ -59,18 +63,18 @@ absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
     if (w % (2 * bit) == 0) {
       if (w + bit < world_size_) {
         GM_RETURN_IF_ERROR(runner.Send(kBroadcastStep + t, w + bit,
-                                       {sparse::EncodeCoo(current)}));
+                                       {codec_.Encode(current, all)}));
       }
     } else if (w % (2 * bit) == bit) {
       GM_ASSIGN_OR_RETURN(std::vector<std::string> bytes,
                           runner.Receive(kBroadcastStep + t, w - bit, 1));
-      auto received = sparse::DecodeCoo(bytes[0], all);
+      auto received = codec_.Decode(bytes[0], all, stats);
       if (!received.ok()) return PeerError(received.status(), w - bit);
       current = *std::move(received);
     }
   }
 
-  ZeroAt(selected, residual);
+  LeaveSelected(selected, local_loss, residual);
   for (const sparse::SparseBlock& d : discarded) {
     sparse::ScatterAdd(d, residual);
   }

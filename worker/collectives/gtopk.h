@@ -24,27 +24,30 @@
 #include <memory>
 
 #include "worker/collectives/collective.h"
+#include "worker/collectives/wire.h"
 
 namespace gradmesh::collectives {
 
 class GTopk : public Collective {
  public:
-  static absl::StatusOr<std::unique_ptr<GTopk>> Create(int world_size, int rank,
-                                                       uint64_t n,
-                                                       double density);
+  static absl::StatusOr<std::unique_ptr<GTopk>> Create(
+      int world_size, int rank, uint64_t n, double density,
+      const WireFormat& wire = {});
 
   absl::StatusOr<sparse::SparseBlock> AllReduce(
       absl::Span<const float> gradient, absl::Span<float> residual,
       const OpContext& context, OpStats* stats) override;
 
  private:
-  GTopk(int world_size, int rank, uint64_t n, uint64_t k)
-      : world_size_(world_size), rank_(rank), n_(n), k_(k) {}
+  GTopk(int world_size, int rank, uint64_t n, uint64_t k,
+        const WireFormat& wire)
+      : world_size_(world_size), rank_(rank), n_(n), k_(k), codec_(wire) {}
 
   const int world_size_;
   const int rank_;
   const uint64_t n_;
   const uint64_t k_;
+  const BlockCodec codec_;
 };
 
 }  // namespace gradmesh::collectives

@@ -37,6 +37,20 @@ absl::StatusOr<std::vector<uint32_t>> DecodeUint32s(absl::string_view bytes,
   return out;
 }
 
+// The entries of `a` whose index is also in `b`.
+sparse::SparseBlock Intersect(const sparse::SparseBlock& a,
+                              const sparse::SparseBlock& b) {
+  sparse::SparseBlock out;
+  size_t j = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    while (j < b.size() && b.indices[j] < a.indices[i]) ++j;
+    if (j < b.size() && b.indices[j] == a.indices[i]) {
+      out.push_back(a.indices[i], a.values[i]);
+    }
+  }
+  return out;
+}
+
 // The part of `block` at positions [begin, end) of its entries.
 sparse::SparseBlock Positions(const sparse::SparseBlock& block, uint64_t begin,
                               uint64_t end) {
@@ -65,7 +79,8 @@ OkTopk::OkTopk(int world_size, int rank, uint64_t n,
       n_(n),
       k_(SelectionSize(n, options.density)),
       options_(options),
-      world_(Group::World(world_size, rank)) {
+      world_(Group::World(world_size, rank)),
+      codec_(options.wire) {
   for (int r = 0; r <= world_size; ++r) {
     boundaries_.push_back(r == world_size ? n
                                           : BlockRange(n, world_size, r).begin);
@@ -84,8 +99,10 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
   const bool repartition = t % options_.tau == 0;
 
   if (evaluate) local_threshold_ = kernels::KthLargestAbs(residual, k_);
-  const sparse::SparseBlock local =
+  sparse::SparseBlock local =
       kernels::SelectAbsAtLeast(residual, local_threshold_, 0);
+  // Values that round to zero for the wire are not selected after all.
+  const sparse::SparseBlock local_loss = codec_.Round(&local);
   if (repartition) GM_RETURN_IF_ERROR(Repartition(runner, local));
   GM_ASSIGN_OR_RETURN(sparse::SparseBlock reduced,
                       SplitAndReduce(runner, local));
@@ -97,15 +114,17 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
       mine.push_back(reduced.indices[i], v);
     }
   }
+  // The owner keeps what rounding takes off its global values; one that
+  // rounds to zero leaves the result, and its contributors keep theirs.
+  const sparse::SparseBlock owner_loss = codec_.Round(&mine);
   GM_ASSIGN_OR_RETURN(sparse::SparseBlock result,
                       BalanceAndAllGather(runner, std::move(mine), stats));
 
-  // Zero the residual where a locally selected value reached the result.
-  size_t j = 0;
-  for (uint32_t i : local.indices) {
-    while (j < result.size() && result.indices[j] < i) ++j;
-    if (j < result.size() && result.indices[j] == i) residual[i] = 0.0f;
-  }
+  // Where a locally selected value reached the result, the residual keeps
+  // only what wire rounding took off it.
+  const sparse::SparseBlock left = Intersect(local, result);
+  LeaveSelected(left, Intersect(local_loss, result), residual);
+  sparse::ScatterAdd(owner_loss, residual);
   stats->SetDetail("local_selected", static_cast<int64_t>(local.size()));
   stats->SetDetail("global_selected", static_cast<int64_t>(result.size()));
   stats->SetDetail("thresholds_evaluated", evaluate);
@@ -150,10 +169,10 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::SplitAndReduce(
     const int from = (w - s + p) % p;
     GM_ASSIGN_OR_RETURN(
         std::string bytes,
-        runner.Exchange(kSplitStep + s - 1, to,
-                        sparse::EncodeCoo(sparse::Slice(local, Region(to))),
-                        from));
-    auto part = sparse::DecodeCoo(bytes, Region(w));
+        runner.Exchange(
+            kSplitStep + s - 1, to,
+            codec_.Encode(sparse::Slice(local, Region(to)), Region(to)), from));
+    auto part = codec_.Decode(bytes, Region(w), runner.stats());
     if (!part.ok()) return PeerError(part.status(), from);
     parts[from] = *std::move(part);
   }
@@ -164,11 +183,13 @@ absl::Status OkTopk::EvaluateGlobalThreshold(
     StepRunner& runner, const sparse::SparseBlock& reduced) {
   GM_ASSIGN_OR_RETURN(
       std::vector<std::string> gathered,
-      AllGather(runner, kEvaluateStep, world_, sparse::EncodeCoo(reduced),
+      AllGather(runner, kEvaluateStep, world_,
+                codec_.Encode(reduced, sparse::IndexRange{0, n_}),
                 PreferredAllGather(world_size_)));
   std::vector<float> values;
   for (int r = 0; r < world_size_; ++r) {
-    auto region = sparse::DecodeCoo(gathered[r], sparse::IndexRange{0, n_});
+    auto region = codec_.Decode(gathered[r], sparse::IndexRange{0, n_},
+                                r == rank_ ? nullptr : runner.stats());
     if (!region.ok()) return PeerError(region.status(), r);
     values.insert(values.end(), region->values.begin(), region->values.end());
   }
@@ -220,8 +241,9 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::BalanceAndAllGather(
       const auto [recv_lo, recv_hi] = overlap(from, w);
       std::vector<std::string> outgoing;
       if (send_hi > send_lo) {
-        outgoing.push_back(sparse::EncodeCoo(
-            Positions(mine, send_lo - offset[w], send_hi - offset[w])));
+        outgoing.push_back(codec_.Encode(
+            Positions(mine, send_lo - offset[w], send_hi - offset[w]),
+            sparse::IndexRange{0, n_}));
       }
       const int expected = recv_hi > recv_lo ? 1 : 0;
       std::vector<std::string> received;
@@ -237,7 +259,8 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::BalanceAndAllGather(
                             runner.Receive(kBalanceStep + s, from, 1));
       }
       if (expected) {
-        auto piece = sparse::DecodeCoo(received[0], sparse::IndexRange{0, n_});
+        auto piece =
+            codec_.Decode(received[0], sparse::IndexRange{0, n_}, stats);
         if (!piece.ok()) return PeerError(piece.status(), from);
         if (piece->size() != recv_hi - recv_lo) {
           return PeerError(absl::InvalidArgumentError("unexpected piece size"),
@@ -249,13 +272,14 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::BalanceAndAllGather(
     chunk = SumInOrder(std::move(pieces));  // disjoint: a concatenation
   }
 
-  GM_ASSIGN_OR_RETURN(
-      std::vector<std::string> gathered,
-      AllGather(runner, kGatherStep, world_, sparse::EncodeCoo(chunk),
-                PreferredAllGather(p)));
+  GM_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
+                      AllGather(runner, kGatherStep, world_,
+                                codec_.Encode(chunk, sparse::IndexRange{0, n_}),
+                                PreferredAllGather(p)));
   sparse::SparseBlock result;
   for (int r = 0; r < p; ++r) {
-    auto part = sparse::DecodeCoo(gathered[r], sparse::IndexRange{0, n_});
+    auto part = codec_.Decode(gathered[r], sparse::IndexRange{0, n_},
+                              r == rank_ ? nullptr : stats);
     if (!part.ok()) return PeerError(part.status(), r);
     result.indices.insert(result.indices.end(), part->indices.begin(),
                           part->indices.end());

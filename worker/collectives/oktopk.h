@@ -43,6 +43,7 @@
 
 #include "worker/collectives/collective.h"
 #include "worker/collectives/primitives.h"
+#include "worker/collectives/wire.h"
 
 namespace gradmesh::collectives {
 
@@ -50,6 +51,7 @@ struct OkTopkOptions {
   double density = 0.01;
   int tau = 64;        // region re-balancing period
   int tau_prime = 32;  // threshold re-evaluation period
+  WireFormat wire;     // how blocks travel (wire.h)
 };
 
 class OkTopk : public Collective {
@@ -82,6 +84,7 @@ class OkTopk : public Collective {
   const uint64_t k_;
   const OkTopkOptions options_;
   const Group world_;
+  const BlockCodec codec_;
   uint64_t iteration_ = 0;  // all-reduces started (past the size check)
   float local_threshold_ = 0;
   float global_threshold_ = 0;

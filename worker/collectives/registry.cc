@@ -34,9 +34,10 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     const AlgorithmOptions& options, int world_size, int rank, uint64_t n) {
   const std::string& name = options.algorithm;
   if (name == "spardl") {
-    return Upcast(
-        SparDl::Create(world_size, rank, n,
-                       {.density = options.density, .teams = options.teams}));
+    return Upcast(SparDl::Create(world_size, rank, n,
+                                 {.density = options.density,
+                                  .teams = options.teams,
+                                  .wire = options.wire}));
   }
   // Only SparDL has teams; d = 1 is the one value the others accept.
   if (options.teams != 1 &&
@@ -54,20 +55,24 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     return Upcast(TopkAllGather::Create(world_size, rank, n, options.density,
                                         name == "topka"
                                             ? LocalSelection::kExactTopK
-                                            : LocalSelection::kGaussian));
+                                            : LocalSelection::kGaussian,
+                                        options.wire));
   }
   if (name == "topkdsa") {
     return Upcast(TopkDsa::Create(world_size, rank, n, options.density,
-                                  options.quantize_bits, options.seed));
+                                  options.quantize_bits, options.seed,
+                                  options.wire));
   }
   if (name == "gtopk") {
-    return Upcast(GTopk::Create(world_size, rank, n, options.density));
+    return Upcast(
+        GTopk::Create(world_size, rank, n, options.density, options.wire));
   }
   if (name == "oktopk") {
     return Upcast(OkTopk::Create(world_size, rank, n,
                                  {.density = options.density,
                                   .tau = options.oktopk_tau,
-                                  .tau_prime = options.oktopk_tau_prime}));
+                                  .tau_prime = options.oktopk_tau_prime,
+                                  .wire = options.wire}));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown algorithm '", options.algorithm,

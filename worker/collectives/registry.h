@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/collectives/collective.h"
+#include "worker/collectives/wire.h"
 
 namespace gradmesh::collectives {
 
@@ -20,6 +21,7 @@ struct AlgorithmOptions {
   int oktopk_tau_prime = 32;  // Ok-Topk threshold re-evaluation period
   int quantize_bits = 0;      // TopkDSA's dense phase: 0 (off), 2, 4 or 8
   uint64_t seed = 1;          // seeds randomized rounding
+  WireFormat wire;            // how sparse blocks travel (wire.h)
 };
 
 // The names CreateCollective accepts.

@@ -82,6 +82,7 @@ SparDl::SparDl(int world_size, int rank, uint64_t n,
       position_(layout_.position_of(rank)),
       n_(n),
       k_(SelectionSize(n, options.density)),
+      codec_(options.wire),
       work_(n),
       h_controller_(0, 1) {
   const int p = layout_.team_size();
@@ -153,15 +154,17 @@ absl::Status SparDl::RecursiveSag(StepRunner& runner) {
     const int peer = layout_.rank_of(partners[t], position_);
     GM_ASSIGN_OR_RETURN(
         std::string bytes,
-        runner.Exchange(kSagStep + t, peer, sparse::EncodeCoo(own_), peer));
-    auto received = sparse::DecodeCoo(bytes, range);
+        runner.Exchange(kSagStep + t, peer, codec_.Encode(own_, range), peer));
+    auto received = codec_.Decode(bytes, range, runner.stats());
     if (!received.ok()) return PeerError(received.status(), peer);
     const sparse::SparseBlock sum = team_ < partners[t]
                                         ? sparse::Add(own_, *received)
                                         : sparse::Add(*received, own_);
     kernels::SplitTopKAbs(sum, quotas_[position_], &own_, &dropped);
-    // 2^(t+1) workers now hold this identical discard.
-    KeepShare(dropped, std::ldexp(1.0f, -static_cast<int>(t + 1)));
+    // 2^(t+1) workers now hold this identical discard, and round own_ alike.
+    const float share = std::ldexp(1.0f, -static_cast<int>(t + 1));
+    KeepShare(codec_.Round(&own_, &dropped), share);
+    KeepShare(dropped, share);
   }
   return absl::OkStatus();
 }
@@ -179,19 +182,21 @@ absl::Status SparDl::BruckSag(StepRunner& runner, OpStats* stats) {
   for (int t = 0; t < d; ++t)
     teams.ranks.push_back(layout_.rank_of(t, position_));
   teams.position = team_;
-  GM_ASSIGN_OR_RETURN(
-      std::vector<std::string> gathered,
-      AllGather(runner, kSagStep, teams, sparse::EncodeCoo(team_blocks[team_]),
-                AllGatherKind::kBruck));
+  GM_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
+                      AllGather(runner, kSagStep, teams,
+                                codec_.Encode(team_blocks[team_], range),
+                                AllGatherKind::kBruck));
   for (int t = 0; t < d; ++t) {
     if (t == team_) continue;
-    auto block = sparse::DecodeCoo(gathered[t], range);
+    auto block = codec_.Decode(gathered[t], range, runner.stats());
     if (!block.ok()) return PeerError(block.status(), teams.ranks[t]);
     team_blocks[t] = *std::move(block);
   }
   const sparse::SparseBlock sum = SumInOrder(std::move(team_blocks));
   kernels::SplitTopKAbs(sum, quotas_[position_], &own_, &dropped);
-  KeepShare(dropped, 1.0f / static_cast<float>(d));
+  const float share = 1.0f / static_cast<float>(d);
+  KeepShare(codec_.Round(&own_, &dropped), share);
+  KeepShare(dropped, share);
 
   stats->SetDetail("bsag_h", static_cast<int64_t>(h));
   stats->SetDetail("bsag_gathered", static_cast<int64_t>(sum.size()));
@@ -235,8 +240,10 @@ absl::StatusOr<std::vector<sparse::SparseBlock>> SparDl::ExchangeInTeam(
   GM_ASSIGN_OR_RETURN(
       std::string bytes,
       runner.Exchange(tag_step, layout_.rank_of(team_, step.send_to),
-                      sparse::EncodeCoo(outgoing), source));
-  auto received = sparse::DecodeCoo(bytes, RunRanges(ranges_, step.recv));
+                      codec_.Encode(outgoing, RunRanges(ranges_, step.send)),
+                      source));
+  auto received =
+      codec_.Decode(bytes, RunRanges(ranges_, step.recv), runner.stats());
   if (!received.ok()) return PeerError(received.status(), source);
   return received;
 }
@@ -248,6 +255,10 @@ sparse::SparseBlock SparDl::CutBlock(int b) {
   sparse::SparseBlock kept =
       kernels::TopKAbs(block, quotas_[b], static_cast<uint32_t>(range.begin));
   for (uint32_t i : kept.indices) work_[i] = 0.0f;
+  // What wire rounding takes off, or drops, stays here like any discard.
+  sparse::SparseBlock dropped;
+  KeepShare(codec_.Round(&kept, &dropped), 1.0f);
+  KeepShare(dropped, 1.0f);
   return kept;
 }
 

@@ -41,7 +41,9 @@
 // add-and-copy and one top-k scan per block.
 //
 // Rounds: 2 ceil(log2 p) + (log2 d for R-SAG, ceil(log2 d) for B-SAG).
-// Bytes: 8 per value (COO: uint32 index + float32 value, see coo.h).
+// Bytes: 8 per value with the default plain COO (coo.h); other wire formats
+// (wire.h) encode each block on its own, and 16-bit values round where a
+// block is made to leave, the loss kept with the block's discard share.
 // Details (OpStats): B-SAG records "bsag_h", the h used, and "bsag_gathered",
 // the entries after the all-gather across teams (N_t of Algorithm 2).
 #ifndef GRADMESH_WORKER_COLLECTIVES_SPARDL_H_
@@ -53,12 +55,14 @@
 #include "absl/status/statusor.h"
 #include "worker/collectives/collective.h"
 #include "worker/collectives/schedule.h"
+#include "worker/collectives/wire.h"
 
 namespace gradmesh::collectives {
 
 struct SparDlOptions {
   double density = 0.01;  // k / n, in (0, 1]
   int teams = 1;          // d, must divide the world size
+  WireFormat wire;        // how blocks travel (wire.h)
 };
 
 // Algorithm 2 of the paper: the compression-ratio (h) adjustment of B-SAG for
@@ -119,6 +123,7 @@ class SparDl : public Collective {
   const int position_;
   const uint64_t n_;
   const uint64_t k_;
+  const BlockCodec codec_;
   std::vector<sparse::IndexRange> ranges_;  // the p blocks
   std::vector<uint64_t> quotas_;
   std::vector<float> work_;

@@ -83,10 +83,10 @@ sparse::SparseBlock GaussianSelect(absl::Span<const float> x, uint64_t k) {
 
 absl::StatusOr<std::unique_ptr<TopkAllGather>> TopkAllGather::Create(
     int world_size, int rank, uint64_t n, double density,
-    LocalSelection selection) {
+    LocalSelection selection, const WireFormat& wire) {
   GM_RETURN_IF_ERROR(ValidateCommon(world_size, rank, n, density));
   return std::unique_ptr<TopkAllGather>(new TopkAllGather(
-      world_size, rank, n, SelectionSize(n, density), selection));
+      world_size, rank, n, SelectionSize(n, density), selection, wire));
 }
 
 absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
@@ -97,19 +97,21 @@ absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
                                      ? kernels::TopKAbs(residual, k_, 0)
                                      : GaussianSelect(residual, k_);
   stats->SetDetail("selected", static_cast<int64_t>(selected.size()));
+  const sparse::SparseBlock loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
+  const sparse::IndexRange all{0, n_};
   GM_ASSIGN_OR_RETURN(
       std::vector<std::string> gathered,
       AllGather(runner, /*step_base=*/0, Group::World(world_size_, rank_),
-                sparse::EncodeCoo(selected), PreferredAllGather(world_size_)));
+                codec_.Encode(selected, all), PreferredAllGather(world_size_)));
   std::vector<sparse::SparseBlock> blocks(world_size_);
   for (int r = 0; r < world_size_; ++r) {
     if (r == rank_) continue;
-    auto block = sparse::DecodeCoo(gathered[r], sparse::IndexRange{0, n_});
+    auto block = codec_.Decode(gathered[r], all, stats);
     if (!block.ok()) return PeerError(block.status(), r);
     blocks[r] = *std::move(block);
   }
-  ZeroAt(selected, residual);
+  LeaveSelected(selected, loss, residual);
   blocks[rank_] = std::move(selected);
   sparse::SparseBlock result = SumInOrder(std::move(blocks));
   stats->result_nonzeros = result.size();

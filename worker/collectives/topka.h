@@ -24,6 +24,7 @@
 #include <memory>
 
 #include "worker/collectives/collective.h"
+#include "worker/collectives/wire.h"
 
 namespace gradmesh::collectives {
 
@@ -33,7 +34,7 @@ class TopkAllGather : public Collective {
  public:
   static absl::StatusOr<std::unique_ptr<TopkAllGather>> Create(
       int world_size, int rank, uint64_t n, double density,
-      LocalSelection selection);
+      LocalSelection selection, const WireFormat& wire = {});
 
   absl::StatusOr<sparse::SparseBlock> AllReduce(
       absl::Span<const float> gradient, absl::Span<float> residual,
@@ -41,18 +42,20 @@ class TopkAllGather : public Collective {
 
  private:
   TopkAllGather(int world_size, int rank, uint64_t n, uint64_t k,
-                LocalSelection selection)
+                LocalSelection selection, const WireFormat& wire)
       : world_size_(world_size),
         rank_(rank),
         n_(n),
         k_(k),
-        selection_(selection) {}
+        selection_(selection),
+        codec_(wire) {}
 
   const int world_size_;
   const int rank_;
   const uint64_t n_;
   const uint64_t k_;
   const LocalSelection selection_;
+  const BlockCodec codec_;
 };
 
 // The standard normal percent-point function (inverse CDF) for p in (0, 1),

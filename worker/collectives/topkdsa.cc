@@ -53,9 +53,12 @@ void AddToStream(const sparse::SparseBlock& part, sparse::IndexRange range,
 
 // Encodes the reduced partition. A quantized dense partition also returns,
 // in `error`, what quantization took off each value (x - Q(x)).
-std::string EncodeStream(const Stream& stream, int quantize_bits, uint64_t seed,
-                         std::vector<float>* error) {
-  if (!stream.dense) return kSparse + sparse::EncodeCoo(stream.sparse_sum);
+std::string EncodeStream(const Stream& stream, sparse::IndexRange range,
+                         const BlockCodec& codec, int quantize_bits,
+                         uint64_t seed, std::vector<float>* error) {
+  if (!stream.dense) {
+    return kSparse + codec.Encode(stream.sparse_sum, range);
+  }
   if (quantize_bits == 0) return kDense + sparse::EncodeDense(stream.dense_sum);
   std::string out{kQuantized, static_cast<char>(quantize_bits)};
   error->resize(stream.dense_sum.size());
@@ -71,7 +74,9 @@ std::string EncodeStream(const Stream& stream, int quantize_bits, uint64_t seed,
 // whether it was dense.
 absl::StatusOr<bool> AppendPartition(absl::string_view bytes,
                                      sparse::IndexRange range,
-                                     sparse::SparseBlock* result) {
+                                     const BlockCodec& codec,
+                                     sparse::SparseBlock* result,
+                                     OpStats* stats) {
   if (bytes.empty()) {
     return absl::InvalidArgumentError("partition message lacks its tag byte");
   }
@@ -103,7 +108,7 @@ absl::StatusOr<bool> AppendPartition(absl::string_view bytes,
         absl::StrCat("unknown partition representation ", int{tag}));
   }
   GM_ASSIGN_OR_RETURN(sparse::SparseBlock block,
-                      sparse::DecodeCoo(bytes, range));
+                      codec.Decode(bytes, range, stats));
   for (size_t i = 0; i < block.size(); ++i) {
     if (block.values[i] != 0.0f) {
       result->push_back(block.indices[i], block.values[i]);
@@ -114,18 +119,17 @@ absl::StatusOr<bool> AppendPartition(absl::string_view bytes,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TopkDsa>> TopkDsa::Create(int world_size,
-                                                         int rank, uint64_t n,
-                                                         double density,
-                                                         int quantize_bits,
-                                                         uint64_t seed) {
+absl::StatusOr<std::unique_ptr<TopkDsa>> TopkDsa::Create(
+    int world_size, int rank, uint64_t n, double density, int quantize_bits,
+    uint64_t seed, const WireFormat& wire) {
   GM_RETURN_IF_ERROR(ValidateCommon(world_size, rank, n, density));
   if (quantize_bits != 0 && !sparse::IsQsgdBits(quantize_bits)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "quantize_bits = ", quantize_bits, " must be 0, 2, 4 or 8"));
   }
-  return std::unique_ptr<TopkDsa>(new TopkDsa(
-      world_size, rank, n, SelectionSize(n, density), quantize_bits, seed));
+  return std::unique_ptr<TopkDsa>(new TopkDsa(world_size, rank, n,
+                                              SelectionSize(n, density),
+                                              quantize_bits, seed, wire));
 }
 
 absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
@@ -133,6 +137,7 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
     const OpContext& context, OpStats* stats) {
   GM_RETURN_IF_ERROR(BeginAllReduce("TopkDSA", n_, gradient, residual, stats));
   sparse::SparseBlock selected = kernels::TopKAbs(residual, k_, 0);
+  const sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const int p = world_size_;
   const int w = rank_;
@@ -144,12 +149,14 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
   for (int s = 1; s < p; ++s) {
     const int to = (w + s) % p;
     const int from = (w - s + p) % p;
-    GM_ASSIGN_OR_RETURN(std::string bytes,
-                        runner.Exchange(kSplitStep + s - 1, to,
-                                        sparse::EncodeCoo(sparse::Slice(
-                                            selected, BlockRange(n_, p, to))),
-                                        from));
-    auto part = sparse::DecodeCoo(bytes, mine);
+    GM_ASSIGN_OR_RETURN(
+        std::string bytes,
+        runner.Exchange(
+            kSplitStep + s - 1, to,
+            codec_.Encode(sparse::Slice(selected, BlockRange(n_, p, to)),
+                          BlockRange(n_, p, to)),
+            from));
+    auto part = codec_.Decode(bytes, mine, stats);
     if (!part.ok()) return PeerError(part.status(), from);
     parts[from] = *std::move(part);
   }
@@ -164,6 +171,12 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
     }
   }
 
+  // A sparse sum rounds for the wire here, at its owner, who keeps the loss.
+  sparse::SparseBlock owner_loss, owner_dropped;
+  if (!stream.dense) {
+    owner_loss = codec_.Round(&stream.sparse_sum, &owner_dropped);
+  }
+
   // All-gather the reduced partitions.
   std::vector<float> quantization_error;
   const uint64_t seed = seed_ ^ (context.operation * 0x9e3779b97f4a7c15ULL) ^
@@ -171,16 +184,20 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
   GM_ASSIGN_OR_RETURN(
       std::vector<std::string> gathered,
       AllGather(runner, kAllGatherStep, Group::World(p, w),
-                EncodeStream(stream, quantize_bits_, seed, &quantization_error),
+                EncodeStream(stream, mine, codec_, quantize_bits_, seed,
+                             &quantization_error),
                 PreferredAllGather(p)));
   sparse::SparseBlock result;
   int dense_partitions = 0;
   for (int r = 0; r < p; ++r) {
-    auto dense = AppendPartition(gathered[r], BlockRange(n_, p, r), &result);
+    auto dense = AppendPartition(gathered[r], BlockRange(n_, p, r), codec_,
+                                 &result, r == w ? nullptr : stats);
     if (!dense.ok()) return PeerError(dense.status(), r);
     dense_partitions += *dense;
   }
-  ZeroAt(selected, residual);
+  LeaveSelected(selected, local_loss, residual);
+  sparse::ScatterAdd(owner_loss, residual);
+  sparse::ScatterAdd(owner_dropped, residual);
   for (size_t i = 0; i < quantization_error.size(); ++i) {
     residual[mine.begin + i] += quantization_error[i];
   }

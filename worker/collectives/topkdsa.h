@@ -16,6 +16,9 @@
 //     that starts with a representation byte (SparCML's "extra value"):
 //     0 = sparse COO (8 bytes per value), 1 = dense float32 (4 bytes per
 //     value of the partition).
+// Sparse parts and partitions travel in the wire format (wire.h); dense
+// partitions stay float32 (or QSGD, below).
+//
 // Optional low-precision dense phase (SparCML Section 6): with
 // quantize_bits = 2, 4 or 8, a partition that went dense travels QSGD-
 // quantized (sparse/qsgd.h; representation byte 2, then the width) instead
@@ -43,17 +46,16 @@
 #include <vector>
 
 #include "worker/collectives/collective.h"
+#include "worker/collectives/wire.h"
 
 namespace gradmesh::collectives {
 
 class TopkDsa : public Collective {
  public:
   // quantize_bits: 0 (off), 2, 4 or 8.
-  static absl::StatusOr<std::unique_ptr<TopkDsa>> Create(int world_size,
-                                                         int rank, uint64_t n,
-                                                         double density,
-                                                         int quantize_bits = 0,
-                                                         uint64_t seed = 1);
+  static absl::StatusOr<std::unique_ptr<TopkDsa>> Create(
+      int world_size, int rank, uint64_t n, double density,
+      int quantize_bits = 0, uint64_t seed = 1, const WireFormat& wire = {});
 
   absl::StatusOr<sparse::SparseBlock> AllReduce(
       absl::Span<const float> gradient, absl::Span<float> residual,
@@ -64,13 +66,14 @@ class TopkDsa : public Collective {
 
  private:
   TopkDsa(int world_size, int rank, uint64_t n, uint64_t k, int quantize_bits,
-          uint64_t seed)
+          uint64_t seed, const WireFormat& wire)
       : world_size_(world_size),
         rank_(rank),
         n_(n),
         k_(k),
         quantize_bits_(quantize_bits),
-        seed_(seed) {}
+        seed_(seed),
+        codec_(wire) {}
 
   const int world_size_;
   const int rank_;
@@ -78,6 +81,7 @@ class TopkDsa : public Collective {
   const uint64_t k_;
   const int quantize_bits_;
   const uint64_t seed_;
+  const BlockCodec codec_;
 };
 
 }  // namespace gradmesh::collectives
