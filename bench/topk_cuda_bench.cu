@@ -6,11 +6,10 @@
 // Prints one Markdown table (median of 20 runs, CUDA events).
 #include <cuda_runtime.h>
 
-#include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_reduce.cuh>
-
 #include <algorithm>
 #include <cstdio>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_reduce.cuh>
 #include <random>
 #include <vector>
 
@@ -18,13 +17,13 @@
 
 namespace {
 
-#define CHECK_CUDA(call)                                                   \
-  do {                                                                     \
-    cudaError_t e = (call);                                                \
-    if (e != cudaSuccess) {                                                \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e));      \
-      std::exit(1);                                                        \
-    }                                                                      \
+#define CHECK_CUDA(call)                                              \
+  do {                                                                \
+    cudaError_t e = (call);                                           \
+    if (e != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e)); \
+      std::exit(1);                                                   \
+    }                                                                 \
   } while (0)
 
 __global__ void AbsKeys(const float* x, size_t n, unsigned* keys,
@@ -62,9 +61,11 @@ int main() {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s\n\n", prop.name);
-  std::printf("| n | density | top-k ms | CUB sort ms | read ms | sort / top-k |"
-              " read / top-k |\n|---|---|---|---|---|---|---|\n");
-  for (size_t n : {size_t{1'000'000}, size_t{25'000'000}, size_t{100'000'000}}) {
+  std::printf(
+      "| n | density | top-k ms | CUB sort ms | read ms | sort / top-k |"
+      " read / top-k |\n|---|---|---|---|---|---|---|\n");
+  for (size_t n :
+       {size_t{1'000'000}, size_t{25'000'000}, size_t{100'000'000}}) {
     std::vector<float> host(n);
     std::mt19937_64 rng(1);
     std::normal_distribution<float> normal;
@@ -78,18 +79,18 @@ int main() {
     CHECK_CUDA(cudaMalloc(&pos, n * sizeof(unsigned)));
     CHECK_CUDA(cudaMalloc(&pos_out, n * sizeof(unsigned)));
     CHECK_CUDA(cudaMalloc(&sum, sizeof(float)));
-    CHECK_CUDA(cudaMemcpy(x, host.data(), n * sizeof(float),
-                          cudaMemcpyHostToDevice));
+    CHECK_CUDA(
+        cudaMemcpy(x, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     size_t sort_bytes = 0, reduce_bytes = 0;
-    cub::DeviceRadixSort::SortPairsDescending(nullptr, sort_bytes, keys,
-                                              keys_out, pos, pos_out,
-                                              static_cast<int>(n));
+    cub::DeviceRadixSort::SortPairsDescending(
+        nullptr, sort_bytes, keys, keys_out, pos, pos_out, static_cast<int>(n));
     cub::DeviceReduce::Sum(nullptr, reduce_bytes, x, sum, static_cast<int>(n));
     void* temp;
     CHECK_CUDA(cudaMalloc(&temp, std::max(sort_bytes, reduce_bytes)));
     auto topk = gradmesh::kernels::CudaTopK::Create(n);
     if (!topk.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(topk.status().message()).c_str());
+      std::fprintf(stderr, "%s\n",
+                   std::string(topk.status().message()).c_str());
       return 1;
     }
     const float read = MedianMs([&] {
@@ -99,9 +100,8 @@ int main() {
     const float sort = MedianMs([&] {
       AbsKeys<<<1024, 256>>>(x, n, keys, pos);
       size_t bytes = sort_bytes;
-      cub::DeviceRadixSort::SortPairsDescending(temp, bytes, keys, keys_out,
-                                                pos, pos_out,
-                                                static_cast<int>(n));
+      cub::DeviceRadixSort::SortPairsDescending(
+          temp, bytes, keys, keys_out, pos, pos_out, static_cast<int>(n));
     });
     for (double density : {0.001, 0.01}) {
       const gradmesh::kernels::TopKSegment segment{
@@ -114,8 +114,13 @@ int main() {
                   density * 100, select, sort, read, sort / select,
                   100 * read / select);
     }
-    cudaFree(x); cudaFree(keys); cudaFree(keys_out); cudaFree(pos);
-    cudaFree(pos_out); cudaFree(sum); cudaFree(temp);
+    cudaFree(x);
+    cudaFree(keys);
+    cudaFree(keys_out);
+    cudaFree(pos);
+    cudaFree(pos_out);
+    cudaFree(sum);
+    cudaFree(temp);
   }
   return 0;
 }

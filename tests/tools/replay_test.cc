@@ -56,6 +56,19 @@ class ReplayTest : public ::testing::Test {
     return inputs;
   }
 
+  // A version 1.0 .npy file with the given header dictionary and data bytes,
+  // for inputs NpyWriter would never write.
+  static void WriteRawNpy(const fs::path& path, std::string dict,
+                          const std::string& data) {
+    dict.append(128 - 10 - dict.size() - 1, ' ');
+    dict.push_back('\n');
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    const uint16_t len = dict.size();
+    f.write("\x93NUMPY\x01\x00", 8);
+    f.write(reinterpret_cast<const char*>(&len), 2);
+    f << dict << data;
+  }
+
   ReplayOptions Options(int world, int teams, double density) const {
     ReplayOptions options;
     options.algorithm = {
@@ -208,16 +221,9 @@ TEST_F(ReplayTest, RejectsMismatchedSizes) {
 TEST_F(ReplayTest, RejectsAWrongDtype) {
   WriteInputs(2, 1, 4);
   // rank1.npy: a float64 array of 4 values.
-  std::string header =
-      "{'descr': '<f8', 'fortran_order': False, 'shape': (4,), }";
-  header.append(128 - 10 - header.size() - 1, ' ');
-  header.push_back('\n');
-  std::ofstream f(in() / "rank1.npy", std::ios::binary | std::ios::trunc);
-  const uint16_t len = header.size();
-  f.write("\x93NUMPY\x01\x00", 8);
-  f.write(reinterpret_cast<const char*>(&len), 2);
-  f << header << std::string(32, '\0');
-  f.close();
+  WriteRawNpy(in() / "rank1.npy",
+              "{'descr': '<f8', 'fortran_order': False, 'shape': (4,), }",
+              std::string(32, '\0'));
   ExpectRejected(Options(2, 1, 0.1), "not little-endian float32");
 }
 
@@ -264,17 +270,10 @@ TEST_F(ReplayTest, AcceptsAnOutputDirWithATrailingSlash) {
 
 TEST_F(ReplayTest, RejectsAnAbsurdShape) {
   WriteInputs(2, 1, 4);
-  std::string header =
-      "{'descr': '<f4', 'fortran_order': False, 'shape': (17179869184, "
-      "1073741824), }";
-  header.append(128 - 10 - header.size() - 1, ' ');
-  header.push_back('\n');
-  std::ofstream f(in() / "rank1.npy", std::ios::binary | std::ios::trunc);
-  const uint16_t len = header.size();
-  f.write("\x93NUMPY\x01\x00", 8);
-  f.write(reinterpret_cast<const char*>(&len), 2);
-  f << header;
-  f.close();
+  WriteRawNpy(in() / "rank1.npy",
+              "{'descr': '<f4', 'fortran_order': False, 'shape': "
+              "(17179869184, 1073741824), }",
+              "");
   ExpectRejected(Options(2, 1, 0.1), "too large");
 }
 

@@ -160,22 +160,11 @@ absl::Status OkTopk::Repartition(StepRunner& runner,
 
 absl::StatusOr<sparse::SparseBlock> OkTopk::SplitAndReduce(
     StepRunner& runner, const sparse::SparseBlock& local) {
-  const int p = world_size_;
-  const int w = rank_;
-  std::vector<sparse::SparseBlock> parts(p);
-  parts[w] = sparse::Slice(local, Region(w));
-  for (int s = 1; s < p; ++s) {
-    const int to = (w + s) % p;
-    const int from = (w - s + p) % p;
-    GM_ASSIGN_OR_RETURN(
-        std::string bytes,
-        runner.Exchange(
-            kSplitStep + s - 1, to,
-            codec_.Encode(sparse::Slice(local, Region(to)), Region(to)), from));
-    auto part = codec_.Decode(bytes, Region(w), runner.stats());
-    if (!part.ok()) return PeerError(part.status(), from);
-    parts[from] = *std::move(part);
-  }
+  std::vector<sparse::IndexRange> regions;
+  for (int r = 0; r < world_size_; ++r) regions.push_back(Region(r));
+  GM_ASSIGN_OR_RETURN(
+      std::vector<sparse::SparseBlock> parts,
+      SplitExchange(runner, kSplitStep, codec_, world_, local, regions));
   return SumInOrder(std::move(parts));
 }
 

@@ -66,4 +66,29 @@ absl::StatusOr<std::vector<std::string>> AllGather(StepRunner& runner,
   return payloads;
 }
 
+absl::StatusOr<std::vector<sparse::SparseBlock>> SplitExchange(
+    StepRunner& runner, uint32_t step_base, const BlockCodec& codec,
+    const Group& world, const sparse::SparseBlock& block,
+    absl::Span<const sparse::IndexRange> regions) {
+  const int p = world.size();
+  const int w = world.position;
+  GM_CHECK(static_cast<int>(regions.size()) == p);
+  std::vector<sparse::SparseBlock> parts(p);
+  parts[w] = sparse::Slice(block, regions[w]);
+  for (int s = 1; s < p; ++s) {
+    const int to = (w + s) % p;
+    const int from = (w - s + p) % p;
+    GM_ASSIGN_OR_RETURN(
+        std::string bytes,
+        runner.Exchange(
+            step_base + s - 1, world.ranks[to],
+            codec.Encode(sparse::Slice(block, regions[to]), regions[to]),
+            world.ranks[from]));
+    auto part = codec.Decode(bytes, regions[w], runner.stats());
+    if (!part.ok()) return PeerError(part.status(), world.ranks[from]);
+    parts[from] = *std::move(part);
+  }
+  return parts;
+}
+
 }  // namespace gradmesh::collectives

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/collectives/collective.h"
+#include "worker/collectives/wire.h"
 
 namespace gradmesh::collectives {
 
@@ -42,6 +43,16 @@ absl::StatusOr<std::vector<std::string>> AllGather(StepRunner& runner,
 // Recursive doubling where the group size is a power of two, Bruck
 // otherwise: the sparse all-gather of SparCML's TopkA.
 AllGatherKind PreferredAllGather(int group_size);
+
+// The split of SparCML's DSAR and Ok-Topk: `block` (sorted) is cut by
+// `regions` (one per rank, in rank order) and rank r's part goes to rank r
+// directly, with destination rotation (step s: to w + s, from w - s),
+// P - 1 rounds under tag steps step_base .. step_base + P - 2. Returns the
+// parts of this worker's region by source rank, its own included.
+absl::StatusOr<std::vector<sparse::SparseBlock>> SplitExchange(
+    StepRunner& runner, uint32_t step_base, const BlockCodec& codec,
+    const Group& world, const sparse::SparseBlock& block,
+    absl::Span<const sparse::IndexRange> regions);
 
 }  // namespace gradmesh::collectives
 

@@ -144,22 +144,11 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
   const sparse::IndexRange mine = BlockRange(n_, p, w);
 
   // Split: send each owner its part, receive the parts of mine.
-  std::vector<sparse::SparseBlock> parts(p);
-  parts[w] = sparse::Slice(selected, mine);
-  for (int s = 1; s < p; ++s) {
-    const int to = (w + s) % p;
-    const int from = (w - s + p) % p;
-    GM_ASSIGN_OR_RETURN(
-        std::string bytes,
-        runner.Exchange(
-            kSplitStep + s - 1, to,
-            codec_.Encode(sparse::Slice(selected, BlockRange(n_, p, to)),
-                          BlockRange(n_, p, to)),
-            from));
-    auto part = codec_.Decode(bytes, mine, stats);
-    if (!part.ok()) return PeerError(part.status(), from);
-    parts[from] = *std::move(part);
-  }
+  std::vector<sparse::IndexRange> partitions;
+  for (int r = 0; r < p; ++r) partitions.push_back(BlockRange(n_, p, r));
+  GM_ASSIGN_OR_RETURN(std::vector<sparse::SparseBlock> parts,
+                      SplitExchange(runner, kSplitStep, codec_,
+                                    Group::World(p, w), selected, partitions));
   Stream stream;
   for (const sparse::SparseBlock& part : parts) {
     AddToStream(part, mine, &stream);

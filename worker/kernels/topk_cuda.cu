@@ -1,10 +1,9 @@
 #include <cuda_runtime.h>
-
-#include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
 
 #include <algorithm>
 #include <climits>
+#include <cub/device/device_select.cuh>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -162,8 +161,7 @@ struct CudaTopK::State {
 CudaTopK::CudaTopK(std::unique_ptr<State> state) : state_(std::move(state)) {}
 CudaTopK::~CudaTopK() = default;
 
-absl::StatusOr<std::unique_ptr<CudaTopK>> CudaTopK::Create(
-    size_t max_segment) {
+absl::StatusOr<std::unique_ptr<CudaTopK>> CudaTopK::Create(size_t max_segment) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     cudaGetLastError();
@@ -194,18 +192,16 @@ absl::StatusOr<std::unique_ptr<CudaTopK>> CudaTopK::Create(
     // Both selects share one temporary buffer, sized for the larger.
     size_t bytes_a = 0, bytes_b = 0;
     thrust::counting_iterator<uint32_t> first(0);
-    status = Check(cub::DeviceSelect::If(nullptr, bytes_a, first,
-                                         s->scratch_positions, s->counts,
-                                         static_cast<int>(m),
-                                         IsTie{nullptr, nullptr}, s->stream),
+    status = Check(cub::DeviceSelect::If(
+                       nullptr, bytes_a, first, s->scratch_positions, s->counts,
+                       static_cast<int>(m), IsTie{nullptr, nullptr}, s->stream),
                    "select size");
     if (status.ok()) {
-      status = Check(cub::DeviceSelect::If(nullptr, bytes_b, first,
-                                           s->scratch_positions, s->counts,
-                                           static_cast<int>(m),
-                                           IsSelected{nullptr, nullptr},
-                                           s->stream),
-                     "select size");
+      status = Check(
+          cub::DeviceSelect::If(nullptr, bytes_b, first, s->scratch_positions,
+                                s->counts, static_cast<int>(m),
+                                IsSelected{nullptr, nullptr}, s->stream),
+          "select size");
     }
     s->temp_bytes = std::max(bytes_a, bytes_b);
     if (status.ok()) {
@@ -242,29 +238,27 @@ absl::StatusOr<std::vector<TopKSelection>> CudaTopK::SegmentedTopKAbs(
     const int bits[] = {11, 11, 9};
     absl::Status status;
     for (int level = 0; level < 3 && status.ok(); ++level) {
-      status = Check(
-          cudaMemsetAsync(s.hist, 0, kBins * sizeof(*s.hist), s.stream),
-          "clear histogram");
+      status =
+          Check(cudaMemsetAsync(s.hist, 0, kBins * sizeof(*s.hist), s.stream),
+                "clear histogram");
       if (status.ok() && level == 0) {
         status = Check(cudaMemsetAsync(s.cut, 0, sizeof(Cut), s.stream),
                        "clear cut");
       }
-      Histogram<<<grid, kThreads, 0, s.stream>>>(x, len, shifts[level],
-                                                 masks[level], match[level],
-                                                 s.cut, s.hist);
-      Boundary<<<1, 1, 0, s.stream>>>(s.hist, static_cast<int>(masks[level] + 1),
-                                      bits[level], level == 0, level == 2,
-                                      range.quota, s.cut);
+      Histogram<<<grid, kThreads, 0, s.stream>>>(
+          x, len, shifts[level], masks[level], match[level], s.cut, s.hist);
+      Boundary<<<1, 1, 0, s.stream>>>(
+          s.hist, static_cast<int>(masks[level] + 1), bits[level], level == 0,
+          level == 2, range.quota, s.cut);
       if (status.ok()) status = Check(cudaGetLastError(), "histogram launch");
     }
     if (!status.ok()) return status;
     thrust::counting_iterator<uint32_t> first(0);
     size_t temp_bytes = s.temp_bytes;
-    status = Check(
-        cub::DeviceSelect::If(s.temp, temp_bytes, first, s.scratch_positions,
-                              s.counts, static_cast<int>(len),
-                              IsTie{x, s.cut}, s.stream),
-        "select ties");
+    status = Check(cub::DeviceSelect::If(
+                       s.temp, temp_bytes, first, s.scratch_positions, s.counts,
+                       static_cast<int>(len), IsTie{x, s.cut}, s.stream),
+                   "select ties");
     if (!status.ok()) return status;
     TieCutoff<<<1, 1, 0, s.stream>>>(s.scratch_positions, s.counts, s.cut);
     status = Check(cudaGetLastError(), "tie cut-off launch");
@@ -287,23 +281,25 @@ absl::StatusOr<std::vector<TopKSelection>> CudaTopK::SegmentedTopKAbs(
     if (status.ok()) status = Check(cudaStreamSynchronize(s.stream), "top-k");
     if (!status.ok()) return status;
     const int count = *s.host_count;
-    status = Check(cudaMemcpyAsync(s.host_positions, selected,
-                                   count * sizeof(uint32_t),
-                                   cudaMemcpyDeviceToHost, s.stream),
-                   "positions copy");
+    status = Check(
+        cudaMemcpyAsync(s.host_positions, selected, count * sizeof(uint32_t),
+                        cudaMemcpyDeviceToHost, s.stream),
+        "positions copy");
     if (status.ok()) {
-      status = Check(cudaMemcpyAsync(s.host_values, s.values,
-                                     count * sizeof(float),
-                                     cudaMemcpyDeviceToHost, s.stream),
-                     "values copy");
+      status =
+          Check(cudaMemcpyAsync(s.host_values, s.values, count * sizeof(float),
+                                cudaMemcpyDeviceToHost, s.stream),
+                "values copy");
     }
-    if (status.ok()) status = Check(cudaStreamSynchronize(s.stream), "copy out");
+    if (status.ok())
+      status = Check(cudaStreamSynchronize(s.stream), "copy out");
     if (!status.ok()) return status;
     TopKSelection& block = out[seg];
     block.indices.resize(count);
     block.values.assign(s.host_values, s.host_values + count);
     const uint32_t offset = base_index + static_cast<uint32_t>(range.begin);
-    for (int j = 0; j < count; ++j) block.indices[j] = offset + s.host_positions[j];
+    for (int j = 0; j < count; ++j)
+      block.indices[j] = offset + s.host_positions[j];
   }
   return out;
 }
@@ -316,20 +312,18 @@ absl::StatusOr<std::vector<uint32_t>> CudaTopK::TopKPositionsOfHostData(
         host_x.size(), " values exceed this CudaTopK's ", s.max_segment));
   }
   float* device_x = nullptr;
-  absl::Status status =
-      Check(cudaMalloc(&device_x, std::max<size_t>(1, host_x.size()) *
-                                      sizeof(float)),
-            "upload buffer");
+  absl::Status status = Check(
+      cudaMalloc(&device_x, std::max<size_t>(1, host_x.size()) * sizeof(float)),
+      "upload buffer");
   if (status.ok()) {
-    status = Check(cudaMemcpyAsync(device_x, host_x.data(),
-                                   host_x.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, s.stream),
-                   "upload");
+    status = Check(
+        cudaMemcpyAsync(device_x, host_x.data(), host_x.size() * sizeof(float),
+                        cudaMemcpyHostToDevice, s.stream),
+        "upload");
   }
   absl::StatusOr<std::vector<TopKSelection>> selected =
-      status.ok() ? SegmentedTopKAbs(
-                        device_x, host_x.size(),
-                        {TopKSegment{0, host_x.size(), k}}, 0)
+      status.ok() ? SegmentedTopKAbs(device_x, host_x.size(),
+                                     {TopKSegment{0, host_x.size(), k}}, 0)
                   : absl::StatusOr<std::vector<TopKSelection>>(status);
   cudaFree(device_x);
   if (!selected.ok()) return selected.status();

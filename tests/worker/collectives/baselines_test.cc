@@ -20,6 +20,7 @@
 namespace gradmesh::collectives {
 namespace {
 
+using ::gradmesh::testing::MassBalance;
 using ::gradmesh::testing::RandomVector;
 using ::gradmesh::testing::RankRun;
 using ::gradmesh::testing::RunIteration;
@@ -287,14 +288,7 @@ TEST_P(BaselineTest, AgreesWithReferenceAndConservesMass) {
     for (int r = 0; r < world; ++r) {
       gradients.push_back(RandomVector(n, 977 * it + 13 * r + n));
     }
-    std::vector<double> input(n, 0.0), scale(n, 0.0);
-    for (int r = 0; r < world; ++r) {
-      for (uint64_t i = 0; i < n; ++i) {
-        const double x = static_cast<double>(gradients[r][i]) + residuals[r][i];
-        input[i] += x;
-        scale[i] += std::fabs(x);
-      }
-    }
+    const MassBalance balance(gradients, residuals);
     const std::vector<RankRun> runs =
         RunIteration(network, instances, gradients, residuals, it);
 
@@ -353,18 +347,7 @@ TEST_P(BaselineTest, AgreesWithReferenceAndConservesMass) {
       }
     }
 
-    // Conservation, index by index.
-    std::vector<double> output(n, 0.0);
-    for (size_t e = 0; e < runs[0].result.size(); ++e) {
-      output[runs[0].result.indices[e]] += runs[0].result.values[e];
-    }
-    for (int r = 0; r < world; ++r) {
-      for (uint64_t i = 0; i < n; ++i) output[i] += residuals[r][i];
-    }
-    for (uint64_t i = 0; i < n; ++i) {
-      ASSERT_LE(std::fabs(output[i] - input[i]), 1e-5 * scale[i] + 1e-30)
-          << "index " << i;
-    }
+    ASSERT_TRUE(balance.Holds(runs[0].result, residuals));
   }
 }
 
@@ -631,14 +614,7 @@ TEST(TopkDsaTest, QuantizedDensePhaseConservesMassWithinOneLevel) {
         std::vector<std::vector<float>> exact_residuals = residuals;
         const Expected exact =
             DsaReference(gradients, exact_residuals, SelectionSize(kN, 0.3));
-        std::vector<double> input(kN, 0.0), scale(kN, 0.0);
-        for (int r = 0; r < kWorld; ++r) {
-          for (uint64_t i = 0; i < kN; ++i) {
-            const double x = double{gradients[r][i]} + residuals[r][i];
-            input[i] += x;
-            scale[i] += std::fabs(x);
-          }
-        }
+        const MassBalance balance(gradients, residuals);
         const auto runs =
             RunIteration(network, instances, gradients, residuals, it);
         ASSERT_TRUE(runs[0].status.ok()) << runs[0].status;
@@ -657,14 +633,7 @@ TEST(TopkDsaTest, QuantizedDensePhaseConservesMassWithinOneLevel) {
           const float q = it2 == got.end() ? 0.0f : it2->second;
           ASSERT_LE(std::fabs(q - x), level * 1.0001f) << "index " << i;
         }
-        std::vector<double> output(kN, 0.0);
-        for (const auto& [i, x] : got) output[i] += x;
-        for (int r = 0; r < kWorld; ++r) {
-          for (uint64_t i = 0; i < kN; ++i) output[i] += residuals[r][i];
-        }
-        for (uint64_t i = 0; i < kN; ++i) {
-          ASSERT_LE(std::fabs(output[i] - input[i]), 1e-5 * scale[i] + 1e-30);
-        }
+        ASSERT_TRUE(balance.Holds(runs[0].result, residuals));
       }
     }
     EXPECT_EQ(results[0], results[1]);  // seeded: the same twice
