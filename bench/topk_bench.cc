@@ -71,40 +71,37 @@ void BM_RadixTopK(benchmark::State& state) {
   Finish(state);
 }
 
-// std::nth_element over the positions, ordered as TopKAbs orders them, then
-// the winners sorted by index: the same output.
-void BM_NthElement(benchmark::State& state) {
+// The standard library selecting positions in TopKAbs's order (|x|
+// descending, lower index first), then sorting the winners by index: the
+// same output. `select` is std::nth_element or std::partial_sort.
+template <typename Select>
+void StandardTopK(benchmark::State& state, Select select) {
   const std::vector<float>& x = Input(state.range(0));
   const size_t k = K(state);
   std::vector<uint32_t> positions(x.size());
+  auto before = [&x](uint32_t a, uint32_t b) {
+    const float fa = std::fabs(x[a]), fb = std::fabs(x[b]);
+    return fa > fb || (fa == fb && a < b);
+  };
   for (auto _ : state) {
     std::iota(positions.begin(), positions.end(), 0u);
-    std::nth_element(positions.begin(), positions.begin() + k - 1,
-                     positions.end(), [&](uint32_t a, uint32_t b) {
-                       const float fa = std::fabs(x[a]), fb = std::fabs(x[b]);
-                       return fa > fb || (fa == fb && a < b);
-                     });
+    select(positions.begin(), positions.begin() + k, positions.end(), before);
     std::sort(positions.begin(), positions.begin() + k);
     benchmark::DoNotOptimize(positions.data());
   }
   Finish(state);
 }
 
+void BM_NthElement(benchmark::State& state) {
+  StandardTopK(state, [](auto first, auto kth, auto last, auto before) {
+    std::nth_element(first, kth - 1, last, before);
+  });
+}
+
 void BM_PartialSort(benchmark::State& state) {
-  const std::vector<float>& x = Input(state.range(0));
-  const size_t k = K(state);
-  std::vector<uint32_t> positions(x.size());
-  for (auto _ : state) {
-    std::iota(positions.begin(), positions.end(), 0u);
-    std::partial_sort(positions.begin(), positions.begin() + k, positions.end(),
-                      [&](uint32_t a, uint32_t b) {
-                        const float fa = std::fabs(x[a]), fb = std::fabs(x[b]);
-                        return fa > fb || (fa == fb && a < b);
-                      });
-    std::sort(positions.begin(), positions.begin() + k);
-    benchmark::DoNotOptimize(positions.data());
-  }
-  Finish(state);
+  StandardTopK(state, [](auto first, auto kth, auto last, auto before) {
+    std::partial_sort(first, kth, last, before);
+  });
 }
 
 void Sizes(benchmark::internal::Benchmark* b) {
