@@ -150,14 +150,10 @@ absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,
   return absl::OkStatus();
 }
 
-void ZeroAt(const sparse::SparseBlock& block, absl::Span<float> residual) {
-  for (uint32_t i : block.indices) residual[i] = 0.0f;
-}
-
 void LeaveSelected(const sparse::SparseBlock& sent,
                    const sparse::SparseBlock& loss,
                    absl::Span<float> residual) {
-  ZeroAt(sent, residual);
+  for (uint32_t i : sent.indices) residual[i] = 0.0f;
   sparse::ScatterAdd(loss, residual);
 }
 

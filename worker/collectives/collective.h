@@ -137,9 +137,6 @@ absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,
                             absl::Span<const float> gradient,
                             absl::Span<float> residual, OpStats* stats);
 
-// residual[i] = 0 at every index of `block` (the values it carried left).
-void ZeroAt(const sparse::SparseBlock& block, absl::Span<float> residual);
-
 // A locally selected block left, as rounded for the wire (wire.h): the
 // residual becomes 0 at its entries, plus what rounding took off (`loss`).
 // Entries that rounded to zero never left and keep their value.

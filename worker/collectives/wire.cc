@@ -69,11 +69,12 @@ std::string BlockCodec::Encode(
   if (!format_.tagged) return sparse::EncodeCoo(blocks);
   std::string out;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    const sparse::Encoding encoding =
-        format_.fixed.has_value()
-            ? *format_.fixed
-            : sparse::SmallestEncoding(*blocks[i], ranges[i], format_.values);
-    sparse::EncodeBlock(*blocks[i], ranges[i], encoding, format_.values, &out);
+    if (format_.fixed.has_value()) {
+      sparse::EncodeBlock(*blocks[i], ranges[i], *format_.fixed, format_.values,
+                          &out);
+    } else {
+      sparse::EncodeSmallest(*blocks[i], ranges[i], format_.values, &out);
+    }
   }
   return out;
 }

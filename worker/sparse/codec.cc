@@ -196,75 +196,47 @@ class Reader {
   absl::string_view* in_;
 };
 
-}  // namespace
+using Sizes = std::array<size_t, kEncodingCount>;
 
-size_t ValueBytes(ValueType type) {
-  return type == ValueType::kFloat32 ? 4 : 2;
-}
-
-float RoundTo(ValueType type, float value) {
-  switch (type) {
-    case ValueType::kFloat32:
-      return value;
-    case ValueType::kFloat16:
-      return HalfToFloat(FloatToHalf(value));
-    case ValueType::kBfloat16:
-      return BfloatToFloat(FloatToBfloat(value));
-  }
-  return value;
-}
-
-size_t EncodedSize(const SparseBlock& block, IndexRange range,
-                   Encoding encoding, ValueType type) {
-  const std::vector<Entry> entries = Travelling(block, type);
+// The encoded size of `entries` in every encoding, in one pass.
+Sizes AllSizes(const std::vector<Entry>& entries, IndexRange range,
+               ValueType type) {
   const size_t k = ValueBytes(type);
   const size_t m = entries.size();
-  switch (encoding) {
-    case Encoding::kCoo:
-      return 1 + VarintBytes(m) + (4 + k) * m;
-    case Encoding::kDeltaVarint: {
-      size_t bytes = 1 + VarintBytes(m) + k * m;
-      uint64_t next = range.begin;
-      for (const Entry& e : entries) {
-        bytes += VarintBytes(e.index - next);
-        next = uint64_t{e.index} + 1;
-      }
-      return bytes;
-    }
-    case Encoding::kRuns: {
-      size_t runs = 0, values = 0;
-      ForEachRun(entries, type, [&](size_t first, size_t last) {
-        ++runs;
-        values += entries[last].index - entries[first].index + 1;
-      });
-      return 1 + VarintBytes(runs) + runs * kRunHeaderBytes + values * k;
-    }
-    case Encoding::kBitmap:
-      return 1 + (range.size() + 7) / 8 + k * m;
-    case Encoding::kDense:
-      return 1 + k * range.size();
+  size_t gaps = 0;
+  uint64_t next = range.begin;
+  for (const Entry& e : entries) {
+    gaps += VarintBytes(e.index - next);
+    next = uint64_t{e.index} + 1;
   }
-  return 0;
+  size_t runs = 0, run_values = 0;
+  ForEachRun(entries, type, [&](size_t first, size_t last) {
+    ++runs;
+    run_values += entries[last].index - entries[first].index + 1;
+  });
+  Sizes sizes;
+  sizes[static_cast<int>(Encoding::kCoo)] = 1 + VarintBytes(m) + (4 + k) * m;
+  sizes[static_cast<int>(Encoding::kDeltaVarint)] =
+      1 + VarintBytes(m) + gaps + k * m;
+  sizes[static_cast<int>(Encoding::kRuns)] =
+      1 + VarintBytes(runs) + runs * kRunHeaderBytes + run_values * k;
+  sizes[static_cast<int>(Encoding::kBitmap)] =
+      1 + (range.size() + 7) / 8 + k * m;
+  sizes[static_cast<int>(Encoding::kDense)] = 1 + k * range.size();
+  return sizes;
 }
 
-Encoding SmallestEncoding(const SparseBlock& block, IndexRange range,
-                          ValueType type) {
-  Encoding best = Encoding::kCoo;
-  size_t best_size = EncodedSize(block, range, best, type);
+// The smallest of `sizes` (ties: the lower tag).
+Encoding Smallest(const Sizes& sizes) {
+  int best = 0;
   for (int e = 1; e < kEncodingCount; ++e) {
-    const size_t size =
-        EncodedSize(block, range, static_cast<Encoding>(e), type);
-    if (size < best_size) {
-      best = static_cast<Encoding>(e);
-      best_size = size;
-    }
+    if (sizes[e] < sizes[best]) best = e;
   }
-  return best;
+  return static_cast<Encoding>(best);
 }
 
-void EncodeBlock(const SparseBlock& block, IndexRange range, Encoding encoding,
-                 ValueType type, std::string* out) {
-  const std::vector<Entry> entries = Travelling(block, type);
+void EncodeEntries(const std::vector<Entry>& entries, IndexRange range,
+                   Encoding encoding, ValueType type, std::string* out) {
   out->push_back(static_cast<char>(static_cast<uint8_t>(encoding) |
                                    (static_cast<uint8_t>(type) << 4)));
   switch (encoding) {
@@ -322,6 +294,48 @@ void EncodeBlock(const SparseBlock& block, IndexRange range, Encoding encoding,
     }
   }
   GM_CHECK(false) << "unknown encoding";
+}
+
+}  // namespace
+
+size_t ValueBytes(ValueType type) {
+  return type == ValueType::kFloat32 ? 4 : 2;
+}
+
+float RoundTo(ValueType type, float value) {
+  switch (type) {
+    case ValueType::kFloat32:
+      return value;
+    case ValueType::kFloat16:
+      return HalfToFloat(FloatToHalf(value));
+    case ValueType::kBfloat16:
+      return BfloatToFloat(FloatToBfloat(value));
+  }
+  return value;
+}
+
+size_t EncodedSize(const SparseBlock& block, IndexRange range,
+                   Encoding encoding, ValueType type) {
+  return AllSizes(Travelling(block, type), range,
+                  type)[static_cast<int>(encoding)];
+}
+
+Encoding SmallestEncoding(const SparseBlock& block, IndexRange range,
+                          ValueType type) {
+  return Smallest(AllSizes(Travelling(block, type), range, type));
+}
+
+Encoding EncodeSmallest(const SparseBlock& block, IndexRange range,
+                        ValueType type, std::string* out) {
+  const std::vector<Entry> entries = Travelling(block, type);
+  const Encoding best = Smallest(AllSizes(entries, range, type));
+  EncodeEntries(entries, range, best, type, out);
+  return best;
+}
+
+void EncodeBlock(const SparseBlock& block, IndexRange range, Encoding encoding,
+                 ValueType type, std::string* out) {
+  EncodeEntries(Travelling(block, type), range, encoding, type, out);
 }
 
 absl::StatusOr<SparseBlock> DecodeBlock(absl::string_view* in,

@@ -68,6 +68,12 @@ size_t EncodedSize(const SparseBlock& block, IndexRange range,
 Encoding SmallestEncoding(const SparseBlock& block, IndexRange range,
                           ValueType type);
 
+// Appends the tagged encoding of `block` in its smallest encoding (what
+// SmallestEncoding would pick, without computing the entries twice); returns
+// the encoding used.
+Encoding EncodeSmallest(const SparseBlock& block, IndexRange range,
+                        ValueType type, std::string* out);
+
 // Appends the tagged encoding of `block` (whose indices lie in `range`).
 void EncodeBlock(const SparseBlock& block, IndexRange range, Encoding encoding,
                  ValueType type, std::string* out);

@@ -80,10 +80,4 @@ SparseBlock Slice(const SparseBlock& block, IndexRange range) {
                      {block.values.begin() + from, block.values.begin() + to}};
 }
 
-double Sum(const SparseBlock& block) {
-  double sum = 0;
-  for (float v : block.values) sum += v;
-  return sum;
-}
-
 }  // namespace gradmesh::sparse

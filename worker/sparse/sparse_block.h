@@ -73,9 +73,6 @@ void Densify(const SparseBlock& block, IndexRange range,
 // The entries of `block` whose indices fall in `range`. O(log |block| + out).
 SparseBlock Slice(const SparseBlock& block, IndexRange range);
 
-// Sum of the values (in double), for conservation checks and statistics.
-double Sum(const SparseBlock& block);
-
 }  // namespace gradmesh::sparse
 
 #endif  // GRADMESH_WORKER_SPARSE_SPARSE_BLOCK_H_
