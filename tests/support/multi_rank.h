@@ -18,9 +18,11 @@
 namespace gradmesh::testing {
 
 // Runs body(rank, endpoint) on one thread per rank of `network` and joins.
-inline void RunRanks(
-    transport::LoopbackNetwork& network,
-    const std::function<void(int, transport::Transport*)>& body) {
+// A network is anything with size() and endpoint(rank): the loopback network
+// or the in-process gRPC one (grpc_network.h).
+template <typename Network>
+void RunRanks(Network& network,
+              const std::function<void(int, transport::Transport*)>& body) {
   std::vector<std::thread> threads;
   for (int r = 0; r < network.size(); ++r) {
     threads.emplace_back([&, r] { body(r, network.endpoint(r)); });
@@ -98,9 +100,9 @@ struct RankRun {
 
 // Runs one all-reduce on every rank (instances[r] on network rank r) with
 // operation id `operation`; residuals[r] is updated in place.
-template <typename CollectivePtr>
+template <typename Network, typename CollectivePtr>
 std::vector<RankRun> RunIteration(
-    transport::LoopbackNetwork& network, std::vector<CollectivePtr>& instances,
+    Network& network, std::vector<CollectivePtr>& instances,
     const std::vector<std::vector<float>>& gradients,
     std::vector<std::vector<float>>& residuals, uint64_t operation,
     absl::Duration timeout = absl::Seconds(30)) {

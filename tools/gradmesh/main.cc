@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/cli.h"
 #include "tools/gradmesh/replay.h"
 #ifdef GRADMESH_HAS_CUDA
 #include "worker/kernels/force_cuda.h"
@@ -63,28 +63,12 @@ constexpr char kUsage[] =
     "\n"
     "`gradmesh <command> --help` lists the command's flags.";
 
-// Rewrites --some-flag[=v] as --some_flag[=v]; values are left alone.
-std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
-  std::vector<std::string> args(argv, argv + argc);
-  for (std::string& arg : args) {
-    if (!absl::StartsWith(arg, "--")) continue;
-    const size_t end = std::min(arg.find('='), arg.size());
-    for (size_t i = 2; i < end; ++i) {
-      if (arg[i] == '-') arg[i] = '_';
-    }
-  }
-  return args;
-}
-
 int Replay(int argc, char** argv) {
-  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
-  std::vector<char*> args;
-  for (std::string& a : normalized) args.push_back(a.data());
-  const std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  const std::vector<std::string> positional =
+      gradmesh::ParseFlags(argc, argv, "GRADMESH_");
   if (positional.size() > 1) {
     std::fprintf(stderr, "gradmesh replay: unexpected argument '%s'\n",
-                 positional[1]);
+                 positional[1].c_str());
     return 2;
   }
   const std::string topk = absl::GetFlag(FLAGS_topk);

@@ -52,6 +52,8 @@ struct OpStats {
   // value) whatever the wire format: bytes received "without encoding".
   uint64_t coo_bytes_received = 0;
   uint64_t result_nonzeros = 0;
+  // Wall time of the top-k selections over dense data (the kernels' share).
+  double topk_seconds = 0;
   // Algorithm-specific figures, in the order they were recorded, e.g.
   // SparDL B-SAG's "bsag_h"; each algorithm's header lists its own.
   std::vector<std::pair<std::string, int64_t>> details;
@@ -59,6 +61,20 @@ struct OpStats {
   void SetDetail(std::string name, int64_t value);
   // The value of detail `name`, or -1 when absent.
   int64_t detail(absl::string_view name) const;
+};
+
+// Adds the wall time of its scope to *seconds.
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(double* seconds)
+      : seconds_(seconds), start_(absl::Now()) {}
+  ~ScopedTimer() { *seconds_ += absl::ToDoubleSeconds(absl::Now() - start_); }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  double* const seconds_;
+  const absl::Time start_;
 };
 
 class Collective {

@@ -26,7 +26,11 @@ absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
   GM_RETURN_IF_ERROR(BeginAllReduce("gTopk", n_, gradient, residual, stats));
-  sparse::SparseBlock selected = kernels::TopKAbs(residual, k_, 0);
+  sparse::SparseBlock selected;
+  {
+    ScopedTimer timer(&stats->topk_seconds);
+    selected = kernels::TopKAbs(residual, k_, 0);
+  }
   const sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const sparse::IndexRange all{0, n_};

@@ -98,9 +98,12 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
   const bool evaluate = t % options_.tau_prime == 0;
   const bool repartition = t % options_.tau == 0;
 
-  if (evaluate) local_threshold_ = kernels::KthLargestAbs(residual, k_);
-  sparse::SparseBlock local =
-      kernels::SelectAbsAtLeast(residual, local_threshold_, 0);
+  sparse::SparseBlock local;
+  {
+    ScopedTimer timer(&stats->topk_seconds);
+    if (evaluate) local_threshold_ = kernels::KthLargestAbs(residual, k_);
+    local = kernels::SelectAbsAtLeast(residual, local_threshold_, 0);
+  }
   // Values that round to zero for the wire are not selected after all.
   const sparse::SparseBlock local_loss = codec_.Round(&local);
   if (repartition) GM_RETURN_IF_ERROR(Repartition(runner, local));

@@ -115,13 +115,15 @@ absl::StatusOr<sparse::SparseBlock> SparDl::AllReduce(
 absl::StatusOr<sparse::SparseBlock> SparDl::Run(StepRunner& runner,
                                                 OpStats* stats) {
   GM_RETURN_IF_ERROR(SparReduceScatter(runner));
-  own_ = CutBlock(position_);
+  own_ = CutBlock(position_, stats);
+  stats->SetDetail("srs_nonzeros", static_cast<int64_t>(own_.size()));
   if (layout_.teams > 1) {
     if (IsPowerOfTwo(layout_.teams)) {
       GM_RETURN_IF_ERROR(RecursiveSag(runner));
     } else {
       GM_RETURN_IF_ERROR(BruckSag(runner, stats));
     }
+    stats->SetDetail("sag_nonzeros", static_cast<int64_t>(own_.size()));
   }
   return TeamAllGather(runner);
 }
@@ -133,7 +135,8 @@ absl::Status SparDl::SparReduceScatter(StepRunner& runner) {
     const Step& step = steps[s];
     std::vector<sparse::SparseBlock> bag;
     for (int i = 0; i < step.send.count; ++i) {
-      bag.push_back(CutBlock((step.send.first + i) % layout_.team_size()));
+      bag.push_back(CutBlock((step.send.first + i) % layout_.team_size(),
+                              runner.stats()));
     }
     std::vector<const sparse::SparseBlock*> bag_view;
     for (const sparse::SparseBlock& block : bag) bag_view.push_back(&block);
@@ -248,12 +251,16 @@ absl::StatusOr<std::vector<sparse::SparseBlock>> SparDl::ExchangeInTeam(
   return received;
 }
 
-sparse::SparseBlock SparDl::CutBlock(int b) {
+sparse::SparseBlock SparDl::CutBlock(int b, OpStats* stats) {
   const sparse::IndexRange range = ranges_[b];
   const absl::Span<float> block =
       absl::MakeSpan(work_).subspan(range.begin, range.size());
-  sparse::SparseBlock kept =
-      kernels::TopKAbs(block, quotas_[b], static_cast<uint32_t>(range.begin));
+  sparse::SparseBlock kept;
+  {
+    ScopedTimer timer(&stats->topk_seconds);
+    kept = kernels::TopKAbs(block, quotas_[b],
+                            static_cast<uint32_t>(range.begin));
+  }
   for (uint32_t i : kept.indices) work_[i] = 0.0f;
   // What wire rounding takes off, or drops, stays here like any discard.
   sparse::SparseBlock dropped;

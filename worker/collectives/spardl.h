@@ -44,7 +44,8 @@
 // Bytes: 8 per value with the default plain COO (coo.h); other wire formats
 // (wire.h) encode each block on its own, and 16-bit values round where a
 // block is made to leave, the loss kept with the block's discard share.
-// Details (OpStats): B-SAG records "bsag_h", the h used, and "bsag_gathered",
+// Details (OpStats): "srs_nonzeros", the kept block's entries after SRS, and
+// "sag_nonzeros" after SAG (d > 1); B-SAG records "bsag_h", the h used, and "bsag_gathered",
 // the entries after the all-gather across teams (N_t of Algorithm 2).
 #ifndef GRADMESH_WORKER_COLLECTIVES_SPARDL_H_
 #define GRADMESH_WORKER_COLLECTIVES_SPARDL_H_
@@ -113,7 +114,7 @@ class SparDl : public Collective {
       absl::Span<const sparse::SparseBlock* const> outgoing);
   // Cuts dense block b of `work_` to its quota: returns the kept entries and
   // zeroes them in `work_`, leaving the discarded part there.
-  sparse::SparseBlock CutBlock(int b);
+  sparse::SparseBlock CutBlock(int b, OpStats* stats);
   // work_[i] += share * value for every discarded entry.
   void KeepShare(const sparse::SparseBlock& dropped, float share);
 

@@ -93,9 +93,13 @@ absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
   GM_RETURN_IF_ERROR(BeginAllReduce("TopkA", n_, gradient, residual, stats));
-  sparse::SparseBlock selected = selection_ == LocalSelection::kExactTopK
-                                     ? kernels::TopKAbs(residual, k_, 0)
-                                     : GaussianSelect(residual, k_);
+  sparse::SparseBlock selected;
+  {
+    ScopedTimer timer(&stats->topk_seconds);
+    selected = selection_ == LocalSelection::kExactTopK
+                   ? kernels::TopKAbs(residual, k_, 0)
+                   : GaussianSelect(residual, k_);
+  }
   stats->SetDetail("selected", static_cast<int64_t>(selected.size()));
   const sparse::SparseBlock loss = codec_.Round(&selected);
   StepRunner runner(context, stats);

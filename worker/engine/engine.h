@@ -10,7 +10,13 @@
 //   GM_ASSIGN_OR_RETURN(SparseBlock sum, (*engine)->AllReduce("fc1", grad,
 //   &stats));
 //
-// Not thread-safe: one caller at a time. The transport must outlive it.
+// Operation ids are either numbered by the engine (0, 1, 2, ... per
+// configuration) or given by the caller, who then must give every rank the
+// same id for the same request (the daemon derives them from the client's
+// step), so that a rank that missed a request cannot shift the numbering of
+// the ones after it.
+//
+// Not thread-safe: one caller at a time. The transport must outlive its use.
 #ifndef GRADMESH_WORKER_ENGINE_ENGINE_H_
 #define GRADMESH_WORKER_ENGINE_ENGINE_H_
 
@@ -48,6 +54,23 @@ class Engine {
       absl::string_view name, absl::Span<const float> gradient,
       collectives::OpStats* stats);
 
+  // The same, under the caller's operation id.
+  absl::StatusOr<sparse::SparseBlock> AllReduce(
+      absl::string_view name, absl::Span<const float> gradient,
+      uint64_t operation, collectives::OpStats* stats);
+
+  // Moves to another group (a new membership epoch or plan): later calls run
+  // over `transport` with `options`, numbering restarts at 0, and the
+  // residuals stay (they are this worker's own error feedback, whatever the
+  // group). InvalidArgument, changing nothing, if the options don't fit.
+  absl::Status Reconfigure(transport::Transport* transport,
+                           const EngineOptions& options);
+
+  // Adds `gradient` to the residual of `name` without reducing it, for a
+  // request that cannot run (no group): nothing is lost, the next call
+  // carries it. InvalidArgument for a size that does not match.
+  absl::Status Keep(absl::string_view name, absl::Span<const float> gradient);
+
   // The residual of `name` (empty if the name is unknown).
   absl::Span<const float> residual(absl::string_view name) const;
 
@@ -62,8 +85,8 @@ class Engine {
   Engine(transport::Transport* transport, const EngineOptions& options)
       : transport_(transport), options_(options) {}
 
-  transport::Transport* const transport_;
-  const EngineOptions options_;
+  transport::Transport* transport_;
+  EngineOptions options_;
   uint64_t next_operation_ = 0;
   absl::flat_hash_map<std::string, Buffer> buffers_;
 };

@@ -1,0 +1,27 @@
+// Command-line parsing shared by the gradmesh binaries.
+//
+// Flags are absl flags. Their names take '-' or '_' alike (--chunk-bytes ==
+// --chunk_bytes), and every flag not given on the command line may come from
+// the environment as <env_prefix><NAME> (GRADMESH_WORKER_CHUNK_BYTES=...),
+// which is how Kubernetes passes configuration. The command line wins.
+//
+//   int main(int argc, char** argv) {
+//     const auto args = gradmesh::ParseFlags(argc, argv, "GRADMESH_WORKER_");
+#ifndef GRADMESH_COMMON_CLI_H_
+#define GRADMESH_COMMON_CLI_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace gradmesh {
+
+// Parses, exits with status 2 on a bad flag or environment value (one line
+// on stderr), and returns the positional arguments, argv[0] first.
+std::vector<std::string> ParseFlags(int argc, char** argv,
+                                    absl::string_view env_prefix);
+
+}  // namespace gradmesh
+
+#endif  // GRADMESH_COMMON_CLI_H_

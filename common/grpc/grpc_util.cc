@@ -1,0 +1,90 @@
+#include "common/grpc/grpc_util.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace gradmesh {
+
+absl::Status ToAbsl(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path,
+                                    const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read the TLS ", what, " file '", path, "'"));
+  }
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (contents.str().find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the TLS ", what, " file '", path, "' is not PEM"));
+  }
+  return contents.str();
+}
+
+struct Pems {
+  std::string ca, cert, key;
+};
+
+absl::StatusOr<Pems> ReadAll(const TlsFiles& tls) {
+  if (tls.ca.empty() || tls.cert.empty() || tls.key.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs all three of the CA, certificate and key files");
+  }
+  Pems pems;
+  GM_ASSIGN_OR_RETURN(pems.ca, ReadPem(tls.ca, "CA"));
+  GM_ASSIGN_OR_RETURN(pems.cert, ReadPem(tls.cert, "certificate"));
+  GM_ASSIGN_OR_RETURN(pems.key, ReadPem(tls.key, "key"));
+  return pems;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  GM_ASSIGN_OR_RETURN(Pems pems, ReadAll(tls));
+  grpc::SslServerCredentialsOptions options(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = pems.ca;
+  options.pem_key_cert_pairs.push_back({pems.key, pems.cert});
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  GM_ASSIGN_OR_RETURN(Pems pems, ReadAll(tls));
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = pems.ca;
+  options.pem_private_key = pems.key;
+  options.pem_cert_chain = pems.cert;
+  return grpc::SslCredentials(options);
+}
+
+grpc::ChannelArguments DefaultChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  return args;
+}
+
+}  // namespace gradmesh

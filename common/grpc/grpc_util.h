@@ -1,0 +1,48 @@
+// What every gRPC-speaking part of gradmesh shares: status conversion and the
+// transport security settings.
+//
+// TLS is mutual: with TlsFiles set, a server demands and verifies a client
+// certificate signed by the CA, and a client verifies the server's. Without
+// them everything runs in plaintext (tests, a trusted network).
+//
+//   GM_ASSIGN_OR_RETURN(auto creds, ServerCredentials(tls));
+//   builder.AddListeningPort(address, creds);
+#ifndef GRADMESH_COMMON_GRPC_GRPC_UTIL_H_
+#define GRADMESH_COMMON_GRPC_GRPC_UTIL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+
+namespace gradmesh {
+
+absl::Status ToAbsl(const grpc::Status& status);
+grpc::Status ToGrpc(const absl::Status& status);
+
+// PEM files of the mutual-TLS setup (scripts/make-test-certs.sh makes a test
+// set). All three empty: plaintext.
+struct TlsFiles {
+  std::string ca;    // CA certificate that signs every member's certificate
+  std::string cert;  // this process's certificate
+  std::string key;   // its private key
+
+  bool enabled() const { return !ca.empty() || !cert.empty() || !key.empty(); }
+};
+
+// InvalidArgument if only some files are given; NotFound/PermissionDenied if
+// one can't be read.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const TlsFiles& tls);
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const TlsFiles& tls);
+
+// Channel arguments used everywhere: unlimited receive size for the worker
+// service's tensors, keepalive so that a silent peer is noticed.
+grpc::ChannelArguments DefaultChannelArguments();
+
+}  // namespace gradmesh
+
+#endif  // GRADMESH_COMMON_GRPC_GRPC_UTIL_H_

@@ -1,0 +1,363 @@
+#include "server/coordinator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "worker/collectives/registry.h"
+#include "worker/collectives/wire.h"
+
+namespace gradmesh::server {
+namespace {
+
+constexpr absl::string_view kSparDl = "spardl";
+
+// The link model is fitted from at most this many recent reports.
+constexpr size_t kMaxLinkSamples = 4096;
+
+std::string Milliseconds(double seconds) {
+  return absl::StrFormat("%.3f ms", seconds * 1e3);
+}
+
+}  // namespace
+
+struct Coordinator::Round {
+  std::vector<Trial> trials;
+  size_t current = 0;            // index of the trial in progress
+  bool ranked_by_model = false;  // ranked with a known n
+  double sum_of_max = 0;         // over the current trial's counted operations
+  // The current trial's incomplete operations: operation -> node -> seconds.
+  absl::flat_hash_map<uint64_t, absl::flat_hash_map<std::string, double>>
+      pending;
+  absl::flat_hash_set<uint64_t> completed;  // of the current trial
+  bool warmed_up = false;  // the trial's first completed operation is done
+};
+
+absl::Status ValidatePlanConfig(const PlanConfig& config) {
+  const std::vector<std::string> names = collectives::AlgorithmNames();
+  if (std::find(names.begin(), names.end(), config.algorithm) == names.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown algorithm '", config.algorithm,
+                     "'; known: ", absl::StrJoin(names, ", ")));
+  }
+  if (!(config.density > 0 && config.density <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("density must lie in (0, 1], got ", config.density));
+  }
+  if (absl::StatusOr<collectives::WireFormat> wire =
+          collectives::WireFormat::Parse(config.encoding, config.values);
+      !wire.ok()) {
+    return wire.status();
+  }
+  if (config.chunk_bytes == 0) {
+    return absl::InvalidArgumentError("chunk_bytes must be positive");
+  }
+  if (config.teams < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("teams must be 0 (auto) or positive, got ", config.teams));
+  }
+  if (config.autotune_window < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "autotune_window must be at least 1, got ", config.autotune_window));
+  }
+  if (config.switch_lead_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("switch_lead_steps must be at least 1, got ",
+                     config.switch_lead_steps));
+  }
+  if (!(config.skip_factor >= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "skip_factor must be at least 1, got ", config.skip_factor));
+  }
+  if (!(config.link.alpha_s >= 0 && config.link.beta_s_per_byte >= 0 &&
+        std::isfinite(config.link.alpha_s) &&
+        std::isfinite(config.link.beta_s_per_byte))) {
+    return absl::InvalidArgumentError(
+        "link alpha and beta must be finite and non-negative");
+  }
+  return absl::OkStatus();
+}
+
+Coordinator::Coordinator(PlanConfig config, absl::Duration heartbeat_timeout)
+    : config_(std::move(config)),
+      heartbeat_timeout_(heartbeat_timeout),
+      config_status_(heartbeat_timeout > absl::ZeroDuration()
+                         ? ValidatePlanConfig(config_)
+                         : absl::InvalidArgumentError(
+                               "heartbeat_timeout must be positive")),
+      plan_(BasePlan()),
+      link_(config_.link) {}
+
+Coordinator::~Coordinator() = default;
+
+absl::StatusOr<View> Coordinator::Join(const MemberInfo& member,
+                                       absl::Time now) {
+  if (!config_status_.ok()) return config_status_;
+  if (member.node_id.empty() || member.address.empty()) {
+    return absl::InvalidArgumentError("node_id and address must be set");
+  }
+  absl::MutexLock lock(&mu_);
+  // A previous incarnation's figures do not describe the new one.
+  last_seconds_.erase(member.node_id);
+  members_.insert_or_assign(member.node_id,
+                            Member{.info = member, .last_seen = now});
+  MembershipChangedLocked();
+  return ViewLocked();
+}
+
+absl::Status Coordinator::Heartbeat(absl::string_view node_id, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(node_id);
+  if (it == members_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("'", node_id, "' is not a member; join again"));
+  }
+  it->second.last_seen = std::max(it->second.last_seen, now);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Leave(absl::string_view node_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(node_id);
+  if (it == members_.end()) {
+    return absl::NotFoundError(absl::StrCat("'", node_id, "' is not a member"));
+  }
+  last_seconds_.erase(it->first);
+  members_.erase(it);
+  MembershipChangedLocked();
+  return absl::OkStatus();
+}
+
+void Coordinator::Tick(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  bool removed = false;
+  for (auto it = members_.begin(); it != members_.end();) {
+    if (now - it->second.last_seen > heartbeat_timeout_) {
+      last_seconds_.erase(it->first);
+      it = members_.erase(it);
+      removed = true;
+    } else {
+      ++it;
+    }
+  }
+  if (removed) MembershipChangedLocked();
+}
+
+absl::Status Coordinator::Report(const IterationReport& report) {
+  if (!std::isfinite(report.seconds) || report.seconds < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "seconds must be finite and non-negative, got ", report.seconds));
+  }
+  absl::MutexLock lock(&mu_);
+  if (report.epoch != epoch_ || !members_.contains(report.node_id)) {
+    return absl::OkStatus();
+  }
+  last_seconds_[report.node_id] = report.seconds;
+  max_step_ = std::max(max_step_, report.operation);
+  if (report.values > 0) n_ = report.values;
+  if (report.rounds > 0) {
+    samples_.push_back({.rounds = report.rounds,
+                        .bytes = static_cast<double>(report.bytes_received),
+                        .seconds = report.seconds});
+    if (samples_.size() > kMaxLinkSamples) samples_.pop_front();
+  }
+  if (!plan_.autotuning) return absl::OkStatus();
+
+  Round& round = *round_;
+  if (round.completed.contains(report.operation)) return absl::OkStatus();
+  auto& seconds = round.pending[report.operation];
+  seconds[report.node_id] = report.seconds;
+  if (seconds.size() < members_.size()) return absl::OkStatus();
+  double max_seconds = 0;
+  for (const auto& [node, s] : seconds) max_seconds = std::max(max_seconds, s);
+  round.pending.erase(report.operation);
+  round.completed.insert(report.operation);
+  // The first operation of a trial warms up (connections, allocations).
+  if (round.warmed_up) {
+    CountOperationLocked(max_seconds);
+  } else {
+    round.warmed_up = true;
+  }
+  return absl::OkStatus();
+}
+
+View Coordinator::view() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return ViewLocked();
+}
+
+View Coordinator::WaitForView(uint64_t after_epoch, absl::Time deadline) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto changed = [this, after_epoch]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return epoch_ > after_epoch;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+  return ViewLocked();
+}
+
+std::vector<Trial> Coordinator::trials() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return round_ != nullptr ? round_->trials : std::vector<Trial>{};
+}
+
+LinkModel Coordinator::link() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return link_;
+}
+
+absl::flat_hash_map<std::string, double> Coordinator::last_iteration_seconds()
+    const {
+  absl::ReaderMutexLock lock(&mu_);
+  return last_seconds_;
+}
+
+void Coordinator::PublishLocked(Plan plan, uint64_t start_step) {
+  ++epoch_;
+  plan_ = std::move(plan);
+  start_step_ = start_step;
+  // Waiters re-evaluate their conditions when the mutex is released.
+}
+
+Plan Coordinator::BasePlan() const {
+  return Plan{.algorithm = config_.algorithm,
+              .density = config_.density,
+              .encoding = config_.encoding,
+              .values = config_.values,
+              .chunk_bytes = config_.chunk_bytes,
+              .teams = 1};
+}
+
+void Coordinator::MembershipChangedLocked() {
+  const int world_size = static_cast<int>(members_.size());
+  Plan plan = BasePlan();
+  round_.reset();
+  if (config_.algorithm == kSparDl && world_size >= 1) {
+    if (config_.teams > 0) {
+      if (world_size % config_.teams == 0) {
+        plan.teams = config_.teams;
+      } else {
+        plan.note = absl::StrFormat("teams=%d does not divide P=%d; using d=1",
+                                    config_.teams, world_size);
+      }
+    } else if (world_size >= 2) {
+      round_ = std::make_unique<Round>();
+      for (int d : ValidTeamCounts(world_size)) {
+        round_->trials.push_back({.teams = d});
+      }
+      RankLocked(0);
+      PublishTrialOrResultLocked(0);
+      return;
+    }
+  }
+  PublishLocked(std::move(plan), 0);
+}
+
+void Coordinator::RankLocked(size_t from) {
+  const int world_size = static_cast<int>(members_.size());
+  std::vector<Trial>& trials = round_->trials;
+  // With n unknown SparDlCost counts no bytes: the model holds the latency
+  // only, and the rounds rank.
+  const bool by_model = n_ > 0;
+  round_->ranked_by_model = by_model;
+  absl::flat_hash_map<int, int> rounds;  // by d
+  for (Trial& trial : trials) {
+    const CommCost cost =
+        SparDlCost(world_size, trial.teams, n_, config_.density);
+    trial.modeled_seconds = ModelSeconds(cost, link_);
+    rounds[trial.teams] = cost.rounds;
+  }
+  auto key = [&](const Trial& trial) {
+    return std::pair(by_model ? trial.modeled_seconds : rounds[trial.teams],
+                     trial.teams);
+  };
+  std::sort(trials.begin() + from, trials.end(),
+            [&](const Trial& a, const Trial& b) { return key(a) < key(b); });
+  if (!by_model) return;
+  double best = trials.front().modeled_seconds;
+  for (const Trial& trial : trials) {
+    best = std::min(best, trial.modeled_seconds);
+  }
+  for (size_t i = from; i < trials.size(); ++i) {
+    trials[i].skipped = trials[i].modeled_seconds > config_.skip_factor * best;
+  }
+}
+
+void Coordinator::CountOperationLocked(double max_seconds) {
+  Round& round = *round_;
+  Trial& trial = round.trials[round.current];
+  round.sum_of_max += max_seconds;
+  ++trial.iterations;
+  if (trial.iterations < config_.autotune_window) return;
+  trial.mean_seconds = round.sum_of_max / trial.iterations;
+  round.sum_of_max = 0;
+  round.pending.clear();
+  round.completed.clear();
+  round.warmed_up = false;
+  ++round.current;
+  // The first trial's reports tell n: rank the rest with the model now.
+  if (!round.ranked_by_model && n_ > 0) RankLocked(round.current);
+  PublishTrialOrResultLocked(max_step_ + config_.switch_lead_steps);
+}
+
+void Coordinator::PublishTrialOrResultLocked(uint64_t start_step) {
+  Round& round = *round_;
+  const std::vector<Trial>& trials = round.trials;
+  while (round.current < trials.size() && trials[round.current].skipped) {
+    ++round.current;
+  }
+  Plan plan = BasePlan();
+  if (round.current < trials.size()) {
+    plan.teams = trials[round.current].teams;
+    plan.autotuning = true;
+    plan.note = absl::StrFormat("autotune trial of d=%d", plan.teams);
+    PublishLocked(std::move(plan), start_step);
+    return;
+  }
+
+  // All trials done: the fastest wins, ties to the earlier trial.
+  const Trial* best = nullptr;
+  for (const Trial& trial : trials) {
+    if (!trial.skipped &&
+        (best == nullptr || trial.mean_seconds < best->mean_seconds)) {
+      best = &trial;
+    }
+  }
+  std::vector<std::string> others, skipped;
+  for (const Trial& trial : trials) {
+    if (trial.skipped) {
+      skipped.push_back(absl::StrCat("d=", trial.teams));
+    } else if (&trial != best) {
+      others.push_back(absl::StrFormat("d=%d (%s)", trial.teams,
+                                       Milliseconds(trial.mean_seconds)));
+    }
+  }
+  plan.teams = best->teams;
+  plan.note = absl::StrFormat("autotune chose d=%d (%s)", best->teams,
+                              Milliseconds(best->mean_seconds));
+  if (!others.empty()) {
+    absl::StrAppend(&plan.note, " over ", absl::StrJoin(others, ", "));
+  }
+  if (!skipped.empty()) {
+    absl::StrAppend(
+        &plan.note, "; skipped ", absl::StrJoin(skipped, ", "),
+        absl::StrFormat(" (modeled over %gx the best)", config_.skip_factor));
+  }
+  link_ = FitLinkModel(
+      std::vector<LinkSample>(samples_.begin(), samples_.end()), link_);
+  PublishLocked(std::move(plan), start_step);
+}
+
+View Coordinator::ViewLocked() const {
+  View view{.epoch = epoch_, .plan = plan_, .start_step = start_step_};
+  view.members.reserve(members_.size());
+  for (const auto& [node_id, member] : members_) {
+    view.members.push_back(member.info);
+  }
+  return view;
+}
+
+}  // namespace gradmesh::server

@@ -1,0 +1,235 @@
+// Coordinator: the coordinator's state machine (membership, epochs, the plan
+// and SparDL's d autotune), without gRPC. The gRPC service is a thin layer
+// over it; tests drive it with an explicit clock: every method where time
+// matters takes `now`, and nothing reads the wall clock.
+//
+// Membership and epochs. Workers Join (with a node_id), Heartbeat and Leave.
+// Every change of the member set, and every change of the plan, publishes a
+// new epoch (epoch + 1). A view lists the members sorted by node_id: a
+// member's index is its rank. Tick(now) removes the members whose last join
+// or heartbeat is more than heartbeat_timeout before `now` (exactly
+// heartbeat_timeout old still counts as alive), in one epoch. A removed
+// worker learns it from Heartbeat's NotFound and joins again, into a later
+// epoch. Workers run each epoch's operations 0, 1, ... with the plan of that
+// epoch's view.
+//
+// The plan. Algorithm, density, encodings and chunk size come from the
+// PlanConfig (the coordinator's flags). SparDL's team count d:
+//   - other algorithms, or a single member: d = 1;
+//   - a fixed config.teams: that d if it divides P, else d = 1 with a note;
+//   - config.teams == 0 (auto) and P >= 2: an autotune round (Section III-D,
+//     "the selection of the optimal d": try each d, keep the fastest).
+//
+// Autotune round. Each membership change starts a round for the new P (a
+// change in the middle of a round restarts it). The candidates are
+// ValidTeamCounts(P), ranked by the modeled time ModelSeconds(SparDlCost(P, d,
+// n, density), link()) ascending, ties to the smaller d, where n is the
+// `values` of the latest accepted report. Candidates modeled slower than
+// skip_factor x the best are skipped. When n is not known yet the ranking
+// uses the rounds alone (bytes 0) and skips nothing; the untried candidates
+// are then re-ranked, and skipped where hopeless, as soon as the first trial
+// ends (its reports tell n). Each trial is an epoch whose plan has teams = d
+// and autotuning = true. An operation of that epoch is complete when every
+// member has reported it; operation 0 is a warm-up and does not count. After
+// autotune_window complete operations the trial's time is the mean over
+// them of the slowest member's seconds, and the next candidate gets an
+// epoch. After the last, the fastest d (ties to the earlier trial) is
+// published in a new epoch with autotuning = false and a note such as
+// "autotune chose d=2 (12.300 ms) over d=1 (20.100 ms), d=4 (15.000 ms)",
+// and the link model is refitted (FitLinkModel) from the (rounds,
+// bytes_received, seconds) of the accepted reports (warm-ups excluded), so
+// the next round ranks with measured figures.
+//
+// Thread-safety: all methods may be called concurrently (one internal mutex).
+// WaitForView blocks; nothing else does.
+//
+//   Coordinator coordinator(PlanConfig{}, absl::Seconds(10));
+//   GM_ASSIGN_OR_RETURN(View view, coordinator.Join(
+//       {.node_id = "node-a", .address = "10.0.0.1:7000"}, absl::Now()));
+//   // ... a watcher thread:
+//   View next = coordinator.WaitForView(view.epoch, deadline);
+#ifndef GRADMESH_SERVER_COORDINATOR_H_
+#define GRADMESH_SERVER_COORDINATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/cost_model.h"
+
+namespace gradmesh::server {
+
+struct MemberInfo {
+  std::string node_id;  // stable name of the worker, e.g. its host name
+  std::string address;  // where peers reach its exchange service
+  std::string host;
+  int gpus = 0;
+  std::string gpu_name;
+};
+
+// The coordinator's flags for the plan.
+struct PlanConfig {
+  std::string algorithm = "spardl";  // a collectives::AlgorithmNames() entry
+  double density = 0.01;             // k / n, in (0, 1]
+  std::string encoding = "coo";      // collectives::WireFormat::Parse names
+  std::string values = "fp32";
+  uint64_t chunk_bytes = 1 << 20;  // > 0
+  int teams = 0;                   // SparDL's d: 0 = autotune, else fixed
+  int autotune_window = 5;         // counted operations per candidate (>= 1)
+  double skip_factor = 3.0;        // skip d modeled > this x the best (>= 1)
+  int switch_lead_steps = 2;       // see View::start_step (>= 1)
+  LinkModel link;                  // used until reports allow a fit
+};
+
+struct Plan {
+  std::string algorithm;
+  double density = 0;
+  std::string encoding;
+  std::string values;
+  uint64_t chunk_bytes = 0;
+  int teams = 1;
+  bool autotuning = false;  // this epoch is an autotune trial
+  std::string note;         // why teams is what it is, when not obvious
+};
+
+struct View {
+  uint64_t epoch = 0;               // 0 until the first join
+  std::vector<MemberInfo> members;  // index = rank, sorted by node_id
+  Plan plan;
+  // First step (the clients' step numbers) the view applies to. A view that
+  // changes membership applies at once (0). A plan change within the same
+  // membership starts switch_lead_steps past the highest step reported, so
+  // every member switches at the same step without a pause.
+  uint64_t start_step = 0;
+};
+
+// One worker's figures for one operation of one epoch.
+struct IterationReport {
+  std::string node_id;
+  uint64_t epoch = 0;
+  uint64_t operation = 0;  // the step; the first one done in a trial warms up
+  double seconds = 0;      // wall time of the all-reduce
+  int rounds = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t values = 0;  // n, the length of the (dense) gradient reduced
+};
+
+// One candidate d of an autotune round.
+struct Trial {
+  int teams = 0;
+  double modeled_seconds = 0;
+  bool skipped = false;
+  int iterations = 0;       // complete operations counted so far
+  double mean_seconds = 0;  // mean of the per-operation max over members;
+                            // set once iterations == autotune_window
+};
+
+class Coordinator {
+ public:
+  // heartbeat_timeout must be positive, and the config valid; otherwise every
+  // Join fails with InvalidArgument.
+  Coordinator(PlanConfig config, absl::Duration heartbeat_timeout);
+
+  ~Coordinator();
+
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Adds `member` (last seen at `now`) and publishes a new epoch; returns its
+  // view. A node_id already present is replaced: its old incarnation leaves.
+  // InvalidArgument for an empty node_id or address, or an unusable config.
+  absl::StatusOr<View> Join(const MemberInfo& member, absl::Time now);
+
+  // Marks the member alive at `now`. NotFound if it is not a member (it was
+  // removed and must join again).
+  absl::Status Heartbeat(absl::string_view node_id, absl::Time now);
+
+  // Removes the member and publishes a new epoch; NotFound if not a member.
+  absl::Status Leave(absl::string_view node_id);
+
+  // Removes the members silent for more than heartbeat_timeout before `now`;
+  // one new epoch if any was removed.
+  void Tick(absl::Time now);
+
+  // Feeds the autotune, the link model and last_iteration_seconds().
+  // InvalidArgument for negative or non-finite seconds. Reports for another
+  // epoch than the current one, or from non-members, are ignored (OK).
+  absl::Status Report(const IterationReport& report);
+
+  View view() const;
+
+  // Blocks until the epoch exceeds `after_epoch` or `deadline` passes, and
+  // returns the current view either way.
+  View WaitForView(uint64_t after_epoch, absl::Time deadline) const;
+
+  // The autotune round's candidates in trial order (skipped ones included):
+  // the round in progress, or the last one while its result is in force;
+  // empty when the current membership has no round.
+  std::vector<Trial> trials() const;
+
+  // The link model used for ranking: the configured one until a round's
+  // reports allow a fit.
+  LinkModel link() const;
+
+  // The seconds of each member's latest accepted report.
+  absl::flat_hash_map<std::string, double> last_iteration_seconds() const;
+
+ private:
+  struct Member {
+    MemberInfo info;
+    absl::Time last_seen;
+  };
+
+  struct Round;  // an autotune round (coordinator.cc)
+
+  // Publishes the next epoch with `plan`.
+  void PublishLocked(Plan plan, uint64_t start_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new member set: new epoch, new plan, maybe a new autotune round.
+  void MembershipChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Plan BasePlan() const;
+  // Models every trial of round_ with the current n and link, then sorts the
+  // trials from index `from` on and marks the hopeless ones among them.
+  void RankLocked(size_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a complete operation of the current trial.
+  void CountOperationLocked(double max_seconds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes round_'s current trial, or the result when all are done.
+  void PublishTrialOrResultLocked(uint64_t start_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  View ViewLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const PlanConfig config_;
+  const absl::Duration heartbeat_timeout_;
+  const absl::Status config_status_;
+
+  mutable absl::Mutex mu_;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t start_step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t max_step_ ABSL_GUARDED_BY(mu_) = 0;  // highest step reported
+  std::map<std::string, Member, std::less<>> members_ ABSL_GUARDED_BY(mu_);
+  Plan plan_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Round> round_ ABSL_GUARDED_BY(mu_);  // null: no round
+  LinkModel link_ ABSL_GUARDED_BY(mu_);
+  std::deque<LinkSample> samples_ ABSL_GUARDED_BY(mu_);  // newest last
+  uint64_t n_ ABSL_GUARDED_BY(mu_) = 0;  // latest reported n; 0 = unknown
+  absl::flat_hash_map<std::string, double> last_seconds_ ABSL_GUARDED_BY(mu_);
+};
+
+// InvalidArgument naming the first field of `config` the plan cannot use.
+absl::Status ValidatePlanConfig(const PlanConfig& config);
+
+}  // namespace gradmesh::server
+
+#endif  // GRADMESH_SERVER_COORDINATOR_H_

@@ -1,0 +1,83 @@
+#include "server/cost_model.h"
+
+#include <cmath>
+
+#include "common/status_macros.h"
+#include "worker/collectives/collective.h"
+#include "worker/collectives/schedule.h"
+
+namespace gradmesh::server {
+namespace {
+
+constexpr double kBytesPerValue = 8;  // 4-byte index + 4-byte value
+
+// The fit is refused when the samples' (rounds, bytes) columns are this close
+// to parallel: det <= kMinSinSquared * |rounds|^2 |bytes|^2.
+constexpr double kMinSinSquared = 1e-6;
+
+}  // namespace
+
+CommCost SparDlCost(int world_size, int teams, uint64_t n, double density) {
+  GM_CHECK(world_size >= 1 && teams >= 1 && world_size % teams == 0)
+      << "P=" << world_size << " d=" << teams;
+  const double p_workers = world_size;
+  const double d = teams;
+  const double k = static_cast<double>(collectives::SelectionSize(n, density));
+  const int team_size = world_size / teams;
+
+  // SRS and the final Bruck all-gather each receive the team's other blocks.
+  double values = 2 * k * (p_workers - d) / p_workers;
+  int rounds = 2 * collectives::CeilLog2(team_size);
+  if (teams > 1) {
+    const int sag_rounds = collectives::CeilLog2(teams);  // = log2 d for R-SAG
+    rounds += sag_rounds;
+    values += collectives::IsPowerOfTwo(teams)
+                  ? d * k / p_workers * sag_rounds  // R-SAG
+                  : (d - 1) * k / p_workers;        // B-SAG at h = k/P
+  }
+  return {.rounds = rounds, .bytes = kBytesPerValue * values};
+}
+
+double ModelSeconds(const CommCost& cost, const LinkModel& link) {
+  return cost.rounds * link.alpha_s + cost.bytes * link.beta_s_per_byte;
+}
+
+LinkModel FitLinkModel(absl::Span<const LinkSample> samples,
+                       const LinkModel& fallback) {
+  // Normal equations of the two-column least squares problem.
+  double rr = 0, rb = 0, bb = 0, rs = 0, bs = 0;
+  for (const LinkSample& s : samples) {
+    rr += static_cast<double>(s.rounds) * s.rounds;
+    rb += s.rounds * s.bytes;
+    bb += s.bytes * s.bytes;
+    rs += s.rounds * s.seconds;
+    bs += s.bytes * s.seconds;
+  }
+  if (!(rr > 0 && bb > 0)) return fallback;
+  // Scale both columns to unit norm so the test below is scale-free.
+  const double r_norm = std::sqrt(rr), b_norm = std::sqrt(bb);
+  const double cross = rb / (r_norm * b_norm);  // cosine between the columns
+  const double det = 1 - cross * cross;
+  if (!(det > kMinSinSquared)) return fallback;
+  const double rs_n = rs / r_norm, bs_n = bs / b_norm;
+  const LinkModel fitted{
+      .alpha_s = (rs_n - cross * bs_n) / det / r_norm,
+      .beta_s_per_byte = (bs_n - cross * rs_n) / det / b_norm,
+  };
+  if (!(fitted.alpha_s > 0 && fitted.beta_s_per_byte > 0) ||
+      !std::isfinite(fitted.alpha_s) ||
+      !std::isfinite(fitted.beta_s_per_byte)) {
+    return fallback;
+  }
+  return fitted;
+}
+
+std::vector<int> ValidTeamCounts(int world_size) {
+  std::vector<int> divisors;
+  for (int d = 1; d <= world_size; ++d) {
+    if (world_size % d == 0) divisors.push_back(d);
+  }
+  return divisors;
+}
+
+}  // namespace gradmesh::server

@@ -1,0 +1,613 @@
+// Tests of the coordinator's state machine and SparDL's cost model, driven by
+// an explicit clock (absl::Now() only bounds the blocking WaitForView tests).
+#include "server/coordinator.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/cost_model.h"
+
+namespace gradmesh::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);
+constexpr absl::Duration kTimeout = absl::Seconds(10);
+constexpr uint64_t kN = 1'000'000;
+
+MemberInfo Node(const std::string& id) {
+  return {.node_id = id, .address = id + ":7000", .host = id, .gpus = 1};
+}
+
+std::vector<std::string> Ids(const View& view) {
+  std::vector<std::string> ids;
+  for (const MemberInfo& member : view.members) ids.push_back(member.node_id);
+  return ids;
+}
+
+std::vector<int> TrialTeams(const Coordinator& coordinator) {
+  std::vector<int> teams;
+  for (const Trial& trial : coordinator.trials()) teams.push_back(trial.teams);
+  return teams;
+}
+
+void JoinAll(Coordinator& coordinator, const std::vector<std::string>& ids) {
+  for (const std::string& id : ids) {
+    ASSERT_TRUE(coordinator.Join(Node(id), kT0).ok()) << id;
+  }
+}
+
+// Every member reports `operation` of the current epoch; member i takes
+// seconds * (i + 1) / P, so the slowest takes `seconds`.
+void ReportOperation(Coordinator& coordinator, uint64_t operation,
+                     double seconds) {
+  const View view = coordinator.view();
+  const double p = view.members.size();
+  for (size_t i = 0; i < view.members.size(); ++i) {
+    ASSERT_TRUE(coordinator
+                    .Report({.node_id = view.members[i].node_id,
+                             .epoch = view.epoch,
+                             .operation = operation,
+                             .seconds = seconds * (i + 1) / p,
+                             .rounds = 3,
+                             .bytes_received = 1000,
+                             .values = kN})
+                    .ok());
+  }
+}
+
+// The warm-up and `window` counted operations of the current trial, the
+// slowest member taking `seconds` each time.
+void RunTrial(Coordinator& coordinator, int window, double seconds) {
+  for (int op = 0; op <= window; ++op) {
+    ReportOperation(coordinator, op, seconds);
+  }
+}
+
+// ---- Cost model ----
+
+TEST(CostModelTest, ValidTeamCountsAreTheDivisors) {
+  EXPECT_THAT(ValidTeamCounts(12), ElementsAre(1, 2, 3, 4, 6, 12));
+  EXPECT_THAT(ValidTeamCounts(7), ElementsAre(1, 7));
+  EXPECT_THAT(ValidTeamCounts(1), ElementsAre(1));
+  EXPECT_THAT(ValidTeamCounts(0), IsEmpty());
+}
+
+TEST(CostModelTest, RoundsFollowTableOne) {
+  // d = 1: plain SRS + Bruck, 2 ceil(log2 P).
+  EXPECT_EQ(SparDlCost(6, 1, kN, 0.01).rounds, 6);
+  EXPECT_EQ(SparDlCost(8, 1, kN, 0.01).rounds, 6);
+  // R-SAG: 2 ceil(log2 P/d) + log2 d.
+  EXPECT_EQ(SparDlCost(8, 2, kN, 0.01).rounds, 2 * 2 + 1);
+  EXPECT_EQ(SparDlCost(8, 8, kN, 0.01).rounds, 0 + 3);
+  EXPECT_EQ(SparDlCost(12, 4, kN, 0.01).rounds, 2 * 2 + 2);
+  // B-SAG: 2 ceil(log2 P/d) + ceil(log2 d).
+  EXPECT_EQ(SparDlCost(6, 3, kN, 0.01).rounds, 2 * 1 + 2);
+  EXPECT_EQ(SparDlCost(12, 6, kN, 0.01).rounds, 2 * 1 + 3);
+  EXPECT_EQ(SparDlCost(10, 5, kN, 0.01).rounds, 2 * 1 + 3);
+}
+
+TEST(CostModelTest, BytesFollowTableOne) {
+  const double k = 10'000;  // 1% of kN
+  // d = 1: 4 (P-1)/P k words of 4 bytes.
+  EXPECT_DOUBLE_EQ(SparDlCost(6, 1, kN, 0.01).bytes, 16 * k * 5 / 6);
+  // R-SAG: 2 ((2P-2d)/P + d/P log2 d) k words.
+  EXPECT_DOUBLE_EQ(SparDlCost(8, 2, kN, 0.01).bytes,
+                   8 * k * (12.0 / 8 + 2.0 / 8 * 1));
+  EXPECT_DOUBLE_EQ(SparDlCost(8, 8, kN, 0.01).bytes, 8 * k * (0 + 1.0 * 3));
+  // B-SAG at h = k/P: SRS + (d-1) k/P + Bruck.
+  EXPECT_DOUBLE_EQ(SparDlCost(6, 3, kN, 0.01).bytes,
+                   8 * k * (3.0 / 6 + 2.0 / 6 + 3.0 / 6));
+  // No gradient, no bytes.
+  EXPECT_EQ(SparDlCost(8, 2, 0, 0.01).bytes, 0);
+}
+
+TEST(CostModelTest, BsagLiesInsideEquationTenRange) {
+  const double k = 10'000;
+  for (int p = 2; p <= 64; ++p) {
+    for (int d : ValidTeamCounts(p)) {
+      if (d == 1 || (d & (d - 1)) == 0) continue;
+      const double words = SparDlCost(p, d, kN, 0.01).bytes / 4;
+      const double lower = 2.0 * (p * d + p - 2 * d) / (p * d) * k;
+      const double upper = 2.0 * (d * d + 2 * p - 3 * d) / p * k;
+      EXPECT_GE(words, lower * (1 - 1e-12)) << "P=" << p << " d=" << d;
+      EXPECT_LE(words, upper * (1 + 1e-12)) << "P=" << p << " d=" << d;
+    }
+  }
+}
+
+TEST(CostModelTest, ModelSecondsIsAlphaRoundsPlusBetaBytes) {
+  EXPECT_DOUBLE_EQ(ModelSeconds({.rounds = 4, .bytes = 1e6},
+                                {.alpha_s = 1e-5, .beta_s_per_byte = 1e-9}),
+                   4e-5 + 1e-3);
+}
+
+TEST(CostModelTest, FitRecoversExactAlphaAndBeta) {
+  const LinkModel truth{.alpha_s = 3e-5, .beta_s_per_byte = 2e-9};
+  std::vector<LinkSample> samples;
+  for (auto [rounds, bytes] : std::vector<std::pair<int, double>>{
+           {2, 1e5}, {4, 3e5}, {3, 5e4}, {6, 2e6}}) {
+    samples.push_back({.rounds = rounds,
+                       .bytes = bytes,
+                       .seconds = ModelSeconds({rounds, bytes}, truth)});
+  }
+  const LinkModel fitted = FitLinkModel(samples, LinkModel{});
+  EXPECT_NEAR(fitted.alpha_s, truth.alpha_s, 1e-9 * truth.alpha_s);
+  EXPECT_NEAR(fitted.beta_s_per_byte, truth.beta_s_per_byte,
+              1e-9 * truth.beta_s_per_byte);
+}
+
+TEST(CostModelTest, FitFallsBackOnDegenerateInput) {
+  const LinkModel fallback{.alpha_s = 7e-6, .beta_s_per_byte = 5e-10};
+  auto is_fallback = [&](const LinkModel& m) {
+    return m.alpha_s == fallback.alpha_s &&
+           m.beta_s_per_byte == fallback.beta_s_per_byte;
+  };
+  EXPECT_TRUE(is_fallback(FitLinkModel({}, fallback)));
+  // One direction only: (2, 1e5) and (4, 2e5) are parallel.
+  const std::vector<LinkSample> parallel = {{2, 1e5, 1e-3}, {4, 2e5, 2e-3}};
+  EXPECT_TRUE(is_fallback(FitLinkModel(parallel, fallback)));
+  // No bytes at all.
+  const std::vector<LinkSample> no_bytes = {{2, 0, 1e-3}, {4, 0, 2e-3}};
+  EXPECT_TRUE(is_fallback(FitLinkModel(no_bytes, fallback)));
+  // Exact data from a negative alpha: fitted, but refused.
+  const LinkModel negative{.alpha_s = -1e-5, .beta_s_per_byte = 1e-9};
+  std::vector<LinkSample> samples;
+  for (auto [rounds, bytes] :
+       std::vector<std::pair<int, double>>{{2, 1e5}, {4, 3e5}, {3, 5e4}}) {
+    samples.push_back({rounds, bytes, ModelSeconds({rounds, bytes}, negative)});
+  }
+  EXPECT_TRUE(is_fallback(FitLinkModel(samples, fallback)));
+}
+
+// ---- Membership and epochs ----
+
+TEST(CoordinatorTest, JoinsPublishEpochsWithRanksSortedByNodeId) {
+  Coordinator coordinator({.algorithm = "dense"}, kTimeout);
+  EXPECT_EQ(coordinator.view().epoch, 0u);
+  EXPECT_THAT(coordinator.view().members, IsEmpty());
+
+  absl::StatusOr<View> view = coordinator.Join(Node("c"), kT0);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->epoch, 1u);
+  ASSERT_TRUE(coordinator.Join(Node("a"), kT0).ok());
+  view = coordinator.Join(Node("b"), kT0);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->epoch, 3u);
+  EXPECT_THAT(Ids(*view), ElementsAre("a", "b", "c"));
+  EXPECT_EQ(view->members[2].address, "c:7000");
+  EXPECT_EQ(view->plan.algorithm, "dense");
+  EXPECT_EQ(view->plan.teams, 1);
+  EXPECT_FALSE(view->plan.autotuning);
+  EXPECT_EQ(Ids(coordinator.view()), Ids(*view));
+}
+
+TEST(CoordinatorTest, LeaveRemovesAndUnknownIsNotFound) {
+  Coordinator coordinator({}, kTimeout);
+  JoinAll(coordinator, {"a", "b", "c"});
+  ASSERT_TRUE(coordinator.Leave("b").ok());
+  EXPECT_EQ(coordinator.view().epoch, 4u);
+  EXPECT_THAT(Ids(coordinator.view()), ElementsAre("a", "c"));
+  EXPECT_EQ(coordinator.Leave("b").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator.view().epoch, 4u);
+}
+
+TEST(CoordinatorTest, RejoinWithTheSameNodeIdReplaces) {
+  Coordinator coordinator({}, kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  MemberInfo again = Node("a");
+  again.address = "10.0.0.9:7001";
+  absl::StatusOr<View> view = coordinator.Join(again, kT0 + absl::Seconds(1));
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->epoch, 3u);
+  EXPECT_THAT(Ids(*view), ElementsAre("a", "b"));
+  EXPECT_EQ(view->members[0].address, "10.0.0.9:7001");
+}
+
+TEST(CoordinatorTest, RejectsBadInput) {
+  Coordinator coordinator({}, kTimeout);
+  EXPECT_EQ(coordinator.Join(Node(""), kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  MemberInfo no_address = Node("a");
+  no_address.address.clear();
+  EXPECT_EQ(coordinator.Join(no_address, kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator.view().epoch, 0u);
+  EXPECT_EQ(coordinator.Heartbeat("ghost", kT0).code(),
+            absl::StatusCode::kNotFound);
+
+  ASSERT_TRUE(coordinator.Join(Node("a"), kT0).ok());
+  for (double seconds :
+       {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    EXPECT_EQ(
+        coordinator.Report({.node_id = "a", .epoch = 1, .seconds = seconds})
+            .code(),
+        absl::StatusCode::kInvalidArgument)
+        << seconds;
+  }
+  EXPECT_THAT(coordinator.last_iteration_seconds(), IsEmpty());
+}
+
+TEST(CoordinatorTest, UnusableConfigFailsEveryJoin) {
+  const std::vector<PlanConfig> bad = {
+      {.algorithm = "allgather-magic"},
+      {.density = 0},
+      {.density = 1.5},
+      {.encoding = "zip"},
+      {.chunk_bytes = 0},
+      {.teams = -1},
+      {.autotune_window = 0},
+      {.skip_factor = 0.5},
+  };
+  for (const PlanConfig& config : bad) {
+    Coordinator coordinator(config, kTimeout);
+    EXPECT_EQ(coordinator.Join(Node("a"), kT0).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << config.algorithm << " " << config.density;
+    EXPECT_EQ(coordinator.view().epoch, 0u);
+  }
+  Coordinator no_timeout({}, absl::ZeroDuration());
+  EXPECT_EQ(no_timeout.Join(Node("a"), kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CoordinatorTest, TickRemovesSilentMembersAfterTheTimeout) {
+  Coordinator coordinator({}, kTimeout);
+  JoinAll(coordinator, {"a", "b", "c"});
+  ASSERT_TRUE(coordinator.Heartbeat("c", kT0 + absl::Seconds(8)).ok());
+
+  // Exactly heartbeat_timeout old: still alive.
+  coordinator.Tick(kT0 + kTimeout);
+  EXPECT_EQ(coordinator.view().epoch, 3u);
+  EXPECT_EQ(coordinator.view().members.size(), 3u);
+
+  // One nanosecond later a and b go, in one epoch; c heartbeat at +8 s.
+  coordinator.Tick(kT0 + kTimeout + absl::Nanoseconds(1));
+  EXPECT_EQ(coordinator.view().epoch, 4u);
+  EXPECT_THAT(Ids(coordinator.view()), ElementsAre("c"));
+
+  // Nothing more to remove: no epoch.
+  coordinator.Tick(kT0 + absl::Seconds(18));
+  EXPECT_EQ(coordinator.view().epoch, 4u);
+
+  // The removed worker learns it from its heartbeat and joins the next epoch.
+  const absl::Time later = kT0 + absl::Seconds(12);
+  EXPECT_EQ(coordinator.Heartbeat("a", later).code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<View> view = coordinator.Join(Node("a"), later);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->epoch, 5u);
+  EXPECT_THAT(Ids(*view), ElementsAre("a", "c"));
+  // Its join counts as seen: c (last seen at +8 s) goes first.
+  coordinator.Tick(kT0 + absl::Seconds(19));
+  EXPECT_THAT(Ids(coordinator.view()), ElementsAre("a"));
+  EXPECT_EQ(coordinator.view().epoch, 6u);
+}
+
+TEST(CoordinatorTest, WaitForViewWakesOnAChangeFromAnotherThread) {
+  Coordinator coordinator({}, kTimeout);
+  JoinAll(coordinator, {"a"});
+  std::thread joiner([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_TRUE(coordinator.Join(Node("b"), kT0).ok());
+  });
+  const absl::Time start = absl::Now();
+  const View view = coordinator.WaitForView(1, start + absl::Seconds(30));
+  joiner.join();
+  EXPECT_EQ(view.epoch, 2u);
+  EXPECT_THAT(Ids(view), ElementsAre("a", "b"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(CoordinatorTest, WaitForViewReturnsAtTheDeadline) {
+  Coordinator coordinator({}, kTimeout);
+  JoinAll(coordinator, {"a"});
+  const absl::Time start = absl::Now();
+  const View view = coordinator.WaitForView(1, start + absl::Milliseconds(30));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(30));
+  EXPECT_EQ(view.epoch, 1u);
+  // An epoch already past returns at once.
+  EXPECT_EQ(coordinator.WaitForView(0, absl::InfiniteFuture()).epoch, 1u);
+}
+
+TEST(CoordinatorTest, ReportsFeedLastIterationSeconds) {
+  Coordinator coordinator({.algorithm = "dense"}, kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  ASSERT_TRUE(
+      coordinator.Report({.node_id = "a", .epoch = 2, .seconds = 0.5}).ok());
+  // Stale epoch and non-member: ignored without error.
+  ASSERT_TRUE(
+      coordinator.Report({.node_id = "b", .epoch = 1, .seconds = 0.7}).ok());
+  ASSERT_TRUE(
+      coordinator.Report({.node_id = "z", .epoch = 2, .seconds = 0.9}).ok());
+  const auto seconds = coordinator.last_iteration_seconds();
+  ASSERT_EQ(seconds.size(), 1u);
+  EXPECT_EQ(seconds.at("a"), 0.5);
+  // A member that leaves takes its figures along.
+  ASSERT_TRUE(coordinator.Leave("a").ok());
+  EXPECT_THAT(coordinator.last_iteration_seconds(), IsEmpty());
+}
+
+// ---- Plan ----
+
+TEST(PlanTest, OtherAlgorithmsUseOneTeamAndNoAutotune) {
+  Coordinator coordinator(
+      {.algorithm = "topka", .density = 0.05, .encoding = "auto"}, kTimeout);
+  JoinAll(coordinator, {"a", "b", "c", "d"});
+  const View view = coordinator.view();
+  EXPECT_EQ(view.epoch, 4u);
+  EXPECT_EQ(view.plan.algorithm, "topka");
+  EXPECT_EQ(view.plan.density, 0.05);
+  EXPECT_EQ(view.plan.encoding, "auto");
+  EXPECT_EQ(view.plan.teams, 1);
+  EXPECT_FALSE(view.plan.autotuning);
+  EXPECT_THAT(coordinator.trials(), IsEmpty());
+}
+
+TEST(PlanTest, FixedTeamsApplyWhereTheyDivideP) {
+  Coordinator coordinator({.teams = 2}, kTimeout);
+  JoinAll(coordinator, {"a", "b", "c"});
+  EXPECT_EQ(coordinator.view().plan.teams, 1);
+  EXPECT_THAT(coordinator.view().plan.note, HasSubstr("does not divide P=3"));
+  JoinAll(coordinator, {"d"});
+  EXPECT_EQ(coordinator.view().plan.teams, 2);
+  EXPECT_FALSE(coordinator.view().plan.autotuning);
+  EXPECT_EQ(coordinator.view().plan.note, "");
+  EXPECT_THAT(coordinator.trials(), IsEmpty());
+}
+
+TEST(PlanTest, SingleMemberNeedsNoAutotune) {
+  Coordinator coordinator({}, kTimeout);
+  JoinAll(coordinator, {"a"});
+  EXPECT_EQ(coordinator.view().plan.teams, 1);
+  EXPECT_FALSE(coordinator.view().plan.autotuning);
+  EXPECT_THAT(coordinator.trials(), IsEmpty());
+}
+
+// ---- Autotune ----
+
+TEST(AutotuneTest, TriesEachDivisorOnceAndKeepsTheFastest) {
+  constexpr int kWindow = 3;
+  Coordinator coordinator({.autotune_window = kWindow}, kTimeout);
+  JoinAll(coordinator, {"a", "b", "c", "d"});
+  const uint64_t start = coordinator.view().epoch;
+  ASSERT_EQ(start, 4u);
+  // n unknown: ranked by rounds, d=4 (2 rounds), d=2 (3), d=1 (4).
+  EXPECT_THAT(TrialTeams(coordinator), ElementsAre(4, 2, 1));
+
+  const std::vector<std::pair<int, double>> expected = {
+      {4, 3e-3}, {2, 1e-3}, {1, 2e-3}};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const View view = coordinator.view();
+    EXPECT_EQ(view.epoch, start + i);
+    EXPECT_EQ(view.plan.teams, expected[i].first);
+    EXPECT_TRUE(view.plan.autotuning);
+    RunTrial(coordinator, kWindow, expected[i].second);
+  }
+
+  const View final_view = coordinator.view();
+  EXPECT_EQ(final_view.epoch, start + 3);
+  EXPECT_EQ(final_view.plan.teams, 2);
+  EXPECT_FALSE(final_view.plan.autotuning);
+  EXPECT_EQ(final_view.plan.note,
+            "autotune chose d=2 (1.000 ms) over d=4 (3.000 ms), "
+            "d=1 (2.000 ms)");
+  const std::vector<Trial> trials = coordinator.trials();
+  ASSERT_EQ(trials.size(), 3u);
+  for (size_t i = 0; i < trials.size(); ++i) {
+    EXPECT_EQ(trials[i].iterations, kWindow);
+    EXPECT_DOUBLE_EQ(trials[i].mean_seconds, expected[i].second);
+    EXPECT_FALSE(trials[i].skipped);
+  }
+  // Reports after the round change nothing.
+  RunTrial(coordinator, kWindow, 1.0);
+  EXPECT_EQ(coordinator.view().epoch, start + 3);
+}
+
+TEST(AutotuneTest, MeanIsOverTheSlowestMemberOfEachOperation) {
+  Coordinator coordinator({.autotune_window = 2}, kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  ReportOperation(coordinator, 0, 100.0);  // warm-up: not counted
+  ReportOperation(coordinator, 1, 2e-3);
+  ReportOperation(coordinator, 2, 4e-3);
+  ASSERT_EQ(coordinator.trials().size(), 2u);
+  EXPECT_DOUBLE_EQ(coordinator.trials()[0].mean_seconds, 3e-3);
+}
+
+TEST(AutotuneTest, StaleEpochAndIncompleteOperationsDoNotCount) {
+  constexpr int kWindow = 2;
+  Coordinator coordinator({.autotune_window = kWindow}, kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  const uint64_t epoch = coordinator.view().epoch;
+
+  // Reports for the previous epoch (P = 1) are ignored.
+  for (uint64_t op = 0; op <= kWindow; ++op) {
+    for (const char* id : {"a", "b"}) {
+      ASSERT_TRUE(coordinator
+                      .Report({.node_id = id,
+                               .epoch = epoch - 1,
+                               .operation = op,
+                               .seconds = 1e-3})
+                      .ok());
+    }
+  }
+  EXPECT_EQ(coordinator.view().epoch, epoch);
+  EXPECT_EQ(coordinator.trials()[0].iterations, 0);
+  EXPECT_THAT(coordinator.last_iteration_seconds(), IsEmpty());
+
+  // Only a reports: no operation completes, however many.
+  for (uint64_t op = 0; op <= 10; ++op) {
+    ASSERT_TRUE(coordinator
+                    .Report({.node_id = "a",
+                             .epoch = epoch,
+                             .operation = op,
+                             .seconds = 1e-3})
+                    .ok());
+  }
+  EXPECT_EQ(coordinator.view().epoch, epoch);
+  EXPECT_EQ(coordinator.trials()[0].iterations, 0);
+
+  // b completes operation 0 (warm-up) and 1: one counted.
+  for (uint64_t op : {0, 1}) {
+    ASSERT_TRUE(coordinator
+                    .Report({.node_id = "b",
+                             .epoch = epoch,
+                             .operation = op,
+                             .seconds = 5e-3})
+                    .ok());
+  }
+  EXPECT_EQ(coordinator.trials()[0].iterations, 1);
+  // A repeated report of a completed operation counts nothing.
+  ASSERT_TRUE(
+      coordinator
+          .Report(
+              {.node_id = "b", .epoch = epoch, .operation = 1, .seconds = 5e-3})
+          .ok());
+  EXPECT_EQ(coordinator.trials()[0].iterations, 1);
+  EXPECT_EQ(coordinator.view().epoch, epoch);
+
+  ASSERT_TRUE(
+      coordinator
+          .Report(
+              {.node_id = "b", .epoch = epoch, .operation = 2, .seconds = 5e-3})
+          .ok());
+  EXPECT_EQ(coordinator.view().epoch, epoch + 1);
+  EXPECT_EQ(coordinator.trials()[0].iterations, kWindow);
+  EXPECT_DOUBLE_EQ(coordinator.trials()[0].mean_seconds, 5e-3);
+}
+
+TEST(AutotuneTest, MembershipChangeRestartsTheRound) {
+  constexpr int kWindow = 2;
+  Coordinator coordinator({.autotune_window = kWindow}, kTimeout);
+  JoinAll(coordinator, {"a", "b", "c", "d"});
+  RunTrial(coordinator, kWindow, 1e-3);  // d=4 done
+  ReportOperation(coordinator, 0, 1e-3);
+  ReportOperation(coordinator, 1, 1e-3);  // d=2 half done
+  const uint64_t epoch = coordinator.view().epoch;
+  EXPECT_EQ(coordinator.trials()[1].iterations, 1);
+
+  ASSERT_TRUE(coordinator.Leave("d").ok());
+  const View view = coordinator.view();
+  EXPECT_EQ(view.epoch, epoch + 1);
+  EXPECT_TRUE(view.plan.autotuning);
+  // P = 3: d in {1, 3}; n is known now, so the model ranks them.
+  const std::vector<Trial> trials = coordinator.trials();
+  ASSERT_EQ(trials.size(), 2u);
+  for (const Trial& trial : trials) EXPECT_EQ(trial.iterations, 0);
+  EXPECT_EQ(view.plan.teams, trials[0].teams);
+  EXPECT_LE(trials[0].modeled_seconds, trials[1].modeled_seconds);
+
+  RunTrial(coordinator, kWindow, 2e-3);
+  RunTrial(coordinator, kWindow, 1e-3);
+  EXPECT_EQ(coordinator.view().epoch, epoch + 3);
+  EXPECT_EQ(coordinator.view().plan.teams, trials[1].teams);
+  EXPECT_FALSE(coordinator.view().plan.autotuning);
+
+  // A new member starts a new round.
+  JoinAll(coordinator, {"e"});
+  EXPECT_TRUE(coordinator.view().plan.autotuning);
+  EXPECT_THAT(TrialTeams(coordinator),
+              ::testing::UnorderedElementsAre(1, 2, 4));
+}
+
+TEST(AutotuneTest, SkipsCandidatesModeledHopelesslySlow) {
+  // Bandwidth only: P = 8 receives 14k (d=1, d=2), 16k (d=4) and 24k (d=8)
+  // values' worth of bytes; 24/14 > 1.5 > 16/14.
+  constexpr int kWindow = 1;
+  Coordinator coordinator({.autotune_window = kWindow,
+                           .skip_factor = 1.5,
+                           .link = {.alpha_s = 0, .beta_s_per_byte = 1e-9}},
+                          kTimeout);
+  // n becomes known while alone.
+  JoinAll(coordinator, {"a"});
+  ReportOperation(coordinator, 0, 1e-3);
+  JoinAll(coordinator, {"b", "c", "d", "e", "f", "g", "h"});
+
+  const std::vector<Trial> trials = coordinator.trials();
+  ASSERT_EQ(trials.size(), 4u);
+  EXPECT_EQ(trials.back().teams, 8);
+  EXPECT_TRUE(trials.back().skipped);
+  EXPECT_DOUBLE_EQ(trials.back().modeled_seconds,
+                   ModelSeconds(SparDlCost(8, 8, kN, 0.01),
+                                {.alpha_s = 0, .beta_s_per_byte = 1e-9}));
+  for (size_t i = 0; i + 1 < trials.size(); ++i) {
+    EXPECT_FALSE(trials[i].skipped);
+    EXPECT_LE(trials[i].modeled_seconds, trials[i + 1].modeled_seconds);
+  }
+  EXPECT_THAT(TrialTeams(coordinator), ElementsAre(1, 2, 4, 8));
+
+  const uint64_t start = coordinator.view().epoch;
+  std::vector<int> tried;
+  while (coordinator.view().plan.autotuning) {
+    tried.push_back(coordinator.view().plan.teams);
+    RunTrial(coordinator, kWindow, tried.size() * 1e-3);
+  }
+  EXPECT_THAT(tried, ElementsAre(1, 2, 4));
+  EXPECT_EQ(coordinator.view().epoch, start + 3);
+  EXPECT_EQ(coordinator.view().plan.teams, 1);
+  EXPECT_THAT(coordinator.view().plan.note,
+              HasSubstr("; skipped d=8 (modeled over 1.5x the best)"));
+}
+
+TEST(AutotuneTest, RanksUntriedCandidatesOnceTheFirstTrialTellsN) {
+  // n unknown: d=8 (3 rounds) goes first. Its reports tell n, and then d=4
+  // (16k against 14k, over 1.1x) is skipped.
+  constexpr int kWindow = 1;
+  Coordinator coordinator({.autotune_window = kWindow,
+                           .skip_factor = 1.1,
+                           .link = {.alpha_s = 0, .beta_s_per_byte = 1e-9}},
+                          kTimeout);
+  JoinAll(coordinator, {"a", "b", "c", "d", "e", "f", "g", "h"});
+  EXPECT_THAT(TrialTeams(coordinator), ElementsAre(8, 4, 2, 1));
+  for (const Trial& trial : coordinator.trials()) EXPECT_FALSE(trial.skipped);
+
+  RunTrial(coordinator, kWindow, 1e-3);
+  EXPECT_THAT(TrialTeams(coordinator), ElementsAre(8, 1, 2, 4));
+  EXPECT_TRUE(coordinator.trials()[3].skipped);
+  EXPECT_EQ(coordinator.view().plan.teams, 1);
+}
+
+TEST(AutotuneTest, RefitsTheLinkModelFromReports) {
+  // Reports whose seconds follow alpha = 20 us, beta = 1 ns/byte exactly.
+  const LinkModel truth{.alpha_s = 2e-5, .beta_s_per_byte = 1e-9};
+  constexpr int kWindow = 2;
+  Coordinator coordinator({.autotune_window = kWindow}, kTimeout);
+  JoinAll(coordinator, {"a", "b", "c", "d"});
+  EXPECT_EQ(coordinator.link().alpha_s, PlanConfig{}.link.alpha_s);
+  while (coordinator.view().plan.autotuning) {
+    const View view = coordinator.view();
+    const CommCost cost = SparDlCost(4, view.plan.teams, kN, 0.01);
+    for (uint64_t op = 0; op <= kWindow; ++op) {
+      for (const MemberInfo& member : view.members) {
+        // Members receive slightly different amounts; seconds follow them.
+        const double bytes = std::floor(cost.bytes) + member.node_id[0] * 100;
+        ASSERT_TRUE(
+            coordinator
+                .Report({.node_id = member.node_id,
+                         .epoch = view.epoch,
+                         .operation = op,
+                         .seconds = ModelSeconds({cost.rounds, bytes}, truth),
+                         .rounds = cost.rounds,
+                         .bytes_received = static_cast<uint64_t>(bytes),
+                         .values = kN})
+                .ok());
+      }
+    }
+  }
+  const LinkModel fitted = coordinator.link();
+  EXPECT_NEAR(fitted.alpha_s, truth.alpha_s, 1e-6 * truth.alpha_s);
+  EXPECT_NEAR(fitted.beta_s_per_byte, truth.beta_s_per_byte,
+              1e-6 * truth.beta_s_per_byte);
+}
+
+}  // namespace
+}  // namespace gradmesh::server

@@ -1,0 +1,181 @@
+#include "worker/transport/grpc/grpc_transport.h"
+
+#include <string>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/grpc_network.h"
+#include "tests/support/multi_rank.h"
+
+namespace gradmesh::transport {
+namespace {
+
+using ::gradmesh::testing::GrpcNetwork;
+
+std::string Bytes(size_t n, char seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(seed + i * 7);
+  return s;
+}
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+
+TEST(GrpcTransportTest, DeliversChunkedMessagesInOrderWithCounters) {
+  GrpcNetwork net(3, /*chunk_bytes=*/7, /*epoch=*/4);
+  const Tag a{4, 1, 0}, b{4, 1, 1};
+  // Two messages under one tag (order kept), one under another, an empty one.
+  ASSERT_TRUE(net.endpoint(0)->Send(2, a, Bytes(1000, 'a')).ok());
+  ASSERT_TRUE(net.endpoint(0)->Send(2, a, Bytes(13, 'b')).ok());
+  ASSERT_TRUE(net.endpoint(0)->Send(2, b, "").ok());
+  ASSERT_TRUE(net.endpoint(1)->Send(2, a, Bytes(7, 'c')).ok());
+  EXPECT_EQ(*net.endpoint(2)->Recv(0, b, Soon()), "");
+  EXPECT_EQ(*net.endpoint(2)->Recv(1, a, Soon()), Bytes(7, 'c'));
+  EXPECT_EQ(*net.endpoint(2)->Recv(0, a, Soon()), Bytes(1000, 'a'));
+  EXPECT_EQ(*net.endpoint(2)->Recv(0, a, Soon()), Bytes(13, 'b'));
+  const Counters sent = net.endpoint(0)->counters();
+  EXPECT_EQ(sent.messages_sent, 3u);
+  EXPECT_EQ(sent.bytes_sent, 1013u);
+  EXPECT_THAT(sent.bytes_sent_to, ::testing::ElementsAre(0, 0, 1013));
+  const Counters received = net.endpoint(2)->counters();
+  EXPECT_EQ(received.messages_received, 4u);
+  EXPECT_THAT(received.bytes_received_from,
+              ::testing::ElementsAre(1013, 7, 0));
+}
+
+TEST(GrpcTransportTest, EveryPairExchangesConcurrently) {
+  GrpcNetwork net(5, /*chunk_bytes=*/1 << 10);
+  ::gradmesh::testing::RunRanks(net, [&](int r, Transport* t) {
+    for (uint32_t step = 0; step < 20; ++step) {
+      for (int peer = 0; peer < t->size(); ++peer) {
+        if (peer == r) continue;
+        ASSERT_TRUE(
+            t->Send(peer, {0, 0, step}, Bytes(3000 + peer + step, 'a' + r))
+                .ok());
+      }
+      for (int peer = 0; peer < t->size(); ++peer) {
+        if (peer == r) continue;
+        auto m = t->Recv(peer, {0, 0, step}, Soon());
+        ASSERT_TRUE(m.ok()) << m.status();
+        EXPECT_EQ(*m, Bytes(3000 + r + step, 'a' + peer));
+      }
+    }
+  });
+}
+
+TEST(GrpcTransportTest, MissingMessageEndsAtTheDeadline) {
+  GrpcNetwork net(2);
+  const absl::Time start = absl::Now();
+  auto m = net.endpoint(0)->Recv(1, {0, 0, 0}, start + absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(m.status())) << m.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(GrpcTransportTest, AbortFailsLocalCallsAndWakesPeers) {
+  GrpcNetwork net(2);
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {0, 0, 0}, "x").ok());
+  ASSERT_EQ(*net.endpoint(1)->Recv(0, {0, 0, 0}, Soon()), "x");
+  std::thread waiter([&] {
+    auto m = net.endpoint(1)->Recv(0, {0, 0, 1}, Soon());
+    EXPECT_TRUE(absl::IsUnavailable(m.status())) << m.status();
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  net.endpoint(0)->Abort(absl::AbortedError("membership changed"));
+  waiter.join();
+  EXPECT_TRUE(absl::IsAborted(net.endpoint(0)->Send(1, {0, 0, 2}, "y")));
+  EXPECT_TRUE(
+      absl::IsAborted(net.endpoint(0)->Recv(1, {0, 0, 2}, Soon()).status()));
+}
+
+TEST(GrpcTransportTest, PeerThatDiesIsUnavailableNotAHang) {
+  GrpcNetwork net(2);
+  ASSERT_TRUE(net.endpoint(1)->Send(0, {0, 0, 0}, "hello").ok());
+  ASSERT_TRUE(net.endpoint(0)->Recv(1, {0, 0, 0}, Soon()).ok());
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {0, 0, 0}, "hello").ok());
+  ASSERT_TRUE(net.endpoint(1)->Recv(0, {0, 0, 0}, Soon()).ok());
+  std::thread waiter([&] {
+    const absl::Time start = absl::Now();
+    auto m = net.endpoint(0)->Recv(1, {0, 0, 1}, start + absl::Seconds(30));
+    EXPECT_TRUE(absl::IsUnavailable(m.status())) << m.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  net.KillRank(1);
+  waiter.join();
+}
+
+TEST(GrpcTransportTest, DropsAndCountsFramesOfRetiredEpochsAndOperations) {
+  GrpcNetwork net(2, 1 << 20, /*epoch=*/1);
+  net.service(1)->RetireOperationsBelow(1, 5);
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 3, 0}, Bytes(10, 'a')).ok());
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 5, 0}, Bytes(10, 'b')).ok());
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, {1, 5, 0}, Soon()), Bytes(10, 'b'));
+  EXPECT_EQ(net.service(1)->stats().frames_dropped_retired_operation, 1u);
+
+  // Rank 1 moves to epoch 2; late frames of epoch 1 are dropped.
+  net.service(1)->RetireEpochsBelow(2);
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 6, 0}, Bytes(10, 'c')).ok());
+  auto m = net.endpoint(1)->Recv(0, {1, 6, 0}, Soon());
+  EXPECT_TRUE(absl::IsAborted(m.status())) << m.status();
+  // The frame is counted once it arrives.
+  for (int i = 0; i < 100 && net.service(1)->stats().frames_dropped_old_epoch ==
+                                 0;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(net.service(1)->stats().frames_dropped_old_epoch, 1u);
+}
+
+TEST(GrpcTransportTest, KeepsFramesOfAnEpochNotYetStarted) {
+  GrpcNetwork net(2, 1 << 20, /*epoch=*/1);
+  auto ahead = GrpcTransport::Create(
+      {.service = net.service(0),
+       .epoch = 2,
+       .rank = 0,
+       .peers = {"0", "1"},
+       .channels = [&](const std::string&) { return net.channel(1); }});
+  ASSERT_TRUE(ahead.ok());
+  ASSERT_TRUE((*ahead)->Send(1, {2, 0, 0}, "early").ok());
+  absl::SleepFor(absl::Milliseconds(50));
+  net.StartEpoch(2);
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, {2, 0, 0}, Soon()), "early");
+}
+
+TEST(GrpcTransportTest, RefusesMalformedStreams) {
+  GrpcNetwork net(2);
+  auto stub = gradmesh::v1::Peer::NewStub(net.channel(1));
+  grpc::ClientContext context;
+  auto stream = stub->Exchange(&context);
+  gradmesh::v1::Frame frame;
+  frame.set_from_rank(0);
+  frame.set_message_bytes(10);
+  frame.set_offset(4);  // not where the message starts
+  frame.set_data("abc");
+  stream->Write(frame);
+  stream->WritesDone();
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(net.service(1)->stats().streams_refused, 1u);
+  auto m = net.endpoint(1)->Recv(0, {0, 0, 0}, Soon());
+  EXPECT_TRUE(absl::IsUnavailable(m.status())) << m.status();
+}
+
+TEST(GrpcTransportTest, RejectsBadOptions) {
+  PeerService service;
+  auto channels = [](const std::string&) {
+    return std::shared_ptr<grpc::Channel>();
+  };
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      GrpcTransport::Create(
+          {.service = &service, .rank = 2, .peers = {"a"}, .channels = channels})
+          .status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      GrpcTransport::Create({.service = &service,
+                             .peers = {"a"},
+                             .channels = channels,
+                             .chunk_bytes = kMaxChunkBytes + 1})
+          .status()));
+}
+
+}  // namespace
+}  // namespace gradmesh::transport

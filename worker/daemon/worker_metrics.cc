@@ -1,0 +1,133 @@
+#include "worker/daemon/worker_metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradmesh::daemon {
+
+namespace {
+
+// 100 us .. about 100 s, doubling.
+prometheus::Histogram::BucketBoundaries SecondsBuckets() {
+  prometheus::Histogram::BucketBoundaries bounds;
+  for (double b = 1e-4; b < 120; b *= 2) bounds.push_back(b);
+  return bounds;
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  using prometheus::BuildHistogram;
+  prometheus::Registry& r = *registry_;
+  operation_seconds_ = &BuildHistogram()
+                            .Name("gradmesh_worker_operation_seconds")
+                            .Help("All-reduce latency, request to result")
+                            .Register(r);
+  topk_seconds_ = &BuildHistogram()
+                       .Name("gradmesh_worker_topk_seconds")
+                       .Help("Top-k selection time per all-reduce")
+                       .Register(r);
+  bytes_sent_ = &BuildCounter()
+                     .Name("gradmesh_worker_bytes_sent_total")
+                     .Help("Payload bytes sent, per peer node")
+                     .Register(r);
+  bytes_received_ = &BuildCounter()
+                         .Name("gradmesh_worker_bytes_received_total")
+                         .Help("Payload bytes received, per peer node")
+                         .Register(r);
+  nonzeros_ = &BuildGauge()
+                   .Name("gradmesh_worker_nonzeros")
+                   .Help("Nonzeros after each phase of the last all-reduce")
+                   .Register(r);
+  residual_norm_ = &BuildGauge()
+                        .Name("gradmesh_worker_residual_norm")
+                        .Help("L2 norm of the residual, per buffer")
+                        .Register(r);
+  operations_ = &BuildCounter()
+                     .Name("gradmesh_worker_operations_total")
+                     .Help("All-reduce requests by outcome (status code)")
+                     .Register(r);
+  frames_dropped_ = &BuildCounter()
+                         .Name("gradmesh_worker_frames_dropped_total")
+                         .Help("Peer frames dropped, by reason")
+                         .Register(r);
+  bsag_h_ = &BuildGauge()
+                 .Name("gradmesh_worker_bsag_h")
+                 .Help("h of SparDL's B-SAG in the last all-reduce")
+                 .Register(r)
+                 .Add({});
+  teams_ = &BuildGauge()
+                .Name("gradmesh_worker_teams")
+                .Help("SparDL's d in the current plan")
+                .Register(r)
+                .Add({});
+  epoch_ = &BuildGauge()
+                .Name("gradmesh_worker_epoch")
+                .Help("Current view epoch")
+                .Register(r)
+                .Add({});
+  rank_ = &BuildGauge()
+               .Name("gradmesh_worker_rank")
+               .Help("Rank in the current view (-1: not a member)")
+               .Register(r)
+               .Add({});
+  world_size_ = &BuildGauge()
+                     .Name("gradmesh_worker_world_size")
+                     .Help("Members of the current view")
+                     .Register(r)
+                     .Add({});
+  late_views_ = &BuildCounter()
+                     .Name("gradmesh_worker_late_views_total")
+                     .Help("Plan changes that arrived after their start step")
+                     .Register(r)
+                     .Add({});
+}
+
+absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
+    const std::string& listen) {
+  std::unique_ptr<WorkerMetrics> metrics(new WorkerMetrics());
+  if (listen.empty()) return metrics;
+  try {
+    metrics->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve /metrics on ", listen, ": ", e.what()));
+  }
+  metrics->exposer_->RegisterCollectable(metrics->registry_);
+  const auto ports = metrics->exposer_->GetListeningPorts();
+  if (!ports.empty()) metrics->port_ = ports.front();
+  return metrics;
+}
+
+prometheus::Histogram& WorkerMetrics::operation_seconds(
+    const std::string& algorithm) {
+  return operation_seconds_->Add({{"algorithm", algorithm}}, SecondsBuckets());
+}
+prometheus::Histogram& WorkerMetrics::topk_seconds(
+    const std::string& algorithm) {
+  return topk_seconds_->Add({{"algorithm", algorithm}}, SecondsBuckets());
+}
+prometheus::Counter& WorkerMetrics::bytes_sent(const std::string& peer) {
+  return bytes_sent_->Add({{"peer", peer}});
+}
+prometheus::Counter& WorkerMetrics::bytes_received(const std::string& peer) {
+  return bytes_received_->Add({{"peer", peer}});
+}
+prometheus::Gauge& WorkerMetrics::nonzeros(const std::string& phase) {
+  return nonzeros_->Add({{"phase", phase}});
+}
+prometheus::Gauge& WorkerMetrics::residual_norm(const std::string& buffer) {
+  return residual_norm_->Add({{"buffer", buffer}});
+}
+prometheus::Counter& WorkerMetrics::operations(const std::string& code) {
+  return operations_->Add({{"code", code}});
+}
+prometheus::Counter& WorkerMetrics::frames_dropped(const std::string& reason) {
+  return frames_dropped_->Add({{"reason", reason}});
+}
+
+}  // namespace gradmesh::daemon

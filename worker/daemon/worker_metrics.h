@@ -1,0 +1,79 @@
+// The worker's Prometheus series, served at /metrics (prometheus-cpp).
+//
+//   gradmesh_worker_operation_seconds{algorithm}        histogram
+//   gradmesh_worker_topk_seconds{algorithm}             histogram
+//   gradmesh_worker_bytes_sent_total{peer}              counter (payload)
+//   gradmesh_worker_bytes_received_total{peer}          counter (payload)
+//   gradmesh_worker_nonzeros{phase}                     gauge: srs, sag, result
+//   gradmesh_worker_residual_norm{buffer}               gauge (L2)
+//   gradmesh_worker_bsag_h                              gauge (B-SAG's h)
+//   gradmesh_worker_teams / _epoch / _rank / _world_size gauges
+//   gradmesh_worker_operations_total{code}              counter (OK or error)
+//   gradmesh_worker_frames_dropped_total{reason}        counter
+//   gradmesh_worker_late_views_total                    counter
+//
+// Thread-safe (prometheus-cpp's metrics are).
+#ifndef GRADMESH_WORKER_DAEMON_WORKER_METRICS_H_
+#define GRADMESH_WORKER_DAEMON_WORKER_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace gradmesh::daemon {
+
+class WorkerMetrics {
+ public:
+  // Serves /metrics on `listen` (host:port, port 0 picks one); empty: the
+  // series are kept but not served.
+  static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Create(
+      const std::string& listen);
+
+  int port() const { return port_; }  // 0 when not served
+
+  prometheus::Histogram& operation_seconds(const std::string& algorithm);
+  prometheus::Histogram& topk_seconds(const std::string& algorithm);
+  prometheus::Counter& bytes_sent(const std::string& peer);
+  prometheus::Counter& bytes_received(const std::string& peer);
+  prometheus::Gauge& nonzeros(const std::string& phase);
+  prometheus::Gauge& residual_norm(const std::string& buffer);
+  prometheus::Counter& operations(const std::string& code);
+  prometheus::Counter& frames_dropped(const std::string& reason);
+  prometheus::Gauge& bsag_h() { return *bsag_h_; }
+  prometheus::Gauge& teams() { return *teams_; }
+  prometheus::Gauge& epoch() { return *epoch_; }
+  prometheus::Gauge& rank() { return *rank_; }
+  prometheus::Gauge& world_size() { return *world_size_; }
+  prometheus::Counter& late_views() { return *late_views_; }
+
+ private:
+  WorkerMetrics();
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+  prometheus::Family<prometheus::Histogram>* operation_seconds_;
+  prometheus::Family<prometheus::Histogram>* topk_seconds_;
+  prometheus::Family<prometheus::Counter>* bytes_sent_;
+  prometheus::Family<prometheus::Counter>* bytes_received_;
+  prometheus::Family<prometheus::Gauge>* nonzeros_;
+  prometheus::Family<prometheus::Gauge>* residual_norm_;
+  prometheus::Family<prometheus::Counter>* operations_;
+  prometheus::Family<prometheus::Counter>* frames_dropped_;
+  prometheus::Gauge* bsag_h_;
+  prometheus::Gauge* teams_;
+  prometheus::Gauge* epoch_;
+  prometheus::Gauge* rank_;
+  prometheus::Gauge* world_size_;
+  prometheus::Counter* late_views_;
+};
+
+}  // namespace gradmesh::daemon
+
+#endif  // GRADMESH_WORKER_DAEMON_WORKER_METRICS_H_

@@ -1,0 +1,303 @@
+#include "worker/transport/grpc/grpc_transport.h"
+
+#include <algorithm>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace gradmesh::transport {
+
+using ::gradmesh::v1::Frame;
+using ::gradmesh::v1::PeerSignal;
+
+// The outgoing stream to one peer. Invariant: a write is in flight exactly
+// when queue_ is non-empty and the stream is not broken; its frame is
+// queue_.front(). The reactor keeps itself alive (self_) until OnDone has
+// returned, so the transport may drop its reference as soon as done_ is set.
+class GrpcTransport::Stream final
+    : public grpc::ClientBidiReactor<Frame, PeerSignal> {
+ public:
+  static std::shared_ptr<Stream> Open(std::shared_ptr<grpc::Channel> channel,
+                                      PeerService* service, uint64_t epoch,
+                                      int peer) {
+    std::shared_ptr<Stream> stream(
+        new Stream(std::move(channel), service, epoch, peer));
+    stream->self_ = stream;
+    stream->stub_->async()->Exchange(&stream->context_, stream.get());
+    stream->StartRead(&stream->signal_);
+    stream->AddHold();  // writes start outside reactions
+    stream->StartCall();
+    return stream;
+  }
+
+  absl::Status Enqueue(std::vector<Frame> frames) {
+    Frame* first = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      GM_RETURN_IF_ERROR(broken_);
+      GM_CHECK(!closing_) << "send after close";
+      const bool idle = queue_.empty();
+      for (Frame& frame : frames) queue_.push_back(std::move(frame));
+      if (idle) first = &queue_.front();
+    }
+    if (first != nullptr) StartWrite(first);
+    return absl::OkStatus();
+  }
+
+  // Ends the stream once the queue has drained.
+  void Close() {
+    bool writes_done = false;
+    bool release = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (hold_released_) return;
+      closing_ = true;
+      if (!broken_.ok()) {
+        release = true;
+      } else if (queue_.empty() && !writes_done_) {
+        writes_done = writes_done_ = true;
+      }
+    }
+    if (writes_done) StartWritesDone();
+    if (writes_done || release) ReleaseHold();
+  }
+
+  void Cancel() {
+    {
+      absl::MutexLock lock(&mu_);
+      closing_ = true;
+    }
+    context_.TryCancel();
+    ReleaseHold();
+  }
+
+  bool WaitDone(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithDeadline(absl::Condition(&done_), deadline);
+    return done_;
+  }
+
+  void OnWriteDone(bool ok) override {
+    Frame* next = nullptr;
+    bool writes_done = false;
+    absl::Status broken;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ok) {
+        if (broken_.ok()) {
+          broken_ = absl::UnavailableError(
+              absl::StrCat("the stream to peer ", peer_, " broke"));
+        }
+        broken = broken_;
+        queue_.clear();
+      } else {
+        queue_.pop_front();
+        if (!queue_.empty()) {
+          next = &queue_.front();
+        } else if (closing_ && !writes_done_) {
+          writes_done = writes_done_ = true;
+        }
+      }
+    }
+    if (!broken.ok()) service_->MarkPeerGone(epoch_, peer_, broken);
+    if (next != nullptr) StartWrite(next);
+    if (writes_done) {
+      StartWritesDone();
+      ReleaseHold();
+    }
+  }
+
+  // The receiver sends nothing today, so a finished read means the stream
+  // ended; before Close that is the peer going away.
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      StartRead(&signal_);
+      return;
+    }
+    absl::Status broken;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!closing_ && broken_.ok()) {
+        broken_ = absl::UnavailableError(
+            absl::StrCat("peer ", peer_, " ended the stream"));
+        broken = broken_;
+      }
+    }
+    if (!broken.ok()) service_->MarkPeerGone(epoch_, peer_, broken);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::Status broken;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!closing_ && !status.ok()) {
+        broken = absl::UnavailableError(absl::StrCat(
+            "the stream to peer ", peer_, " failed: ", status.error_message()));
+      }
+      done_ = true;
+    }
+    if (!broken.ok()) service_->MarkPeerGone(epoch_, peer_, broken);
+    std::shared_ptr<Stream> self = std::move(self_);  // may delete this
+  }
+
+ private:
+  Stream(std::shared_ptr<grpc::Channel> channel, PeerService* service,
+         uint64_t epoch, int peer)
+      : stub_(gradmesh::v1::Peer::NewStub(std::move(channel))),
+        service_(service),
+        epoch_(epoch),
+        peer_(peer) {}
+
+  void ReleaseHold() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (hold_released_) return;
+      hold_released_ = true;
+    }
+    RemoveHold();
+  }
+
+  std::unique_ptr<gradmesh::v1::Peer::Stub> stub_;
+  PeerService* const service_;
+  const uint64_t epoch_;
+  const int peer_;
+  grpc::ClientContext context_;
+  PeerSignal signal_;
+  std::shared_ptr<Stream> self_;
+
+  absl::Mutex mu_;
+  std::deque<Frame> queue_ ABSL_GUARDED_BY(mu_);
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
+    GrpcTransportOptions options) {
+  GM_CHECK(options.service != nullptr && options.channels != nullptr);
+  if (options.rank < 0 ||
+      options.rank >= static_cast<int>(options.peers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", options.rank, " outside a group of ", options.peers.size()));
+  }
+  if (options.chunk_bytes < 1 || options.chunk_bytes > kMaxChunkBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk size ", options.chunk_bytes, " is not in [1, ",
+                     kMaxChunkBytes, "]"));
+  }
+  return std::unique_ptr<GrpcTransport>(new GrpcTransport(std::move(options)));
+}
+
+GrpcTransport::GrpcTransport(GrpcTransportOptions options)
+    : options_(std::move(options)) {
+  streams_.resize(options_.peers.size());
+  counters_.bytes_sent_to.assign(options_.peers.size(), 0);
+  counters_.bytes_received_from.assign(options_.peers.size(), 0);
+}
+
+GrpcTransport::~GrpcTransport() {
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& s : streams_) {
+      if (s != nullptr) streams.push_back(std::move(s));
+    }
+  }
+  for (auto& s : streams) s->Close();
+  // A peer that stopped reading cannot hold the process: cancel stragglers.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  for (auto& s : streams) {
+    if (!s->WaitDone(deadline)) {
+      s->Cancel();
+      s->WaitDone(absl::InfiniteFuture());
+    }
+  }
+}
+
+absl::Status GrpcTransport::Send(int peer, const Tag& tag,
+                                 std::string payload) {
+  GM_CHECK(peer >= 0 && peer < size() && peer != rank()) << "peer " << peer;
+  GM_CHECK(tag.epoch == options_.epoch)
+      << "tag of epoch " << tag.epoch << " on epoch " << options_.epoch;
+  std::shared_ptr<Stream> stream;
+  {
+    absl::MutexLock lock(&mu_);
+    GM_RETURN_IF_ERROR(aborted_);
+    if (streams_[peer] == nullptr) {
+      streams_[peer] =
+          Stream::Open(options_.channels(options_.peers[peer]),
+                       options_.service, options_.epoch, peer);
+    }
+    stream = streams_[peer];
+  }
+  const uint64_t bytes = payload.size();
+  std::vector<Frame> frames;
+  uint64_t offset = 0;
+  do {
+    const uint64_t length = std::min(options_.chunk_bytes, bytes - offset);
+    Frame& frame = frames.emplace_back();
+    frame.set_epoch(tag.epoch);
+    frame.set_operation(tag.operation);
+    frame.set_step(tag.step);
+    frame.set_from_rank(static_cast<uint32_t>(rank()));
+    frame.set_message_bytes(bytes);
+    frame.set_offset(offset);
+    if (frames.size() == 1 && length == bytes) {
+      frame.set_data(std::move(payload));
+    } else {
+      frame.set_data(payload.substr(offset, length));
+    }
+    offset += length;
+  } while (offset < bytes);
+  GM_RETURN_IF_ERROR(stream->Enqueue(std::move(frames)));
+  absl::MutexLock lock(&mu_);
+  ++counters_.messages_sent;
+  counters_.bytes_sent += bytes;
+  counters_.bytes_sent_to[peer] += bytes;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GrpcTransport::Recv(int peer, const Tag& tag,
+                                                absl::Time deadline) {
+  GM_CHECK(peer >= 0 && peer < size() && peer != rank()) << "peer " << peer;
+  GM_CHECK(tag.epoch == options_.epoch)
+      << "tag of epoch " << tag.epoch << " on epoch " << options_.epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    GM_RETURN_IF_ERROR(aborted_);
+  }
+  GM_ASSIGN_OR_RETURN(
+      std::string message,
+      options_.service->Receive(options_.epoch, peer, tag, deadline));
+  absl::MutexLock lock(&mu_);
+  ++counters_.messages_received;
+  counters_.bytes_received += message.size();
+  counters_.bytes_received_from[peer] += message.size();
+  return message;
+}
+
+void GrpcTransport::Abort(const absl::Status& status) {
+  GM_CHECK(!status.ok());
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return;
+    aborted_ = status;
+    for (auto& s : streams_) {
+      if (s != nullptr) streams.push_back(s);
+    }
+  }
+  options_.service->AbortEpoch(options_.epoch, status);
+  for (auto& s : streams) s->Cancel();
+}
+
+Counters GrpcTransport::counters() const {
+  absl::MutexLock lock(&mu_);
+  return counters_;
+}
+
+}  // namespace gradmesh::transport

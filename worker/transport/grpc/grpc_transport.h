@@ -1,0 +1,82 @@
+// GrpcTransport: the Transport over gRPC, one per (process, epoch).
+//
+// Sending: one persistent stream per peer, opened on the first message to it
+// (callback API, one write in flight and a send queue behind it, so Send
+// never blocks). A message is cut into frames of at most chunk_bytes, below
+// gRPC's 4 MiB default receive limit. Receiving goes through the process's
+// PeerService, which keeps what peers sent for this epoch.
+//
+// Failure: a stream that breaks marks its peer gone, so Send to it and Recv
+// from it fail with Unavailable instead of waiting; Abort fails this
+// endpoint's calls with its status and cancels its streams, which peers see
+// as Unavailable. Nothing waits past the caller's deadline.
+//
+//   auto t = GrpcTransport::Create({.service = &peers, .epoch = 3, .rank = 1,
+//                                   .peers = addresses, .channels = factory});
+//
+// Thread-safe. Destruction closes the streams cleanly (bounded wait, then
+// cancel); the PeerService must outlive the transport.
+#ifndef GRADMESH_WORKER_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
+#define GRADMESH_WORKER_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "worker/transport/grpc/peer_service.h"
+#include "worker/transport/transport.h"
+
+namespace gradmesh::transport {
+
+// Returns the (shared, cached) channel to a peer's address.
+using ChannelFactory =
+    std::function<std::shared_ptr<grpc::Channel>(const std::string& address)>;
+
+inline constexpr uint64_t kDefaultChunkBytes = 1 << 20;
+inline constexpr uint64_t kMaxChunkBytes = 3 << 20;
+
+struct GrpcTransportOptions {
+  PeerService* service = nullptr;  // this process's receiving side
+  uint64_t epoch = 0;
+  int rank = 0;
+  std::vector<std::string> peers;  // address of every rank (index = rank)
+  ChannelFactory channels;
+  uint64_t chunk_bytes = kDefaultChunkBytes;  // 1 .. kMaxChunkBytes
+};
+
+class GrpcTransport final : public Transport {
+ public:
+  // InvalidArgument for a rank outside peers or a bad chunk size.
+  static absl::StatusOr<std::unique_ptr<GrpcTransport>> Create(
+      GrpcTransportOptions options);
+  ~GrpcTransport() override;
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return static_cast<int>(options_.peers.size()); }
+  uint64_t epoch() const { return options_.epoch; }
+
+  absl::Status Send(int peer, const Tag& tag, std::string payload) override;
+  absl::StatusOr<std::string> Recv(int peer, const Tag& tag,
+                                   absl::Time deadline) override;
+  void Abort(const absl::Status& status) override;
+  Counters counters() const override;
+
+ private:
+  class Stream;
+
+  explicit GrpcTransport(GrpcTransportOptions options);
+
+  const GrpcTransportOptions options_;
+  mutable absl::Mutex mu_;
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  Counters counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradmesh::transport
+
+#endif  // GRADMESH_WORKER_TRANSPORT_GRPC_GRPC_TRANSPORT_H_

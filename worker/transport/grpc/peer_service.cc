@@ -1,0 +1,228 @@
+#include "worker/transport/grpc/peer_service.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace gradmesh::transport {
+
+using ::gradmesh::v1::Frame;
+using ::gradmesh::v1::PeerSignal;
+
+namespace {
+// Larger messages than any gradient block set could need are refused.
+constexpr uint64_t kMaxMessageBytes = uint64_t{16} << 30;
+}  // namespace
+
+// One incoming stream: reads frames, checks them, reassembles messages.
+class PeerService::Reactor final
+    : public grpc::ServerBidiReactor<Frame, PeerSignal> {
+ public:
+  Reactor(PeerService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context) {
+    StartRead(&frame_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    absl::Status accepted = Accept();
+    if (!accepted.ok()) {
+      service_->CountRefused();
+      refused_ = accepted;
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          std::string(accepted.message())));
+      return;
+    }
+    StartRead(&frame_);
+  }
+
+  void OnDone() override {
+    if (identified_) {
+      absl::Status why =
+          !refused_.ok() ? refused_
+          : context_->IsCancelled()
+              ? absl::UnavailableError(
+                    absl::StrCat("the stream from peer ", from_, " broke"))
+              : absl::UnavailableError(
+                    absl::StrCat("peer ", from_, " closed its stream"));
+      service_->StreamEnded(epoch_, from_, std::move(why));
+    }
+    delete this;
+  }
+
+ private:
+  // Validates the frame against the stream and the message being assembled;
+  // delivers the message once complete.
+  absl::Status Accept() {
+    if (!identified_) {
+      identified_ = true;
+      epoch_ = frame_.epoch();
+      from_ = static_cast<int>(frame_.from_rank());
+    } else if (frame_.epoch() != epoch_ ||
+               static_cast<int>(frame_.from_rank()) != from_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a stream of epoch ", epoch_, " from rank ", from_,
+          " carried a frame of epoch ", frame_.epoch(), " from rank ",
+          frame_.from_rank()));
+    }
+    const Tag tag{frame_.epoch(), frame_.operation(), frame_.step()};
+    if (frames_ == 0) {
+      if (frame_.message_bytes() > kMaxMessageBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("peer ", from_, " announced a message of ",
+                         frame_.message_bytes(), " bytes"));
+      }
+      tag_ = tag;
+      message_bytes_ = frame_.message_bytes();
+      message_.clear();
+      // Grows with the data, so a false length costs nothing up front.
+      message_.reserve(std::min<uint64_t>(message_bytes_, 1 << 24));
+    }
+    if (!(tag == tag_) || frame_.message_bytes() != message_bytes_ ||
+        frame_.offset() != message_.size() ||
+        frame_.data().size() > message_bytes_ - message_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "peer ", from_, " sent a frame out of sequence (", ToString(tag),
+          ", offset ", frame_.offset(), ", ", frame_.data().size(), " of ",
+          frame_.message_bytes(), " bytes)"));
+    }
+    message_.append(frame_.data());
+    ++frames_;
+    if (message_.size() == message_bytes_) {
+      service_->Deliver(epoch_, from_, tag_, std::move(message_), frames_);
+      message_ = std::string();
+      frames_ = 0;
+    }
+    return absl::OkStatus();
+  }
+
+  PeerService* const service_;
+  grpc::CallbackServerContext* const context_;
+  Frame frame_;
+  bool identified_ = false;
+  uint64_t epoch_ = 0;
+  int from_ = -1;
+  absl::Status refused_;
+  // The message being assembled.
+  Tag tag_;
+  uint64_t message_bytes_ = 0;
+  uint64_t frames_ = 0;
+  std::string message_;
+};
+
+grpc::ServerBidiReactor<Frame, PeerSignal>* PeerService::Exchange(
+    grpc::CallbackServerContext* context) {
+  return new Reactor(this, context);
+}
+
+PeerService::EpochState& PeerService::StateLocked(uint64_t epoch) {
+  return epochs_[epoch];
+}
+
+void PeerService::Deliver(uint64_t epoch, int from, const Tag& tag,
+                          std::string message, uint64_t frames) {
+  absl::MutexLock lock(&mu_);
+  if (epoch < min_epoch_) {
+    stats_.frames_dropped_old_epoch += frames;
+    return;
+  }
+  if (tag.operation < StateLocked(epoch).min_operation) {
+    stats_.frames_dropped_retired_operation += frames;
+    return;
+  }
+  ++stats_.messages_delivered;
+  mailboxes_[MailboxKey{epoch, from, tag}].push_back(std::move(message));
+}
+
+void PeerService::StreamEnded(uint64_t epoch, int from, absl::Status why) {
+  MarkPeerGone(epoch, from, why);
+}
+
+void PeerService::CountRefused() {
+  absl::MutexLock lock(&mu_);
+  ++stats_.streams_refused;
+}
+
+void PeerService::MarkPeerGone(uint64_t epoch, int peer,
+                               const absl::Status& status) {
+  GM_CHECK(!status.ok());
+  absl::MutexLock lock(&mu_);
+  if (epoch < min_epoch_) return;
+  StateLocked(epoch).gone.try_emplace(peer, status);
+}
+
+void PeerService::AbortEpoch(uint64_t epoch, const absl::Status& status) {
+  GM_CHECK(!status.ok());
+  absl::MutexLock lock(&mu_);
+  EpochState& state = StateLocked(epoch);
+  if (state.aborted.ok()) state.aborted = status;
+}
+
+void PeerService::RetireEpochsBelow(uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  if (epoch <= min_epoch_) return;
+  min_epoch_ = epoch;
+  absl::erase_if(epochs_, [&](const auto& e) { return e.first < epoch; });
+  absl::erase_if(mailboxes_,
+                 [&](const auto& m) { return m.first.epoch < epoch; });
+}
+
+void PeerService::RetireOperationsBelow(uint64_t epoch, uint64_t operation) {
+  absl::MutexLock lock(&mu_);
+  if (epoch < min_epoch_) return;
+  EpochState& state = StateLocked(epoch);
+  if (operation <= state.min_operation) return;
+  state.min_operation = operation;
+  absl::erase_if(mailboxes_, [&](const auto& m) {
+    return m.first.epoch == epoch && m.first.tag.operation < operation;
+  });
+}
+
+absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
+                                                 const Tag& tag,
+                                                 absl::Time deadline) {
+  const MailboxKey key{epoch, from, tag};
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (epoch < min_epoch_) return true;
+    const EpochState& state = StateLocked(epoch);
+    if (!state.aborted.ok() || state.gone.contains(from)) return true;
+    auto it = mailboxes_.find(key);
+    return it != mailboxes_.end() && !it->second.empty();
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  if (epoch < min_epoch_) {
+    return absl::AbortedError(
+        absl::StrCat("epoch ", epoch, " was retired while waiting for ",
+                     ToString(tag), " from peer ", from));
+  }
+  const EpochState& state = StateLocked(epoch);
+  GM_RETURN_IF_ERROR(state.aborted);
+  auto it = mailboxes_.find(key);
+  if (it == mailboxes_.end() || it->second.empty()) {
+    auto gone = state.gone.find(from);
+    if (gone != state.gone.end()) {
+      return absl::UnavailableError(absl::StrCat(
+          gone->second.message(), " while waiting for ", ToString(tag)));
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("no message from peer ", from, " for ", ToString(tag),
+                     " before the deadline"));
+  }
+  std::string message = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) mailboxes_.erase(it);
+  return message;
+}
+
+PeerService::Stats PeerService::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace gradmesh::transport
