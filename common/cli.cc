@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/flags/parse.h"
@@ -47,6 +48,24 @@ std::vector<std::string> ParseFlags(int argc, char** argv,
     }
   }
   return std::vector<std::string>(positional.begin(), positional.end());
+}
+
+bool WritePortFile(const std::string& path, const std::string& address,
+                   int metrics_port) {
+  const std::string temporary = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << address << " " << metrics_port << "\n";
+    if (!out) return false;
+  }
+  return std::rename(temporary.c_str(), path.c_str()) == 0;
+}
+
+PortFile ReadPortFile(const std::string& path) {
+  std::ifstream in(path);
+  PortFile file;
+  if (!(in >> file.address >> file.metrics_port)) return PortFile{};
+  return file;
 }
 
 }  // namespace gradmesh

@@ -22,6 +22,19 @@ namespace gradmesh {
 std::vector<std::string> ParseFlags(int argc, char** argv,
                                     absl::string_view env_prefix);
 
+// A server started on port 0 tells its launcher where it listens through a
+// port file: one line "<address> <metrics port>", written atomically (a
+// temporary file renamed into place), so a reader never sees half of it.
+bool WritePortFile(const std::string& path, const std::string& address,
+                   int metrics_port);
+
+struct PortFile {
+  std::string address;
+  int metrics_port = 0;
+};
+// Empty address when the file is absent or incomplete.
+PortFile ReadPortFile(const std::string& path);
+
 }  // namespace gradmesh
 
 #endif  // GRADMESH_COMMON_CLI_H_

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "worker/collectives/registry.h"
 #include "worker/collectives/wire.h"
+#include "worker/transport/transport.h"
 
 namespace gradmesh::server {
 namespace {
@@ -53,8 +54,11 @@ absl::Status ValidatePlanConfig(const PlanConfig& config) {
       !wire.ok()) {
     return wire.status();
   }
-  if (config.chunk_bytes == 0) {
-    return absl::InvalidArgumentError("chunk_bytes must be positive");
+  if (config.chunk_bytes == 0 ||
+      config.chunk_bytes > transport::kMaxChunkBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes must lie in [1, ", transport::kMaxChunkBytes,
+                     "], got ", config.chunk_bytes));
   }
   if (config.teams < 0) {
     return absl::InvalidArgumentError(

@@ -10,8 +10,8 @@
 // or heartbeat is more than heartbeat_timeout before `now` (exactly
 // heartbeat_timeout old still counts as alive), in one epoch. A removed
 // worker learns it from Heartbeat's NotFound and joins again, into a later
-// epoch. Workers run each epoch's operations 0, 1, ... with the plan of that
-// epoch's view.
+// epoch. Workers run each step with the plan of the newest view whose
+// start_step it has reached (a membership change applies at once).
 //
 // The plan. Algorithm, density, encodings and chunk size come from the
 // PlanConfig (the coordinator's flags). SparDL's team count d:
@@ -29,15 +29,16 @@
 // uses the rounds alone (bytes 0) and skips nothing; the untried candidates
 // are then re-ranked, and skipped where hopeless, as soon as the first trial
 // ends (its reports tell n). Each trial is an epoch whose plan has teams = d
-// and autotuning = true. An operation of that epoch is complete when every
-// member has reported it; operation 0 is a warm-up and does not count. After
+// and autotuning = true. An operation (step) of that epoch is complete when
+// every member has reported it; the first to complete warms up and does not
+// count. After
 // autotune_window complete operations the trial's time is the mean over
 // them of the slowest member's seconds, and the next candidate gets an
 // epoch. After the last, the fastest d (ties to the earlier trial) is
 // published in a new epoch with autotuning = false and a note such as
 // "autotune chose d=2 (12.300 ms) over d=1 (20.100 ms), d=4 (15.000 ms)",
 // and the link model is refitted (FitLinkModel) from the (rounds,
-// bytes_received, seconds) of the accepted reports (warm-ups excluded), so
+// bytes_received, seconds) of the accepted reports, so
 // the next round ranks with measured figures.
 //
 // Thread-safety: all methods may be called concurrently (one internal mutex).

@@ -4,7 +4,9 @@
 //                   --input-dir=IN --output-dir=OUT
 //
 // Flag names take '-' or '_' alike (--input-dir == --input_dir).
+#include <csignal>
 #include <cstdio>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -12,9 +14,11 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/cli.h"
+#include "tools/gradmesh/local.h"
 #include "tools/gradmesh/replay.h"
 #ifdef GRADMESH_HAS_CUDA
 #include "worker/kernels/force_cuda.h"
@@ -24,7 +28,9 @@ ABSL_FLAG(std::string, algo, "spardl",
           "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
           "or gaussiank");
 ABSL_FLAG(int, workers, 4, "number of in-process workers P (1..1024)");
-ABSL_FLAG(int, teams, 1, "SparDL team count d; must divide --workers");
+ABSL_FLAG(std::string, teams, "",
+          "SparDL team count d, dividing --workers; empty: 1 for replay, "
+          "auto (tuned by the coordinator) for local");
 ABSL_FLAG(int, oktopk_tau, 64, "Ok-Topk: region re-balancing period");
 ABSL_FLAG(int, oktopk_tau_prime, 32, "Ok-Topk: threshold re-evaluation period");
 ABSL_FLAG(int, quantize_bits, 0,
@@ -47,6 +53,24 @@ ABSL_FLAG(uint64_t, iterations, 5, "generated gradients: iterations");
 ABSL_FLAG(uint64_t, seed, 1,
           "seed of generated gradients and of randomized rounding");
 ABSL_FLAG(int, timeout_s, 600, "per-operation timeout in seconds");
+ABSL_FLAG(std::string, bin_dir, "",
+          "local: where gradmesh-coordinator and gradmesh-worker are (empty: "
+          "next to this program, the build tree, or PATH)");
+ABSL_FLAG(std::string, work_dir, "",
+          "local: directory for the processes' logs (empty: a new temporary "
+          "one)");
+ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20,
+          "local: largest frame on peer streams (at most 3 MiB)");
+ABSL_FLAG(int, autotune_window, 5,
+          "local: iterations measured per candidate d when d is auto");
+ABSL_FLAG(bool, verify, true,
+          "local: check that every worker gets the same result and that "
+          "inputs = result + residuals, every iteration");
+ABSL_FLAG(std::string, tls_ca, "",
+          "local: CA certificate; with --tls-cert and --tls-key every "
+          "connection uses mutual TLS (scripts/make-test-certs.sh)");
+ABSL_FLAG(std::string, tls_cert, "", "local: certificate for every process");
+ABSL_FLAG(std::string, tls_key, "", "local: its private key");
 ABSL_FLAG(std::string, topk, "auto",
           "top-k implementation: auto (the CPU for host data), cpu, or cuda "
           "(copies each span to the device; needs a CUDA build and device)");
@@ -57,6 +81,9 @@ constexpr char kUsage[] =
     "usage: gradmesh <command> [flags]\n"
     "\n"
     "commands:\n"
+    "  local    start a coordinator and P worker processes on 127.0.0.1,\n"
+    "           run iterations of seeded gradients through them, check and\n"
+    "           report each one, then shut the cluster down\n"
     "  replay   run an all-reduce algorithm on P in-process workers over\n"
     "           gradients from .npy files (or generated ones) and write every\n"
     "           rank's results, residuals and stats.json\n"
@@ -90,6 +117,13 @@ int Replay(int argc, char** argv) {
                  topk.c_str());
     return 1;
   }
+  int teams = 1;
+  if (const std::string t = absl::GetFlag(FLAGS_teams);
+      !t.empty() && !absl::SimpleAtoi(t, &teams)) {
+    std::fprintf(stderr, "gradmesh replay: --teams=%s is not a number\n",
+                 t.c_str());
+    return 1;
+  }
   const auto wire = gradmesh::collectives::WireFormat::Parse(
       absl::GetFlag(FLAGS_encoding), absl::GetFlag(FLAGS_values));
   if (!wire.ok()) {
@@ -101,7 +135,7 @@ int Replay(int argc, char** argv) {
   options.algorithm = {
       .algorithm = absl::GetFlag(FLAGS_algo),
       .density = absl::GetFlag(FLAGS_density),
-      .teams = absl::GetFlag(FLAGS_teams),
+      .teams = teams,
       .oktopk_tau = absl::GetFlag(FLAGS_oktopk_tau),
       .oktopk_tau_prime = absl::GetFlag(FLAGS_oktopk_tau_prime),
       .quantize_bits = absl::GetFlag(FLAGS_quantize_bits),
@@ -125,6 +159,66 @@ int Replay(int argc, char** argv) {
   return 0;
 }
 
+// Stops `gradmesh local` after the iteration in flight.
+std::atomic<bool> interrupted{false};
+
+int Local(int argc, char** argv) {
+  const std::vector<std::string> positional =
+      gradmesh::ParseFlags(argc, argv, "GRADMESH_");
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "gradmesh local: unexpected argument '%s'\n",
+                 positional[1].c_str());
+    return 2;
+  }
+  // The coordinator's --teams: 0 tunes d.
+  const std::string teams_flag = absl::GetFlag(FLAGS_teams);
+  int teams = 0;
+  if (teams_flag != "auto" && !teams_flag.empty() &&
+      (!absl::SimpleAtoi(teams_flag, &teams) || teams < 1)) {
+    std::fprintf(stderr,
+                 "gradmesh local: --teams=%s is not auto or a positive "
+                 "number\n",
+                 teams_flag.c_str());
+    return 2;
+  }
+  gradmesh::tools::LocalOptions options;
+  options.cluster.workers = absl::GetFlag(FLAGS_workers);
+  options.cluster.bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  options.cluster.work_dir = absl::GetFlag(FLAGS_work_dir);
+  options.cluster.tls = {.ca = absl::GetFlag(FLAGS_tls_ca),
+                         .cert = absl::GetFlag(FLAGS_tls_cert),
+                         .key = absl::GetFlag(FLAGS_tls_key)};
+  options.cluster.coordinator_flags = {
+      {"algo", absl::GetFlag(FLAGS_algo)},
+      {"density", absl::StrCat(absl::GetFlag(FLAGS_density))},
+      {"teams", absl::StrCat(teams)},
+      {"encoding", absl::GetFlag(FLAGS_encoding)},
+      {"values", absl::GetFlag(FLAGS_values)},
+      {"chunk_bytes", absl::StrCat(absl::GetFlag(FLAGS_chunk_bytes))},
+      {"autotune_window", absl::StrCat(absl::GetFlag(FLAGS_autotune_window))},
+      {"heartbeat_timeout_ms", "2000"}};
+  options.cluster.worker_flags = {
+      {"operation_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_timeout_s))},
+      {"heartbeat_interval_ms", "250"}};
+  options.n = absl::GetFlag(FLAGS_n);
+  options.iterations = absl::GetFlag(FLAGS_iterations);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  options.verify = absl::GetFlag(FLAGS_verify);
+
+  struct sigaction action = {};
+  action.sa_handler = [](int) { interrupted = true; };
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  const absl::Status status = gradmesh::tools::RunLocal(options, &interrupted);
+  if (!status.ok()) {
+    std::fprintf(stderr, "gradmesh local: %s\n",
+                 std::string(status.message()).c_str());
+    return 1;
+  }
+  return interrupted ? 130 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -144,6 +238,11 @@ int main(int argc, char** argv) {
     std::string name = absl::StrCat(argv[0], " replay");
     argv[1] = name.data();
     return Replay(argc - 1, argv + 1);
+  }
+  if (command == "local") {
+    std::string name = absl::StrCat(argv[0], " local");
+    argv[1] = name.data();
+    return Local(argc - 1, argv + 1);
   }
   if (command.empty() || command == "--help" || command == "-h" ||
       command == "help") {

@@ -49,6 +49,12 @@ struct Tag {
 
 std::string ToString(const Tag& tag);
 
+// Network transports cut messages into chunks of at most this many bytes
+// (settable, so that tests cross chunk boundaries), below gRPC's 4 MiB
+// default receive limit.
+inline constexpr uint64_t kDefaultChunkBytes = 1 << 20;
+inline constexpr uint64_t kMaxChunkBytes = 3 << 20;
+
 // Traffic of one endpoint, total and per peer.
 struct Counters {
   uint64_t messages_sent = 0;

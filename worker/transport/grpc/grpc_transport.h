@@ -36,9 +36,6 @@ namespace gradmesh::transport {
 using ChannelFactory =
     std::function<std::shared_ptr<grpc::Channel>(const std::string& address)>;
 
-inline constexpr uint64_t kDefaultChunkBytes = 1 << 20;
-inline constexpr uint64_t kMaxChunkBytes = 3 << 20;
-
 struct GrpcTransportOptions {
   PeerService* service = nullptr;  // this process's receiving side
   uint64_t epoch = 0;

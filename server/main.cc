@@ -1,0 +1,102 @@
+// gradmesh-coordinator: membership, plans, d autotune and cluster metrics.
+//
+//   gradmesh-coordinator --listen=0.0.0.0:7700 --metrics-listen=0.0.0.0:9100
+//       --algo=spardl --density=0.01 --teams=0
+//
+// Every flag may also come from GRADMESH_COORDINATOR_<FLAG> in the
+// environment. SIGTERM or SIGINT: stop cleanly.
+#include <csignal>
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "common/cli.h"
+#include "server/service.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7700",
+          "address of the coordinator service (port 0: any free port)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus /metrics on host:port (empty: off)");
+ABSL_FLAG(std::string, tls_ca, "", "CA certificate (PEM) for mutual TLS");
+ABSL_FLAG(std::string, tls_cert, "", "the coordinator's certificate (PEM)");
+ABSL_FLAG(std::string, tls_key, "", "the coordinator's private key (PEM)");
+ABSL_FLAG(std::string, algo, "spardl",
+          "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
+          "or gaussiank");
+ABSL_FLAG(double, density, 0.01, "k / n, in (0, 1]");
+ABSL_FLAG(int, teams, 0,
+          "SparDL's d: 0 tunes it (each valid d is tried, the fastest kept); "
+          "otherwise fixed (d = 1 when it does not divide the worker count)");
+ABSL_FLAG(std::string, encoding, "coo",
+          "wire encoding of sparse blocks: coo, auto, coo-tagged, delta, runs, "
+          "bitmap or dense");
+ABSL_FLAG(std::string, values, "fp32", "wire value type: fp32, fp16 or bf16");
+ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20,
+          "largest frame on peer streams (at most 3 MiB)");
+ABSL_FLAG(int, autotune_window, 5,
+          "iterations measured per candidate d (after one warm-up)");
+ABSL_FLAG(double, skip_factor, 3.0,
+          "skip candidates the alpha-beta model puts over this x the best");
+ABSL_FLAG(int, switch_lead_steps, 2,
+          "a plan change starts this many steps after the last reported one");
+ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
+          "a worker silent this long is removed (new epoch)");
+ABSL_FLAG(double, link_latency_us, 50,
+          "alpha of the link model until workers' reports allow a fit");
+ABSL_FLAG(double, link_gbps, 10,
+          "bandwidth (Gbit/s) of the link model until a fit");
+ABSL_FLAG(std::string, port_file, "",
+          "write the bound address and metrics port here once serving");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gradmesh-coordinator: membership, plans and d autotune.\n"
+      "Flags may also be set as GRADMESH_COORDINATOR_<FLAG> environment "
+      "variables.");
+  const auto args = gradmesh::ParseFlags(argc, argv, "GRADMESH_COORDINATOR_");
+  if (args.size() > 1) {
+    std::fprintf(stderr, "gradmesh-coordinator: unexpected argument '%s'\n",
+                 args[1].c_str());
+    return 2;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const double gbps = absl::GetFlag(FLAGS_link_gbps);
+  gradmesh::server::ServerOptions options{
+      .listen = absl::GetFlag(FLAGS_listen),
+      .metrics_listen = absl::GetFlag(FLAGS_metrics_listen),
+      .tls = {.ca = absl::GetFlag(FLAGS_tls_ca),
+              .cert = absl::GetFlag(FLAGS_tls_cert),
+              .key = absl::GetFlag(FLAGS_tls_key)},
+      .plan = {.algorithm = absl::GetFlag(FLAGS_algo),
+               .density = absl::GetFlag(FLAGS_density),
+               .encoding = absl::GetFlag(FLAGS_encoding),
+               .values = absl::GetFlag(FLAGS_values),
+               .chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes),
+               .teams = absl::GetFlag(FLAGS_teams),
+               .autotune_window = absl::GetFlag(FLAGS_autotune_window),
+               .skip_factor = absl::GetFlag(FLAGS_skip_factor),
+               .switch_lead_steps = absl::GetFlag(FLAGS_switch_lead_steps),
+               .link = {.alpha_s = absl::GetFlag(FLAGS_link_latency_us) * 1e-6,
+                        .beta_s_per_byte = gbps > 0 ? 8 / (gbps * 1e9) : -1}},
+      .heartbeat_timeout =
+          absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms))};
+  auto server = gradmesh::server::CoordinatorServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "gradmesh-coordinator: %s\n",
+                 server.status().ToString().c_str());
+    return 1;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    gradmesh::WritePortFile(path, (*server)->address(),
+                            (*server)->metrics_port());
+  }
+  int signal = 0;
+  sigwait(&signals, &signal);
+  (*server)->Stop();
+  return 0;
+}

@@ -1,0 +1,311 @@
+#include "server/service.h"
+
+#include <cstdio>
+#include <exception>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
+#include "gradmesh/v1/coordinator.grpc.pb.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
+
+namespace gradmesh::server {
+namespace {
+
+namespace v1 = ::gradmesh::v1;
+
+v1::View ToProto(const View& view) {
+  v1::View out;
+  out.set_epoch(view.epoch);
+  out.set_start_step(view.start_step);
+  for (const MemberInfo& m : view.members) {
+    v1::NodeInfo* node = out.add_members();
+    node->set_node_id(m.node_id);
+    node->set_address(m.address);
+    node->set_host(m.host);
+    node->set_gpus(m.gpus);
+    node->set_gpu_name(m.gpu_name);
+  }
+  v1::Plan* plan = out.mutable_plan();
+  plan->set_algorithm(view.plan.algorithm);
+  plan->set_density(view.plan.density);
+  plan->set_teams(view.plan.teams);
+  plan->set_encoding(view.plan.encoding);
+  plan->set_values(view.plan.values);
+  plan->set_chunk_bytes(view.plan.chunk_bytes);
+  plan->set_autotuning(view.plan.autotuning);
+  plan->set_note(view.plan.note);
+  return out;
+}
+
+void Log(const std::string& message) {
+  std::fprintf(stderr, "%s gradmesh-coordinator: %s\n",
+               absl::FormatTime("%Y-%m-%dT%H:%M:%E3S", absl::Now(),
+                                absl::LocalTimeZone())
+                   .c_str(),
+               message.c_str());
+}
+
+// The gauges, refreshed from the state machine by the ticker.
+class Metrics {
+ public:
+  Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+    auto gauge = [&](const char* name, const char* help) {
+      return &prometheus::BuildGauge().Name(name).Help(help).Register(
+          *registry_);
+    };
+    members_ = &gauge("gradmesh_coordinator_members", "Members of the view")
+                    ->Add({});
+    epoch_ = &gauge("gradmesh_coordinator_epoch", "Current epoch")->Add({});
+    teams_ = &gauge("gradmesh_coordinator_teams", "SparDL's d in the plan")
+                  ->Add({});
+    autotuning_ = &gauge("gradmesh_coordinator_autotuning",
+                         "1 while an autotune trial runs")
+                       ->Add({});
+    plan_info_ = gauge("gradmesh_coordinator_plan_info",
+                       "The plan's algorithm and encodings (value 1)");
+    trial_seconds_ = gauge("gradmesh_coordinator_autotune_trial_seconds",
+                           "Mean iteration time of each tried d");
+    modeled_seconds_ = gauge("gradmesh_coordinator_autotune_modeled_seconds",
+                             "Alpha-beta model's time of each candidate d");
+    iteration_seconds_ = gauge("gradmesh_coordinator_iteration_seconds",
+                               "Latest all-reduce time reported, per node");
+    alpha_ = &gauge("gradmesh_coordinator_link_alpha_seconds",
+                    "Link latency per round (fitted or configured)")
+                  ->Add({});
+    beta_ = &gauge("gradmesh_coordinator_link_beta_seconds_per_byte",
+                   "Link time per byte (fitted or configured)")
+                 ->Add({});
+  }
+
+  absl::Status Serve(const std::string& listen) {
+    if (listen.empty()) return absl::OkStatus();
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve /metrics on ", listen, ": ", e.what()));
+    }
+    exposer_->RegisterCollectable(registry_);
+    return absl::OkStatus();
+  }
+
+  int port() const {
+    if (exposer_ == nullptr) return 0;
+    const auto ports = exposer_->GetListeningPorts();
+    return ports.empty() ? 0 : ports.front();
+  }
+
+  void Refresh(const Coordinator& coordinator) {
+    const View view = coordinator.view();
+    members_->Set(static_cast<double>(view.members.size()));
+    epoch_->Set(static_cast<double>(view.epoch));
+    teams_->Set(view.plan.teams);
+    autotuning_->Set(view.plan.autotuning ? 1 : 0);
+    plan_info_
+        ->Add({{"algorithm", view.plan.algorithm},
+               {"encoding", view.plan.encoding},
+               {"values", view.plan.values}})
+        .Set(1);
+    for (const Trial& trial : coordinator.trials()) {
+      const std::string d = absl::StrCat(trial.teams);
+      modeled_seconds_->Add({{"d", d}}).Set(trial.modeled_seconds);
+      if (trial.iterations > 0) {
+        trial_seconds_->Add({{"d", d}}).Set(trial.mean_seconds);
+      }
+    }
+    for (const auto& [node, seconds] : coordinator.last_iteration_seconds()) {
+      iteration_seconds_->Add({{"node", node}}).Set(seconds);
+    }
+    const LinkModel link = coordinator.link();
+    alpha_->Set(link.alpha_s);
+    beta_->Set(link.beta_s_per_byte);
+  }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Gauge* members_;
+  prometheus::Gauge* epoch_;
+  prometheus::Gauge* teams_;
+  prometheus::Gauge* autotuning_;
+  prometheus::Family<prometheus::Gauge>* plan_info_;
+  prometheus::Family<prometheus::Gauge>* trial_seconds_;
+  prometheus::Family<prometheus::Gauge>* modeled_seconds_;
+  prometheus::Family<prometheus::Gauge>* iteration_seconds_;
+  prometheus::Gauge* alpha_;
+  prometheus::Gauge* beta_;
+};
+
+class Server final : public CoordinatorServer, public v1::Coordinator::Service {
+ public:
+  explicit Server(const ServerOptions& options)
+      : options_(options),
+        coordinator_(options.plan, options.heartbeat_timeout) {}
+  ~Server() override { Stop(); }
+
+  absl::Status Init() {
+    GM_RETURN_IF_ERROR(ValidatePlanConfig(options_.plan));
+    if (options_.heartbeat_timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("the heartbeat timeout must be positive");
+    }
+    GM_ASSIGN_OR_RETURN(auto credentials, ServerCredentials(options_.tls));
+    GM_RETURN_IF_ERROR(metrics_.Serve(options_.metrics_listen));
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(options_.listen, credentials, &port);
+    builder.RegisterService(this);
+    grpc::EnableDefaultHealthCheckService(true);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on ", options_.listen));
+    }
+    address_ = absl::StrCat(
+        options_.listen.substr(0, options_.listen.rfind(':')), ":", port);
+    ticker_ = std::thread([this] { Tick(); });
+    Log(absl::StrCat("serving on ", address_,
+                     options_.tls.enabled() ? " (mutual TLS)" : " (plaintext)",
+                     metrics_.port() > 0
+                         ? absl::StrCat(", /metrics on port ", metrics_.port())
+                         : ""));
+    return absl::OkStatus();
+  }
+
+  void Stop() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_ || server_ == nullptr) return;
+      stopping_ = true;
+    }
+    if (ticker_.joinable()) ticker_.join();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    Log("stopped");
+  }
+
+  std::string address() const override { return address_; }
+  int metrics_port() const override { return metrics_.port(); }
+
+  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest* request,
+                    v1::JoinResponse* response) override {
+    const v1::NodeInfo& node = request->node();
+    auto view = coordinator_.Join({.node_id = node.node_id(),
+                                   .address = node.address(),
+                                   .host = node.host(),
+                                   .gpus = node.gpus(),
+                                   .gpu_name = node.gpu_name()},
+                                  absl::Now());
+    if (!view.ok()) return ToGrpc(view.status());
+    *response->mutable_view() = ToProto(*view);
+    Log(absl::StrCat(node.node_id(), " joined: epoch ", view->epoch, ", ",
+                     view->members.size(), " members"));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*,
+                         const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override {
+    GM_RETURN_IF_ERROR_GRPC(coordinator_.Heartbeat(request->node_id(),
+                                                   absl::Now()));
+    response->set_epoch(coordinator_.view().epoch);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Leave(grpc::ServerContext*, const v1::LeaveRequest* request,
+                     v1::LeaveResponse*) override {
+    GM_RETURN_IF_ERROR_GRPC(coordinator_.Leave(request->node_id()));
+    Log(absl::StrCat(request->node_id(), " left: epoch ",
+                     coordinator_.view().epoch));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchViews(grpc::ServerContext* context,
+                          const v1::WatchRequest* request,
+                          grpc::ServerWriter<v1::View>* writer) override {
+    uint64_t after = request->after_epoch();
+    while (!context->IsCancelled()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) break;
+      }
+      const View view = coordinator_.WaitForView(
+          after, absl::Now() + absl::Milliseconds(200));
+      if (view.epoch <= after) continue;
+      if (!writer->Write(ToProto(view))) break;
+      after = view.epoch;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReportStats(grpc::ServerContext*,
+                           const v1::ReportStatsRequest* request,
+                           v1::ReportStatsResponse*) override {
+    for (const v1::IterationStats& s : request->iterations()) {
+      const uint64_t before = coordinator_.view().epoch;
+      GM_RETURN_IF_ERROR_GRPC(coordinator_.Report(
+          {.node_id = s.node_id(),
+           .epoch = s.epoch(),
+           .operation = s.step(),
+           .seconds = s.seconds(),
+           .rounds = s.rounds(),
+           .bytes_sent = s.bytes_sent(),
+           .bytes_received = s.bytes_received(),
+           .values = s.values()}));
+      const View view = coordinator_.view();
+      if (view.epoch != before) {
+        Log(absl::StrCat("epoch ", view.epoch, " from step ", view.start_step,
+                         ": d=", view.plan.teams, " (", view.plan.note, ")"));
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  // Expires silent members and refreshes the gauges.
+  void Tick() {
+    uint64_t epoch = 0;
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                             absl::Milliseconds(100));
+        if (stopping_) return;
+      }
+      coordinator_.Tick(absl::Now());
+      const View view = coordinator_.view();
+      if (view.epoch != epoch && epoch != 0 &&
+          view.members.size() != last_members_) {
+        Log(absl::StrCat("epoch ", view.epoch, ": ", view.members.size(),
+                         " members"));
+      }
+      epoch = view.epoch;
+      last_members_ = view.members.size();
+      metrics_.Refresh(coordinator_);
+    }
+  }
+
+  const ServerOptions options_;
+  Coordinator coordinator_;
+  Metrics metrics_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::thread ticker_;
+  size_t last_members_ = 0;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const ServerOptions& options) {
+  auto server = std::make_unique<Server>(options);
+  GM_RETURN_IF_ERROR(server->Init());
+  return server;
+}
+
+}  // namespace gradmesh::server

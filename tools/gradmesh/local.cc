@@ -1,0 +1,186 @@
+#include "tools/gradmesh/local.h"
+
+#include <cmath>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "tools/gradmesh/synthetic.h"
+
+namespace gradmesh::tools {
+
+namespace {
+
+// Whether all workers got the bitwise same result, and whether the inputs of
+// the iteration (gradients + residuals before) equal the result plus the
+// residuals after, index by index within float rounding.
+absl::Status Check(const std::vector<std::vector<float>>& inputs,
+                   const std::vector<client::Reduced>& runs) {
+  const client::ReducedTensor& first = runs[0].tensors[0];
+  for (size_t w = 1; w < runs.size(); ++w) {
+    const client::ReducedTensor& other = runs[w].tensors[0];
+    if (other.indices != first.indices || other.values != first.values) {
+      return absl::DataLossError(
+          absl::StrCat("worker ", w, "'s result differs from worker 0's"));
+    }
+  }
+  const size_t n = inputs[0].size();
+  std::vector<double> in(n, 0.0), scale(n, 0.0), out(n, 0.0);
+  for (size_t w = 0; w < runs.size(); ++w) {
+    const std::vector<float>& residual = runs[w].tensors[0].residual;
+    for (size_t i = 0; i < n; ++i) {
+      in[i] += inputs[w][i];
+      scale[i] += std::fabs(inputs[w][i]);
+      out[i] += residual[i];
+    }
+  }
+  for (size_t e = 0; e < first.indices.size(); ++e) {
+    out[first.indices[e]] += first.values[e];
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (std::fabs(out[i] - in[i]) > 1e-5 * scale[i] + 1e-30) {
+      return absl::DataLossError(absl::StrCat(
+          "mass not conserved at index ", i, ": inputs ", in[i],
+          ", result + residuals ", out[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunLocal(const LocalOptions& options,
+                      const std::atomic<bool>* interrupted) {
+  const int P = options.cluster.workers;
+  std::printf("gradmesh local: starting a coordinator and %d workers\n", P);
+  std::fflush(stdout);
+  GM_ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster,
+                      LocalCluster::Start(options.cluster));
+  std::printf("gradmesh local: coordinator %s (/metrics on port %d), logs "
+              "in %s\n",
+              cluster->coordinator_address().c_str(),
+              cluster->coordinator_metrics_port(), cluster->work_dir().c_str());
+  GM_RETURN_IF_ERROR(cluster->WaitForView(P, options.cluster.start_timeout));
+  std::printf("gradmesh local: %d workers joined; %llu iterations of %llu "
+              "values\n",
+              P, static_cast<unsigned long long>(options.iterations),
+              static_cast<unsigned long long>(options.n));
+  std::fflush(stdout);
+
+  // residuals[w]: worker w's residual as of its last successful iteration
+  // (zeros at first); known = they are up to date.
+  std::vector<std::vector<float>> residuals(P,
+                                            std::vector<float>(options.n, 0));
+  bool known = true;
+  int failures = 0;
+  double total_seconds = 0;
+  int timed = 0;
+  for (uint64_t it = 0; it < options.iterations; ++it) {
+    if (interrupted != nullptr && interrupted->load()) {
+      std::printf("gradmesh local: interrupted after %llu iterations\n",
+                  static_cast<unsigned long long>(it));
+      break;
+    }
+    std::vector<std::vector<float>> inputs(P);
+    std::vector<absl::StatusOr<client::Reduced>> runs(
+        P, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    const absl::Time start = absl::Now();
+    for (int w = 0; w < P; ++w) {
+      threads.emplace_back([&, w] {
+        std::vector<float> gradient(options.n);
+        SyntheticGradient(options.seed, w, it, absl::MakeSpan(gradient));
+        inputs[w] = gradient;
+        runs[w] = cluster->client(w).AllReduce(
+            it, {{"gradient", std::move(gradient)}}, options.verify,
+            options.timeout);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+
+    std::string error;
+    for (int w = 0; w < P && error.empty(); ++w) {
+      if (!runs[w].ok()) {
+        error = absl::StrCat("worker ", w, ": ", runs[w].status().ToString());
+      }
+    }
+    if (!error.empty()) {
+      ++failures;
+      known = false;  // some residuals moved without telling us
+      std::printf("iter %3llu  FAILED  %s (gradients kept in residuals)\n",
+                  static_cast<unsigned long long>(it), error.c_str());
+      std::fflush(stdout);
+      continue;
+    }
+    std::vector<client::Reduced> ok;
+    double slowest = 0, sent = 0;
+    for (int w = 0; w < P; ++w) {
+      ok.push_back(*std::move(runs[w]));
+      slowest = std::max(slowest, ok.back().seconds);
+      sent += static_cast<double>(ok.back().bytes_sent);
+    }
+    std::string check = "unchecked";
+    if (options.verify) {
+      if (known) {
+        for (int w = 0; w < P; ++w) {
+          for (uint64_t i = 0; i < options.n; ++i) {
+            inputs[w][i] += residuals[w][i];
+          }
+        }
+        GM_RETURN_IF_ERROR(Check(inputs, ok));
+        check = "checked";
+      } else {
+        check = "identical";
+        for (int w = 1; w < P; ++w) {
+          if (ok[w].tensors[0].indices != ok[0].tensors[0].indices ||
+              ok[w].tensors[0].values != ok[0].tensors[0].values) {
+            return absl::DataLossError(absl::StrCat(
+                "iteration ", it, ": worker ", w, "'s result differs"));
+          }
+        }
+      }
+      for (int w = 0; w < P; ++w) residuals[w] = ok[w].tensors[0].residual;
+      known = true;
+    }
+    if (it > 0) {
+      total_seconds += slowest;
+      ++timed;
+    }
+    std::printf(
+        "iter %3llu  %8.2f ms  (call %7.2f ms)  %10.0f B sent/worker  "
+        "%6zu nonzeros  %s d=%d  epoch %llu  %s\n",
+        static_cast<unsigned long long>(it), slowest * 1e3, wall * 1e3,
+        sent / P, ok[0].tensors[0].indices.size(), ok[0].algorithm.c_str(),
+        ok[0].teams, static_cast<unsigned long long>(ok[0].epoch),
+        check.c_str());
+    std::fflush(stdout);
+  }
+  auto status = cluster->client(0).GetStatus(absl::Seconds(5));
+  if (status.ok()) {
+    std::printf("gradmesh local: plan %s d=%d%s\n",
+                status->plan().algorithm().c_str(), status->plan().teams(),
+                status->plan().note().empty()
+                    ? ""
+                    : absl::StrCat(" (", status->plan().note(), ")").c_str());
+  }
+  if (timed > 0) {
+    std::printf("gradmesh local: mean iteration %.2f ms over %d iterations "
+                "(the first excluded)\n",
+                total_seconds / timed * 1e3, timed);
+  }
+  const absl::Status stopped = cluster->Stop();
+  std::printf("gradmesh local: cluster stopped%s\n",
+              stopped.ok() ? "" : absl::StrCat(" (", stopped.message(), ")").c_str());
+  if (failures > 0) {
+    return absl::UnavailableError(
+        absl::StrCat(failures, " iterations failed; logs in ",
+                     cluster->work_dir()));
+  }
+  return stopped;
+}
+
+}  // namespace gradmesh::tools

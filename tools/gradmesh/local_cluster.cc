@@ -1,0 +1,297 @@
+#include "tools/gradmesh/local_cluster.h"
+
+#include <signal.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/cli.h"
+#include "common/status_macros.h"
+
+namespace gradmesh::tools {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool Executable(const fs::path& path) {
+  return access(path.c_str(), X_OK) == 0 && fs::is_regular_file(path);
+}
+
+// The last lines of a log, for error messages.
+std::string Tail(const std::string& path, int lines = 5) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > static_cast<size_t>(lines) ? all.size() - lines
+                                                          : 0;
+       i < all.size(); ++i) {
+    absl::StrAppend(&out, "\n  ", all[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FindBinary(const std::string& name,
+                                       const std::string& bin_dir) {
+  if (!bin_dir.empty()) {
+    const fs::path path = fs::path(bin_dir) / name;
+    if (Executable(path)) return path.string();
+    return absl::NotFoundError(
+        absl::StrCat(name, " is not in --bin-dir ", bin_dir));
+  }
+  std::error_code error;
+  const fs::path self = fs::read_symlink("/proc/self/exe", error);
+  std::vector<fs::path> candidates;
+  if (!error) {
+    const fs::path dir = self.parent_path();
+    candidates.push_back(dir / name);
+    // The build tree: build/tools/gradmesh/gradmesh next to
+    // build/worker/daemon/gradmesh-worker and build/server/....
+    const fs::path root = dir.parent_path().parent_path();
+    candidates.push_back(root / "worker" / "daemon" / name);
+    candidates.push_back(root / "server" / name);
+  }
+  if (const char* path = std::getenv("PATH")) {
+    for (absl::string_view dir : absl::StrSplit(path, ':')) {
+      if (!dir.empty()) candidates.push_back(fs::path(std::string(dir)) / name);
+    }
+  }
+  for (const fs::path& candidate : candidates) {
+    if (Executable(candidate)) return candidate.string();
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "cannot find ", name, " next to this program, in the build tree or on "
+      "PATH; build it or pass --bin-dir"));
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const LocalClusterOptions& options) {
+  if (options.workers < 1 || options.workers > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a local cluster has 1..64 workers, not ", options.workers));
+  }
+  GM_ASSIGN_OR_RETURN(const std::string coordinator_binary,
+                      FindBinary("gradmesh-coordinator", options.bin_dir));
+  GM_ASSIGN_OR_RETURN(const std::string worker_binary,
+                      FindBinary("gradmesh-worker", options.bin_dir));
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster());
+  cluster->options_ = options;
+  if (options.work_dir.empty()) {
+    std::string pattern =
+        (fs::temp_directory_path() / "gradmesh-local-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("mkdtemp: ", std::strerror(errno)));
+    }
+    cluster->work_dir_ = pattern;
+  } else {
+    std::error_code error;
+    fs::create_directories(options.work_dir, error);
+    if (error) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot create ", options.work_dir, ": ", error.message()));
+    }
+    cluster->work_dir_ = options.work_dir;
+  }
+  auto tls_args = [&](std::vector<std::string>& args) {
+    if (!options.tls.enabled()) return;
+    args.push_back(absl::StrCat("--tls_ca=", options.tls.ca));
+    args.push_back(absl::StrCat("--tls_cert=", options.tls.cert));
+    args.push_back(absl::StrCat("--tls_key=", options.tls.key));
+  };
+  const absl::Time deadline = absl::Now() + options.start_timeout;
+
+  std::vector<std::string> args = {"--listen=127.0.0.1:0",
+                                   "--metrics_listen=127.0.0.1:0"};
+  for (const auto& [flag, value] : options.coordinator_flags) {
+    args.push_back(absl::StrCat("--", flag, "=", value));
+  }
+  tls_args(args);
+  GM_RETURN_IF_ERROR(cluster->Spawn(coordinator_binary, "coordinator", args,
+                                    &cluster->coordinator_));
+  GM_RETURN_IF_ERROR(cluster->AwaitPortFile(&cluster->coordinator_, deadline));
+
+  cluster->workers_.resize(options.workers);
+  for (int w = 0; w < options.workers; ++w) {
+    const std::string name = absl::StrFormat("worker-%02d", w);
+    args = {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+            absl::StrCat("--coordinator=", cluster->coordinator_.address),
+            absl::StrCat("--node_id=", name)};
+    for (const auto& [flag, value] : options.worker_flags) {
+      args.push_back(absl::StrCat("--", flag, "=", value));
+    }
+    tls_args(args);
+    GM_RETURN_IF_ERROR(
+        cluster->Spawn(worker_binary, name, args, &cluster->workers_[w]));
+  }
+  for (Process& worker : cluster->workers_) {
+    GM_RETURN_IF_ERROR(cluster->AwaitPortFile(&worker, deadline));
+    GM_ASSIGN_OR_RETURN(worker.client, client::WorkerClient::Connect(
+                                           worker.address, options.tls));
+  }
+  return cluster;
+}
+
+absl::Status LocalCluster::Spawn(const std::string& binary,
+                                 const std::string& name,
+                                 std::vector<std::string> args,
+                                 Process* process) {
+  process->name = name;
+  const std::string log = (fs::path(work_dir_) / (name + ".log")).string();
+  const std::string port_file =
+      (fs::path(work_dir_) / (name + ".port")).string();
+  std::remove(port_file.c_str());
+  args.insert(args.begin(), binary);
+  args.push_back(absl::StrCat("--port_file=", port_file));
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    // The child: die with the launcher, log to a file, run the binary.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  process->pid = pid;
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::AwaitPortFile(Process* process,
+                                         absl::Time deadline) {
+  const std::string port_file =
+      (fs::path(work_dir_) / (process->name + ".port")).string();
+  const std::string log =
+      (fs::path(work_dir_) / (process->name + ".log")).string();
+  while (true) {
+    const PortFile file = ReadPortFile(port_file);
+    if (!file.address.empty()) {
+      process->address = file.address;
+      process->metrics_port = file.metrics_port;
+      return absl::OkStatus();
+    }
+    int status = 0;
+    if (waitpid(process->pid, &status, WNOHANG) == process->pid) {
+      process->pid = -1;
+      return absl::UnavailableError(absl::StrCat(
+          process->name, " exited before serving; its log ", log, Tail(log)));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          process->name, " did not start in time; its log ", log, Tail(log)));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+absl::Status LocalCluster::WaitForView(int members, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last;
+  while (true) {
+    uint64_t epoch = 0;
+    bool agreed = true;
+    for (Process& worker : workers_) {
+      if (worker.pid <= 0) continue;
+      auto status = worker.client->GetStatus(absl::Seconds(2));
+      if (!status.ok() || status->world_size() != members ||
+          status->rank() < 0 || (epoch != 0 && status->epoch() != epoch)) {
+        agreed = false;
+        last = status.ok() ? absl::StrCat(worker.name, " is in epoch ",
+                                          status->epoch(), " of ",
+                                          status->world_size(), " members")
+                           : absl::StrCat(worker.name, ": ",
+                                          status.status().ToString());
+        break;
+      }
+      epoch = status->epoch();
+    }
+    if (agreed) return absl::OkStatus();
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the workers did not form a view of ", members,
+                       " members in time (", last, ")"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+std::string LocalCluster::worker_log(int worker) const {
+  return (fs::path(work_dir_) / (workers_[worker].name + ".log")).string();
+}
+
+void LocalCluster::Kill(int worker, int signal) {
+  Process& p = workers_[worker];
+  if (p.pid <= 0) return;
+  kill(p.pid, signal);
+  if (signal == SIGKILL) {
+    waitpid(p.pid, nullptr, 0);
+    p.pid = -1;
+  }
+}
+
+absl::Status LocalCluster::Stop() {
+  std::vector<Process*> running;
+  for (Process& w : workers_) {
+    if (w.pid > 0) running.push_back(&w);
+  }
+  // Workers first, so that they can leave the coordinator.
+  for (Process* p : running) kill(p->pid, SIGTERM);
+  absl::Status result;
+  auto reap = [&](Process* p) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    int status = 0;
+    while (waitpid(p->pid, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, &status, 0);
+        result.Update(absl::DeadlineExceededError(
+            absl::StrCat(p->name, " ignored SIGTERM for 10 s; killed")));
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+      result.Update(absl::InternalError(absl::StrCat(
+          p->name, " exited with status ", WEXITSTATUS(status))));
+    }
+    p->pid = -1;
+  };
+  for (Process* p : running) reap(p);
+  if (coordinator_.pid > 0) {
+    kill(coordinator_.pid, SIGTERM);
+    reap(&coordinator_);
+  }
+  return result;
+}
+
+LocalCluster::~LocalCluster() { Stop().IgnoreError(); }
+
+}  // namespace gradmesh::tools

@@ -1,0 +1,80 @@
+// gradmesh-worker: the worker daemon of one GPU node.
+//
+//   gradmesh-worker --coordinator=10.0.0.1:7700 --listen=0.0.0.0:7701
+//       --advertise=10.0.0.2:7701 --metrics-listen=0.0.0.0:9101
+//
+// Every flag may also come from GRADMESH_WORKER_<FLAG> in the environment.
+// SIGTERM or SIGINT: leave the coordinator and stop cleanly.
+#include <csignal>
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "common/cli.h"
+#include "worker/daemon/daemon.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7700",
+          "coordinator address, host:port");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "address of the peer and worker services (port 0: any free port)");
+ABSL_FLAG(std::string, advertise, "",
+          "address others dial (default: the listen host and bound port)");
+ABSL_FLAG(std::string, node_id, "",
+          "stable identity; ranks sort by it (default: the advertised address)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus /metrics on host:port (empty: off)");
+ABSL_FLAG(std::string, tls_ca, "", "CA certificate (PEM) for mutual TLS");
+ABSL_FLAG(std::string, tls_cert, "", "this worker's certificate (PEM)");
+ABSL_FLAG(std::string, tls_key, "", "this worker's private key (PEM)");
+ABSL_FLAG(double, operation_timeout_s, 30,
+          "an all-reduce that takes longer fails with DeadlineExceeded");
+ABSL_FLAG(int, heartbeat_interval_ms, 500, "heartbeat period");
+ABSL_FLAG(std::string, port_file, "",
+          "write the advertised address and metrics port here once serving "
+          "(for scripts that start workers on port 0)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gradmesh-worker: the gradmesh worker daemon.\n"
+      "Flags may also be set as GRADMESH_WORKER_<FLAG> environment variables.");
+  const auto args = gradmesh::ParseFlags(argc, argv, "GRADMESH_WORKER_");
+  if (args.size() > 1) {
+    std::fprintf(stderr, "gradmesh-worker: unexpected argument '%s'\n",
+                 args[1].c_str());
+    return 2;
+  }
+  // Signals are taken by sigwait below; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const double timeout = absl::GetFlag(FLAGS_operation_timeout_s);
+  auto daemon = gradmesh::daemon::WorkerDaemon::Start(
+      {.listen = absl::GetFlag(FLAGS_listen),
+       .advertise = absl::GetFlag(FLAGS_advertise),
+       .coordinator = absl::GetFlag(FLAGS_coordinator),
+       .node_id = absl::GetFlag(FLAGS_node_id),
+       .metrics_listen = absl::GetFlag(FLAGS_metrics_listen),
+       .tls = {.ca = absl::GetFlag(FLAGS_tls_ca),
+               .cert = absl::GetFlag(FLAGS_tls_cert),
+               .key = absl::GetFlag(FLAGS_tls_key)},
+       .operation_timeout = timeout > 0 ? absl::Seconds(timeout)
+                                        : absl::ZeroDuration(),
+       .heartbeat_interval =
+           absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms))});
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "gradmesh-worker: %s\n",
+                 daemon.status().ToString().c_str());
+    return 1;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    gradmesh::WritePortFile(path, (*daemon)->address(),
+                            (*daemon)->metrics_port());
+  }
+  int signal = 0;
+  sigwait(&signals, &signal);
+  (*daemon)->Stop();
+  return 0;
+}
