@@ -8,7 +8,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   prometheus-cpp-dev libssl-dev zlib1g-dev
-  clang clang-format libclang-rt-14-dev python3
+  clang clang-format libclang-rt-14-dev python3 openssl curl
 )
 
 missing=()

@@ -50,10 +50,13 @@ void Log(const std::string& message) {
                message.c_str());
 }
 
-// The gauges, refreshed from the state machine by the ticker.
+// The gauges, refreshed from the state machine at every scrape.
 class Metrics {
  public:
-  Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  explicit Metrics(const Coordinator* coordinator)
+      : coordinator_(coordinator),
+        registry_(std::make_shared<prometheus::Registry>()),
+        fresh_(std::make_shared<Fresh>(this)) {
     auto gauge = [&](const char* name, const char* help) {
       return &prometheus::BuildGauge().Name(name).Help(help).Register(
           *registry_);
@@ -90,7 +93,7 @@ class Metrics {
       return absl::UnavailableError(
           absl::StrCat("cannot serve /metrics on ", listen, ": ", e.what()));
     }
-    exposer_->RegisterCollectable(registry_);
+    exposer_->RegisterCollectable(fresh_);
     return absl::OkStatus();
   }
 
@@ -100,7 +103,8 @@ class Metrics {
     return ports.empty() ? 0 : ports.front();
   }
 
-  void Refresh(const Coordinator& coordinator) {
+  void Refresh() {
+    const Coordinator& coordinator = *coordinator_;
     const View view = coordinator.view();
     members_->Set(static_cast<double>(view.members.size()));
     epoch_->Set(static_cast<double>(view.epoch));
@@ -127,7 +131,22 @@ class Metrics {
   }
 
  private:
+  // Refreshes the gauges, then hands them to the exposer.
+  class Fresh final : public prometheus::Collectable {
+   public:
+    explicit Fresh(Metrics* metrics) : metrics_(metrics) {}
+    std::vector<prometheus::MetricFamily> Collect() const override {
+      metrics_->Refresh();
+      return metrics_->registry_->Collect();
+    }
+
+   private:
+    Metrics* const metrics_;
+  };
+
+  const Coordinator* const coordinator_;
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<Fresh> fresh_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   prometheus::Gauge* members_;
   prometheus::Gauge* epoch_;
@@ -145,7 +164,8 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
  public:
   explicit Server(const ServerOptions& options)
       : options_(options),
-        coordinator_(options.plan, options.heartbeat_timeout) {}
+        coordinator_(options.plan, options.heartbeat_timeout),
+        metrics_(&coordinator_) {}
   ~Server() override { Stop(); }
 
   absl::Status Init() {
@@ -265,7 +285,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   }
 
  private:
-  // Expires silent members and refreshes the gauges.
+  // Expires silent members.
   void Tick() {
     uint64_t epoch = 0;
     while (true) {
@@ -284,7 +304,6 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
       }
       epoch = view.epoch;
       last_members_ = view.members.size();
-      metrics_.Refresh(coordinator_);
     }
   }
 

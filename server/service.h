@@ -14,6 +14,7 @@
 //   gradmesh_coordinator_autotune_modeled_seconds{d}     gauge: alpha-beta model
 //   gradmesh_coordinator_iteration_seconds{node}         gauge: latest report
 //   gradmesh_coordinator_link_alpha_seconds, _link_beta_seconds_per_byte
+// Each scrape reads the state machine afresh.
 //
 // Thread-safe. Membership is checked every 100 ms (heartbeat timeouts).
 #ifndef GRADMESH_SERVER_SERVICE_H_

@@ -633,12 +633,18 @@ void Daemon::Stop() {
   }
   if (watch_thread_.joinable()) watch_thread_.join();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  absl::MutexLock op_lock(&op_mu_);
-  engine_group_.reset();
-  absl::MutexLock lock(&state_mu_);
-  current_.reset();
-  pending_.reset();
+  // Close this worker's streams first, so that peers stopping at the same
+  // time see theirs end; then stop serving (what peers still send is cut).
+  std::vector<std::shared_ptr<Group>> groups;
+  {
+    absl::MutexLock op_lock(&op_mu_);
+    groups.push_back(std::move(engine_group_));
+    absl::MutexLock lock(&state_mu_);
+    groups.push_back(std::move(current_));
+    groups.push_back(std::move(pending_));
+  }
+  groups.clear();
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
 }
 
 }  // namespace
