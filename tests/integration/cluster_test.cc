@@ -9,12 +9,16 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "gradmesh/v1/peer.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tools/gradmesh/local.h"
 #include "tools/gradmesh/local_cluster.h"
@@ -251,6 +255,71 @@ TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
     EXPECT_TRUE(absl::StrContains(worker, series))
         << series << " missing from\n" << worker;
   }
+}
+
+// Makes a CA and a node certificate in a new directory.
+TlsFiles MakeCertificates(const std::string& name) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           absl::StrCat("gradmesh-certs-", getpid(), "-", name))
+                              .string();
+  const std::string command = absl::StrCat(
+      GRADMESH_SOURCE_DIR, "/scripts/make-test-certs.sh ", dir, " >/dev/null");
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  return {.ca = dir + "/ca.pem",
+          .cert = dir + "/node.pem",
+          .key = dir + "/node.key"};
+}
+
+// With mutual TLS the cluster works, and a peer without a valid certificate
+// (none, or one from another CA) is refused by workers and coordinator.
+TEST(TlsClusterTest, MembersTalkAndStrangersAreRefused) {
+  const TlsFiles tls = MakeCertificates("cluster");
+  const TlsFiles stranger = MakeCertificates("stranger");
+  LocalOptions options;
+  options.cluster.workers = 3;
+  options.cluster.tls = tls;
+  options.cluster.coordinator_flags = {{"algo", "spardl"}, {"teams", "1"}};
+  options.n = 5000;
+  options.iterations = 3;
+  EXPECT_TRUE(RunLocal(options, nullptr).ok());
+
+  auto cluster = LocalCluster::Start(options.cluster);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForView(3, absl::Seconds(30)).ok());
+  const std::string worker = (*cluster)->worker_address(0);
+  for (const TlsFiles& wrong : {TlsFiles{}, stranger}) {
+    auto client = client::WorkerClient::Connect(worker, wrong);
+    ASSERT_TRUE(client.ok());
+    auto status = (*client)->GetStatus(absl::Seconds(5));
+    EXPECT_TRUE(absl::IsUnavailable(status.status())) << status.status();
+  }
+  // A TLS client with no certificate of its own, on the peer exchange.
+  grpc::SslCredentialsOptions anonymous;
+  {
+    std::ifstream in(tls.ca);
+    std::stringstream pem;
+    pem << in.rdbuf();
+    anonymous.pem_root_certs = pem.str();
+  }
+  auto channel =
+      grpc::CreateChannel(worker, grpc::SslCredentials(anonymous));
+  auto stub = gradmesh::v1::Peer::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  auto stream = stub->Exchange(&context);
+  gradmesh::v1::Frame frame;
+  frame.set_message_bytes(1);
+  frame.set_data("x");
+  stream->Write(frame);
+  stream->WritesDone();
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  // The members still agree: nothing got in.
+  auto good = client::WorkerClient::Connect(worker, tls);
+  ASSERT_TRUE(good.ok());
+  auto status = (*good)->GetStatus(absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->world_size(), 3);
+  EXPECT_TRUE((*cluster)->Stop().ok());
 }
 
 }  // namespace

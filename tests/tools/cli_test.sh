@@ -42,4 +42,36 @@ grep -q '"bsag_h"' "$work/out/stats.json" || fail "stats.json lacks bsag_h"
     --values=bf16 --output-dir="$work/out" --overwrite >/dev/null
 grep -q '"coo_bytes_received"' "$work/out/stats.json" ||
     fail "stats.json lacks the bytes without encoding"
+
+# gradmesh local: a coordinator and worker processes on 127.0.0.1.
+grep -q "local" <<<"$help" || fail "--help does not list local"
+expect_local_error() {  # expect_local_error PATTERN ARGS...
+  local pattern=$1; shift
+  local err rc=0
+  err=$("$gradmesh" local "$@" 2>&1 >/dev/null) || rc=$?
+  [[ $rc -ne 0 ]] || fail "local $* exited 0"
+  grep -q -- "$pattern" <<<"$err" || fail "local $*: '$err' lacks '$pattern'"
+}
+expect_local_error "1..64 workers" --workers=0
+expect_local_error "not auto or a positive number" --teams=x
+expect_local_error "unknown algorithm" --algo=nope --work-dir="$work/bad"
+expect_local_error "is not in --bin-dir" --bin-dir="$work"
+"$gradmesh" local --workers=3 --n=3000 --iterations=4 --teams=3 \
+    --work-dir="$work/local" >"$work/local.out"
+grep -q "iter   3 .* spardl d=3 .* checked" "$work/local.out" ||
+    fail "local: no checked iteration 3: $(cat "$work/local.out")"
+grep -q "cluster stopped$" "$work/local.out" || fail "local: no clean stop"
+grep -q "epoch=.* rank=" "$work/local/worker-00.log" ||
+    fail "worker logs lack epoch and rank"
+# Ctrl-C stops after the iteration in flight and still shuts down cleanly.
+"$gradmesh" local --workers=2 --n=3000 --iterations=100000 \
+    --work-dir="$work/interrupted" >"$work/int.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "^iter" "$work/int.out" && break; sleep 0.1; done
+kill -INT $pid
+rc=0; wait $pid || rc=$?
+[[ $rc -eq 130 ]] || fail "local after SIGINT exited $rc: $(tail -3 "$work/int.out")"
+grep -q "interrupted after" "$work/int.out" || fail "local: no interrupt note"
+grep -q "cluster stopped$" "$work/int.out" || fail "local: not stopped cleanly"
+pgrep -f "$work/interrupted" >/dev/null && fail "local left processes behind"
 echo "cli_test: all checks passed"
