@@ -413,6 +413,38 @@ TEST(AutotuneTest, TriesEachDivisorOnceAndKeepsTheFastest) {
   EXPECT_EQ(coordinator.view().epoch, start + 3);
 }
 
+// Membership views apply at once; a plan change of the same members starts
+// switch_lead_steps past the highest step reported, and the first step each
+// trial completes is its warm-up, whatever its number.
+TEST(AutotuneTest, PlanChangesStartAfterTheHighestReportedStep) {
+  Coordinator coordinator({.autotune_window = 2, .switch_lead_steps = 3},
+                          kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  EXPECT_EQ(coordinator.view().start_step, 0u);
+  const uint64_t epoch = coordinator.view().epoch;
+  // Steps 40 (warm-up), 41 and 42 make the first trial.
+  for (uint64_t step = 40; step <= 42; ++step) {
+    EXPECT_EQ(coordinator.view().epoch, epoch);
+    ReportOperation(coordinator, step, 1e-3);
+  }
+  View next = coordinator.view();
+  EXPECT_EQ(next.epoch, epoch + 1);
+  EXPECT_EQ(next.start_step, 45u);
+  // The next trial's warm-up is its first completed step (45), not step 0.
+  for (uint64_t step = 45; step <= 46; ++step) {
+    ReportOperation(coordinator, step, 2e-3);
+  }
+  EXPECT_EQ(coordinator.view().epoch, epoch + 1);
+  ReportOperation(coordinator, 47, 2e-3);
+  next = coordinator.view();
+  EXPECT_EQ(next.epoch, epoch + 2);
+  EXPECT_FALSE(next.plan.autotuning);
+  EXPECT_EQ(next.start_step, 50u);
+  // A membership change applies at once.
+  ASSERT_TRUE(coordinator.Join(Node("c"), kT0).ok());
+  EXPECT_EQ(coordinator.view().start_step, 0u);
+}
+
 TEST(AutotuneTest, MeanIsOverTheSlowestMemberOfEachOperation) {
   Coordinator coordinator({.autotune_window = 2}, kTimeout);
   JoinAll(coordinator, {"a", "b"});
