@@ -24,6 +24,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cli.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/transport/grpc/grpc_transport.h"
 #include "worker/transport/grpc/peer_service.h"
@@ -105,7 +106,7 @@ struct GrpcEnd {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                              &port);
-    builder.RegisterService(&service);
+    builder.RegisterCallbackGenericService(&service);
     server = builder.BuildAndStart();
   }
 };
@@ -116,8 +117,8 @@ std::unique_ptr<GrpcTransport> MakeTransport(GrpcEnd& end, int rank,
   std::vector<std::string> peers(2);
   peers[rank] = absl::StrCat("127.0.0.1:", own_port);
   peers[1 - rank] = absl::StrCat("127.0.0.1:", peer_port);
-  auto channel = grpc::CreateChannel(peers[1 - rank],
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(peers[1 - rank], grpc::InsecureChannelCredentials());
   return *GrpcTransport::Create(
       {.service = &end.service,
        .epoch = epoch,
@@ -131,6 +132,7 @@ std::unique_ptr<GrpcTransport> MakeTransport(GrpcEnd& end, int rank,
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  gradmesh::KeepLargeBuffersWarm();  // as gradmesh-worker does
   const size_t bytes = static_cast<size_t>(absl::GetFlag(FLAGS_mib)) << 20;
   const size_t chunk = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_kib))
                        << 10;

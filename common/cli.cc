@@ -1,5 +1,9 @@
 #include "common/cli.h"
 
+#include <malloc.h>
+#include <pthread.h>
+
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -7,9 +11,12 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace gradmesh {
 
@@ -29,6 +36,16 @@ std::vector<std::string> ParseFlags(int argc, char** argv,
     if (absl::StartsWith(name, "no")) given.insert(name.substr(2));
     given.insert(std::move(name));
   }
+  // --help lists the program's own flags: all but Abseil's.
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return !absl::StrContains(file, "absl/");
+  };
+  config.normalize_filename = [](absl::string_view file) {
+    return std::string(file);
+  };
+  absl::SetFlagsUsageConfig(config);
+
   std::vector<char*> args;
   for (std::string& a : normalized) args.push_back(a.data());
   const std::vector<char*> positional =
@@ -48,6 +65,44 @@ std::vector<std::string> ParseFlags(int argc, char** argv,
     }
   }
   return std::vector<std::string>(positional.begin(), positional.end());
+}
+
+namespace {
+sigset_t TerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  return signals;
+}
+}  // namespace
+
+void BlockTerminationSignals() {
+  const sigset_t signals = TerminationSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+int AwaitTerminationSignal() {
+  const sigset_t signals = TerminationSignals();
+  int signal = 0;
+  sigwait(&signals, &signal);
+  return signal;
+}
+
+void KeepLargeBuffersWarm() {
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 64 << 20);
+  mallopt(M_ARENA_MAX, 1);
+}
+
+void LogLine(absl::string_view who, absl::string_view context,
+             absl::string_view message) {
+  const std::string line = absl::StrCat(
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E3S", absl::Now(),
+                       absl::LocalTimeZone()),
+      " ", who, context.empty() ? "" : " ", context, ": ", message, "\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
 bool WritePortFile(const std::string& path, const std::string& address,

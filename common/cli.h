@@ -22,6 +22,22 @@ namespace gradmesh {
 std::vector<std::string> ParseFlags(int argc, char** argv,
                                     absl::string_view env_prefix);
 
+// For daemons: blocks SIGTERM and SIGINT in this thread (call before starting
+// any thread, so that every thread inherits the mask), and later waits for
+// one of them. Returns the signal.
+void BlockTerminationSignals();
+int AwaitTerminationSignal();
+
+// For processes that move large messages: keeps freed buffers in the heap
+// instead of returning them to the kernel, so that the next message of the
+// same size reuses warm pages (fresh pages cost a fault and a clear each,
+// which dominated the transport's profile).
+void KeepLargeBuffersWarm();
+
+// One log line on stderr: "<local time> <who> <context>: <message>".
+void LogLine(absl::string_view who, absl::string_view context,
+             absl::string_view message);
+
 // A server started on port 0 tells its launcher where it listens through a
 // port file: one line "<address> <metrics port>", written atomically (a
 // temporary file renamed into place), so a reader never sees half of it.

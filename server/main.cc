@@ -5,21 +5,18 @@
 //
 // Every flag may also come from GRADMESH_COORDINATOR_<FLAG> in the
 // environment. SIGTERM or SIGINT: stop cleanly.
-#include <csignal>
 #include <cstdio>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "common/cli.h"
+#include "common/grpc/tls_flags.h"
 #include "server/service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7700",
           "address of the coordinator service (port 0: any free port)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus /metrics on host:port (empty: off)");
-ABSL_FLAG(std::string, tls_ca, "", "CA certificate (PEM) for mutual TLS");
-ABSL_FLAG(std::string, tls_cert, "", "the coordinator's certificate (PEM)");
-ABSL_FLAG(std::string, tls_key, "", "the coordinator's private key (PEM)");
 ABSL_FLAG(std::string, algo, "spardl",
           "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
           "or gaussiank");
@@ -59,19 +56,13 @@ int main(int argc, char** argv) {
                  args[1].c_str());
     return 2;
   }
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  gradmesh::BlockTerminationSignals();
 
   const double gbps = absl::GetFlag(FLAGS_link_gbps);
   gradmesh::server::ServerOptions options{
       .listen = absl::GetFlag(FLAGS_listen),
       .metrics_listen = absl::GetFlag(FLAGS_metrics_listen),
-      .tls = {.ca = absl::GetFlag(FLAGS_tls_ca),
-              .cert = absl::GetFlag(FLAGS_tls_cert),
-              .key = absl::GetFlag(FLAGS_tls_key)},
+      .tls = gradmesh::TlsFilesFromFlags(),
       .plan = {.algorithm = absl::GetFlag(FLAGS_algo),
                .density = absl::GetFlag(FLAGS_density),
                .encoding = absl::GetFlag(FLAGS_encoding),
@@ -95,8 +86,7 @@ int main(int argc, char** argv) {
     gradmesh::WritePortFile(path, (*server)->address(),
                             (*server)->metrics_port());
   }
-  int signal = 0;
-  sigwait(&signals, &signal);
+  gradmesh::AwaitTerminationSignal();
   (*server)->Stop();
   return 0;
 }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cli.h"
 #include "common/status_macros.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "prometheus/exposer.h"
@@ -43,11 +44,7 @@ v1::View ToProto(const View& view) {
 }
 
 void Log(const std::string& message) {
-  std::fprintf(stderr, "%s gradmesh-coordinator: %s\n",
-               absl::FormatTime("%Y-%m-%dT%H:%M:%E3S", absl::Now(),
-                                absl::LocalTimeZone())
-                   .c_str(),
-               message.c_str());
+  LogLine("gradmesh-coordinator", "", message);
 }
 
 // The gauges, refreshed from the state machine at every scrape.
@@ -61,11 +58,11 @@ class Metrics {
       return &prometheus::BuildGauge().Name(name).Help(help).Register(
           *registry_);
     };
-    members_ = &gauge("gradmesh_coordinator_members", "Members of the view")
-                    ->Add({});
+    members_ =
+        &gauge("gradmesh_coordinator_members", "Members of the view")->Add({});
     epoch_ = &gauge("gradmesh_coordinator_epoch", "Current epoch")->Add({});
-    teams_ = &gauge("gradmesh_coordinator_teams", "SparDL's d in the plan")
-                  ->Add({});
+    teams_ =
+        &gauge("gradmesh_coordinator_teams", "SparDL's d in the plan")->Add({});
     autotuning_ = &gauge("gradmesh_coordinator_autotuning",
                          "1 while an autotune trial runs")
                        ->Add({});
@@ -171,7 +168,8 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   absl::Status Init() {
     GM_RETURN_IF_ERROR(ValidatePlanConfig(options_.plan));
     if (options_.heartbeat_timeout <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError("the heartbeat timeout must be positive");
+      return absl::InvalidArgumentError(
+          "the heartbeat timeout must be positive");
     }
     GM_ASSIGN_OR_RETURN(auto credentials, ServerCredentials(options_.tls));
     GM_RETURN_IF_ERROR(metrics_.Serve(options_.metrics_listen));
@@ -229,8 +227,8 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   grpc::Status Heartbeat(grpc::ServerContext*,
                          const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
-    GM_RETURN_IF_ERROR_GRPC(coordinator_.Heartbeat(request->node_id(),
-                                                   absl::Now()));
+    GM_RETURN_IF_ERROR_GRPC(
+        coordinator_.Heartbeat(request->node_id(), absl::Now()));
     response->set_epoch(coordinator_.view().epoch);
     return grpc::Status::OK;
   }
@@ -266,15 +264,15 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                            v1::ReportStatsResponse*) override {
     for (const v1::IterationStats& s : request->iterations()) {
       const uint64_t before = coordinator_.view().epoch;
-      GM_RETURN_IF_ERROR_GRPC(coordinator_.Report(
-          {.node_id = s.node_id(),
-           .epoch = s.epoch(),
-           .operation = s.step(),
-           .seconds = s.seconds(),
-           .rounds = s.rounds(),
-           .bytes_sent = s.bytes_sent(),
-           .bytes_received = s.bytes_received(),
-           .values = s.values()}));
+      GM_RETURN_IF_ERROR_GRPC(
+          coordinator_.Report({.node_id = s.node_id(),
+                               .epoch = s.epoch(),
+                               .operation = s.step(),
+                               .seconds = s.seconds(),
+                               .rounds = s.rounds(),
+                               .bytes_sent = s.bytes_sent(),
+                               .bytes_received = s.bytes_received(),
+                               .values = s.values()}));
       const View view = coordinator_.view();
       if (view.epoch != before) {
         Log(absl::StrCat("epoch ", view.epoch, " from step ", view.start_step,

@@ -22,8 +22,7 @@ grpc::Status ToGrpc(const absl::Status& status) {
 
 namespace {
 
-absl::StatusOr<std::string> ReadPem(const std::string& path,
-                                    const char* what) {
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(

@@ -47,9 +47,9 @@ grpc::ChannelArguments DefaultChannelArguments();
 
 // In a gRPC handler: returns the absl::Status `expr` as a grpc::Status if it
 // is an error.
-#define GM_RETURN_IF_ERROR_GRPC(expr)                              \
-  do {                                                             \
-    const ::absl::Status gm_grpc_status_ = (expr);                 \
+#define GM_RETURN_IF_ERROR_GRPC(expr)                                      \
+  do {                                                                     \
+    const ::absl::Status gm_grpc_status_ = (expr);                         \
     if (!gm_grpc_status_.ok()) return ::gradmesh::ToGrpc(gm_grpc_status_); \
   } while (0)
 

@@ -1,9 +1,6 @@
 // Real processes on 127.0.0.1: a coordinator and P gradmesh-worker
 // processes, driven through the worker service (LocalCluster).
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -42,38 +39,28 @@ StepResults RunStep(LocalCluster& cluster, const std::vector<int>& workers,
       std::vector<float> gradient(n);
       SyntheticGradient(7, workers[i], step, absl::MakeSpan(gradient));
       if (inputs != nullptr) (*inputs)[i] = gradient;
-      results[i] = cluster.client(workers[i]).AllReduce(
-          step, {{"g", std::move(gradient)}}, true, timeout);
+      results[i] =
+          cluster.client(workers[i])
+              .AllReduce(step, {{"g", std::move(gradient)}}, true, timeout);
     });
   }
   for (std::thread& t : threads) t.join();
   return results;
 }
 
-// GET http://127.0.0.1:port/metrics, the body.
+// GET http://127.0.0.1:port/metrics (curl, which scripts/setup.sh installs).
 std::string FetchMetrics(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address))) {
-    close(fd);
-    return "";
-  }
-  const std::string request =
-      "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (write(fd, request.data(), request.size()) < 0) {
-    close(fd);
-    return "";
-  }
-  std::string response;
+  const std::string command =
+      absl::StrCat("curl -sf http://127.0.0.1:", port, "/metrics");
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return "";
+  std::string body;
   char buffer[4096];
-  for (ssize_t got; (got = read(fd, buffer, sizeof(buffer))) > 0;) {
-    response.append(buffer, got);
+  for (size_t got; (got = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) {
+    body.append(buffer, got);
   }
-  close(fd);
-  return response;
+  pclose(pipe);
+  return body;
 }
 
 class ClusterTest : public ::testing::Test {
@@ -83,14 +70,14 @@ class ClusterTest : public ::testing::Test {
       std::printf("logs kept in %s\n", cluster_->work_dir().c_str());
     }
   }
-  void Start(int workers, std::vector<std::pair<std::string, std::string>>
-                              coordinator_flags,
-             std::vector<std::pair<std::string, std::string>> worker_flags =
-                 {}) {
-    auto cluster = LocalCluster::Start(
-        {.workers = workers,
-         .coordinator_flags = std::move(coordinator_flags),
-         .worker_flags = std::move(worker_flags)});
+  void Start(
+      int workers,
+      std::vector<std::pair<std::string, std::string>> coordinator_flags,
+      std::vector<std::pair<std::string, std::string>> worker_flags = {}) {
+    auto cluster =
+        LocalCluster::Start({.workers = workers,
+                             .coordinator_flags = std::move(coordinator_flags),
+                             .worker_flags = std::move(worker_flags)});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
     ASSERT_TRUE(cluster_->WaitForView(workers, absl::Seconds(30)).ok());
@@ -141,11 +128,12 @@ INSTANTIATE_TEST_SUITE_P(
 // epoch without it, and the next iteration succeeds on P - 1 workers.
 TEST_F(ClusterTest, KillNineMidIterationThenContinueWithoutIt) {
   constexpr absl::Duration kTimeout = absl::Seconds(8);
-  Start(4, {{"algo", "spardl"}, {"teams", "2"}, {"heartbeat_timeout_ms", "1500"}},
+  Start(4,
+        {{"algo", "spardl"}, {"teams", "2"}, {"heartbeat_timeout_ms", "1500"}},
         {{"operation_timeout_s", "8"}, {"heartbeat_interval_ms", "250"}});
   for (uint64_t step = 0; step < 3; ++step) {
-    for (const auto& r : RunStep(*cluster_, {0, 1, 2, 3}, step, 10000,
-                                 kTimeout)) {
+    for (const auto& r :
+         RunStep(*cluster_, {0, 1, 2, 3}, step, 10000, kTimeout)) {
       ASSERT_TRUE(r.ok()) << r.status();
     }
   }
@@ -208,8 +196,8 @@ TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
   uint64_t step = 0;
   bool settled = false;
   for (; step < 40 && !settled; ++step) {
-    for (const auto& r : RunStep(*cluster_, {0, 1, 2, 3}, step, 20000,
-                                 absl::Seconds(30))) {
+    for (const auto& r :
+         RunStep(*cluster_, {0, 1, 2, 3}, step, 20000, absl::Seconds(30))) {
       ASSERT_TRUE(r.ok()) << r.status();
     }
     auto status = cluster_->client(0).GetStatus(absl::Seconds(5));
@@ -219,8 +207,8 @@ TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
   ASSERT_TRUE(settled) << "no choice after " << step << " steps";
   // The chosen d runs from its start step on every worker.
   for (int i = 0; i < 3; ++i, ++step) {
-    for (const auto& r : RunStep(*cluster_, {0, 1, 2, 3}, step, 20000,
-                                 absl::Seconds(30))) {
+    for (const auto& r :
+         RunStep(*cluster_, {0, 1, 2, 3}, step, 20000, absl::Seconds(30))) {
       ASSERT_TRUE(r.ok()) << r.status();
     }
   }
@@ -236,7 +224,8 @@ TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
         "gradmesh_coordinator_iteration_seconds{node=\"worker-00\"}",
         "gradmesh_coordinator_link_alpha_seconds"}) {
     EXPECT_TRUE(absl::StrContains(coordinator, series))
-        << series << " missing from\n" << coordinator;
+        << series << " missing from\n"
+        << coordinator;
   }
   const std::string worker = FetchMetrics(cluster_->worker_metrics_port(1));
   for (const char* series :
@@ -253,7 +242,8 @@ TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
         "gradmesh_worker_frames_dropped_total{reason=\"old_epoch\"}",
         "gradmesh_worker_late_views_total 0"}) {
     EXPECT_TRUE(absl::StrContains(worker, series))
-        << series << " missing from\n" << worker;
+        << series << " missing from\n"
+        << worker;
   }
 }
 
@@ -301,8 +291,7 @@ TEST(TlsClusterTest, MembersTalkAndStrangersAreRefused) {
     pem << in.rdbuf();
     anonymous.pem_root_certs = pem.str();
   }
-  auto channel =
-      grpc::CreateChannel(worker, grpc::SslCredentials(anonymous));
+  auto channel = grpc::CreateChannel(worker, grpc::SslCredentials(anonymous));
   auto stub = gradmesh::v1::Peer::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));

@@ -24,7 +24,7 @@ class GrpcNetwork {
     for (int r = 0; r < size; ++r) {
       services_.push_back(std::make_unique<transport::PeerService>());
       grpc::ServerBuilder builder;
-      builder.RegisterService(services_.back().get());
+      builder.RegisterCallbackGenericService(services_.back().get());
       servers_.push_back(builder.BuildAndStart());
       addresses_.push_back(absl::StrCat(r));  // resolved by channel()
     }

@@ -42,9 +42,9 @@ absl::Status Check(const std::vector<std::vector<float>>& inputs,
   }
   for (size_t i = 0; i < n; ++i) {
     if (std::fabs(out[i] - in[i]) > 1e-5 * scale[i] + 1e-30) {
-      return absl::DataLossError(absl::StrCat(
-          "mass not conserved at index ", i, ": inputs ", in[i],
-          ", result + residuals ", out[i]));
+      return absl::DataLossError(absl::StrCat("mass not conserved at index ", i,
+                                              ": inputs ", in[i],
+                                              ", result + residuals ", out[i]));
     }
   }
   return absl::OkStatus();
@@ -59,15 +59,17 @@ absl::Status RunLocal(const LocalOptions& options,
   std::fflush(stdout);
   GM_ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster,
                       LocalCluster::Start(options.cluster));
-  std::printf("gradmesh local: coordinator %s (/metrics on port %d), logs "
-              "in %s\n",
-              cluster->coordinator_address().c_str(),
-              cluster->coordinator_metrics_port(), cluster->work_dir().c_str());
+  std::printf(
+      "gradmesh local: coordinator %s (/metrics on port %d), logs "
+      "in %s\n",
+      cluster->coordinator_address().c_str(),
+      cluster->coordinator_metrics_port(), cluster->work_dir().c_str());
   GM_RETURN_IF_ERROR(cluster->WaitForView(P, options.cluster.start_timeout));
-  std::printf("gradmesh local: %d workers joined; %llu iterations of %llu "
-              "values\n",
-              P, static_cast<unsigned long long>(options.iterations),
-              static_cast<unsigned long long>(options.n));
+  std::printf(
+      "gradmesh local: %d workers joined; %llu iterations of %llu "
+      "values\n",
+      P, static_cast<unsigned long long>(options.iterations),
+      static_cast<unsigned long long>(options.n));
   std::fflush(stdout);
 
   // residuals[w]: worker w's residual as of its last successful iteration
@@ -168,17 +170,18 @@ absl::Status RunLocal(const LocalOptions& options,
                     : absl::StrCat(" (", status->plan().note(), ")").c_str());
   }
   if (timed > 0) {
-    std::printf("gradmesh local: mean iteration %.2f ms over %d iterations "
-                "(the first excluded)\n",
-                total_seconds / timed * 1e3, timed);
+    std::printf(
+        "gradmesh local: mean iteration %.2f ms over %d iterations "
+        "(the first excluded)\n",
+        total_seconds / timed * 1e3, timed);
   }
   const absl::Status stopped = cluster->Stop();
-  std::printf("gradmesh local: cluster stopped%s\n",
-              stopped.ok() ? "" : absl::StrCat(" (", stopped.message(), ")").c_str());
+  std::printf(
+      "gradmesh local: cluster stopped%s\n",
+      stopped.ok() ? "" : absl::StrCat(" (", stopped.message(), ")").c_str());
   if (failures > 0) {
-    return absl::UnavailableError(
-        absl::StrCat(failures, " iterations failed; logs in ",
-                     cluster->work_dir()));
+    return absl::UnavailableError(absl::StrCat(
+        failures, " iterations failed; logs in ", cluster->work_dir()));
   }
   return stopped;
 }

@@ -1,7 +1,7 @@
 #include "tools/gradmesh/local_cluster.h"
 
-#include <signal.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,9 +73,10 @@ absl::StatusOr<std::string> FindBinary(const std::string& name,
   for (const fs::path& candidate : candidates) {
     if (Executable(candidate)) return candidate.string();
   }
-  return absl::NotFoundError(absl::StrCat(
-      "cannot find ", name, " next to this program, in the build tree or on "
-      "PATH; build it or pass --bin-dir"));
+  return absl::NotFoundError(
+      absl::StrCat("cannot find ", name,
+                   " next to this program, in the build tree or on "
+                   "PATH; build it or pass --bin-dir"));
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
@@ -224,11 +225,11 @@ absl::Status LocalCluster::WaitForView(int members, absl::Duration timeout) {
       if (!status.ok() || status->world_size() != members ||
           status->rank() < 0 || (epoch != 0 && status->epoch() != epoch)) {
         agreed = false;
-        last = status.ok() ? absl::StrCat(worker.name, " is in epoch ",
-                                          status->epoch(), " of ",
-                                          status->world_size(), " members")
-                           : absl::StrCat(worker.name, ": ",
-                                          status.status().ToString());
+        last =
+            status.ok()
+                ? absl::StrCat(worker.name, " is in epoch ", status->epoch(),
+                               " of ", status->world_size(), " members")
+                : absl::StrCat(worker.name, ": ", status.status().ToString());
         break;
       }
       epoch = status->epoch();
@@ -279,8 +280,8 @@ absl::Status LocalCluster::Stop() {
       absl::SleepFor(absl::Milliseconds(10));
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
-      result.Update(absl::InternalError(absl::StrCat(
-          p->name, " exited with status ", WEXITSTATUS(status))));
+      result.Update(absl::InternalError(
+          absl::StrCat(p->name, " exited with status ", WEXITSTATUS(status))));
     }
     p->pid = -1;
   };

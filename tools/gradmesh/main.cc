@@ -4,20 +4,20 @@
 //                   --input-dir=IN --output-dir=OUT
 //
 // Flag names take '-' or '_' alike (--input-dir == --input_dir).
+#include <atomic>
 #include <csignal>
 #include <cstdio>
-#include <atomic>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/cli.h"
+#include "common/grpc/tls_flags.h"
 #include "tools/gradmesh/local.h"
 #include "tools/gradmesh/replay.h"
 #ifdef GRADMESH_HAS_CUDA
@@ -66,11 +66,6 @@ ABSL_FLAG(int, autotune_window, 5,
 ABSL_FLAG(bool, verify, true,
           "local: check that every worker gets the same result and that "
           "inputs = result + residuals, every iteration");
-ABSL_FLAG(std::string, tls_ca, "",
-          "local: CA certificate; with --tls-cert and --tls-key every "
-          "connection uses mutual TLS (scripts/make-test-certs.sh)");
-ABSL_FLAG(std::string, tls_cert, "", "local: certificate for every process");
-ABSL_FLAG(std::string, tls_key, "", "local: its private key");
 ABSL_FLAG(std::string, topk, "auto",
           "top-k implementation: auto (the CPU for host data), cpu, or cuda "
           "(copies each span to the device; needs a CUDA build and device)");
@@ -185,9 +180,7 @@ int Local(int argc, char** argv) {
   options.cluster.workers = absl::GetFlag(FLAGS_workers);
   options.cluster.bin_dir = absl::GetFlag(FLAGS_bin_dir);
   options.cluster.work_dir = absl::GetFlag(FLAGS_work_dir);
-  options.cluster.tls = {.ca = absl::GetFlag(FLAGS_tls_ca),
-                         .cert = absl::GetFlag(FLAGS_tls_cert),
-                         .key = absl::GetFlag(FLAGS_tls_key)};
+  options.cluster.tls = gradmesh::TlsFilesFromFlags();
   options.cluster.coordinator_flags = {
       {"algo", absl::GetFlag(FLAGS_algo)},
       {"density", absl::StrCat(absl::GetFlag(FLAGS_density))},
@@ -223,15 +216,6 @@ int Local(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
-  absl::FlagsUsageConfig config;
-  config.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "tools/gradmesh/");
-  };
-  config.normalize_filename = [](absl::string_view file) {
-    return std::string(file);
-  };
-  absl::SetFlagsUsageConfig(config);
-
   const std::string command = argc > 1 ? argv[1] : "";
   if (command == "replay") {
     // Parse as "gradmesh replay" with the remaining flags.

@@ -136,7 +136,7 @@ absl::Status SparDl::SparReduceScatter(StepRunner& runner) {
     std::vector<sparse::SparseBlock> bag;
     for (int i = 0; i < step.send.count; ++i) {
       bag.push_back(CutBlock((step.send.first + i) % layout_.team_size(),
-                              runner.stats()));
+                             runner.stats()));
     }
     std::vector<const sparse::SparseBlock*> bag_view;
     for (const sparse::SparseBlock& block : bag) bag_view.push_back(&block);
@@ -258,8 +258,8 @@ sparse::SparseBlock SparDl::CutBlock(int b, OpStats* stats) {
   sparse::SparseBlock kept;
   {
     ScopedTimer timer(&stats->topk_seconds);
-    kept = kernels::TopKAbs(block, quotas_[b],
-                            static_cast<uint32_t>(range.begin));
+    kept =
+        kernels::TopKAbs(block, quotas_[b], static_cast<uint32_t>(range.begin));
   }
   for (uint32_t i : kept.indices) work_[i] = 0.0f;
   // What wire rounding takes off, or drops, stays here like any discard.

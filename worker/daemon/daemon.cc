@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cli.h"
 #include "common/status_macros.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "gradmesh/v1/worker.grpc.pb.h"
@@ -39,8 +40,8 @@ namespace v1 = ::gradmesh::v1;
 struct Group {
   v1::View view;
   std::vector<std::string> member_ids;
-  int rank = -1;                  // -1: not a member
-  absl::Status plan_error;        // the plan can't run here
+  int rank = -1;            // -1: not a member
+  absl::Status plan_error;  // the plan can't run here
   std::unique_ptr<transport::GrpcTransport> transport;  // members only
   engine::EngineOptions options;
 };
@@ -158,7 +159,7 @@ absl::Status Daemon::Init() {
   int port = 0;
   builder.AddListeningPort(options_.listen, server_credentials, &port);
   builder.SetMaxReceiveMessageSize(-1);
-  builder.RegisterService(&peers_);
+  builder.RegisterCallbackGenericService(&peers_);
   builder.RegisterService(static_cast<v1::Worker::Service*>(this));
   grpc::EnableDefaultHealthCheckService(true);
   server_ = builder.BuildAndStart();
@@ -187,17 +188,14 @@ void Daemon::Log(const std::string& message) const {
   std::string where;
   {
     absl::MutexLock lock(&state_mu_);
-    where = current_ == nullptr
-                ? "epoch=- rank=-"
-                : absl::StrCat("epoch=", current_->view.epoch(),
-                               " rank=", current_->rank);
+    where = current_ == nullptr ? "epoch=- rank=-"
+                                : absl::StrCat("epoch=", current_->view.epoch(),
+                                               " rank=", current_->rank);
   }
-  std::fprintf(stderr, "%s gradmesh-worker node=%s %s: %s\n",
-               absl::FormatTime("%Y-%m-%dT%H:%M:%E3S", absl::Now(),
-                                absl::LocalTimeZone())
-                   .c_str(),
-               node_id_.empty() ? options_.listen.c_str() : node_id_.c_str(),
-               where.c_str(), message.c_str());
+  LogLine("gradmesh-worker",
+          absl::StrCat("node=", node_id_.empty() ? options_.listen : node_id_,
+                       " ", where),
+          message);
 }
 
 std::shared_ptr<grpc::Channel> Daemon::Channel(const std::string& address) {
@@ -361,8 +359,8 @@ void Daemon::InstallView(const v1::View& view) {
     latest_epoch_ = view.epoch();
     const bool same_members =
         current_ != nullptr && current_->member_ids == group->member_ids;
-    const bool late = same_members && has_last_step_ &&
-                      view.start_step() <= last_step_;
+    const bool late =
+        same_members && has_last_step_ && view.start_step() <= last_step_;
     if (same_members && !late) {
       pending_ = group;  // from its start step
       what = absl::StrCat("plan of epoch ", view.epoch(), " from step ",
@@ -381,15 +379,14 @@ void Daemon::InstallView(const v1::View& view) {
     metrics_->epoch().Set(static_cast<double>(view.epoch()));
   }
   const v1::Plan& plan = view.plan();
-  Log(absl::StrCat("view: ", what, "; ", view.members_size(), " members, ",
-                   group->rank < 0 ? "not one of them"
-                                   : absl::StrCat("rank ", group->rank),
-                   "; ", plan.algorithm(), " d=", plan.teams(),
-                   plan.note().empty() ? "" : absl::StrCat(" (", plan.note(), ")")));
+  Log(absl::StrCat(
+      "view: ", what, "; ", view.members_size(), " members, ",
+      group->rank < 0 ? "not one of them" : absl::StrCat("rank ", group->rank),
+      "; ", plan.algorithm(), " d=", plan.teams(),
+      plan.note().empty() ? "" : absl::StrCat(" (", plan.note(), ")")));
   if (to_abort != nullptr) {
-    to_abort->transport->Abort(absl::AbortedError(
-        absl::StrCat("the view changed to epoch ", view.epoch(),
-                     " during the operation")));
+    to_abort->transport->Abort(absl::AbortedError(absl::StrCat(
+        "the view changed to epoch ", view.epoch(), " during the operation")));
   }
 }
 
@@ -404,9 +401,8 @@ absl::Status Daemon::RunRequest(const v1::AllReduceRequest& request,
   absl::flat_hash_set<std::string> names;
   for (const v1::Tensor& t : request.tensors()) {
     if (t.name().empty() || !names.insert(t.name()).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor names must be unique and non-empty: '",
-                       t.name(), "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor names must be unique and non-empty: '", t.name(), "'"));
     }
     if (t.values().size() % sizeof(float) != 0) {
       return absl::InvalidArgumentError(
@@ -414,8 +410,8 @@ absl::Status Daemon::RunRequest(const v1::AllReduceRequest& request,
                        " bytes, not a whole number of float32 values"));
     }
     offsets.push_back(offsets.back() + t.values().size() / sizeof(float));
-    parts.push_back(absl::StrCat(t.name(), ":", offsets.back() -
-                                                    offsets[offsets.size() - 2]));
+    parts.push_back(absl::StrCat(t.name(), ":",
+                                 offsets.back() - offsets[offsets.size() - 2]));
   }
   if (offsets.back() > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(
@@ -456,18 +452,17 @@ absl::Status Daemon::RunRequest(const v1::AllReduceRequest& request,
   if (group == nullptr) {
     status = absl::UnavailableError("no view from the coordinator yet");
   } else if (group->rank < 0) {
-    status = absl::UnavailableError(absl::StrCat(
-        "not a member of epoch ", group->view.epoch()));
+    status = absl::UnavailableError(
+        absl::StrCat("not a member of epoch ", group->view.epoch()));
   } else if (!group->plan_error.ok()) {
-    status = absl::FailedPreconditionError(absl::StrCat(
-        "the plan of epoch ", group->view.epoch(),
-        " can't run: ", group->plan_error.message()));
+    status = absl::FailedPreconditionError(
+        absl::StrCat("the plan of epoch ", group->view.epoch(),
+                     " can't run: ", group->plan_error.message()));
   } else if (engine_group_ != group) {
     status = engine_->Reconfigure(group->transport.get(), group->options);
     if (status.ok()) engine_group_ = group;
   }
-  absl::StatusOr<sparse::SparseBlock> result =
-      absl::UnknownError("not run");
+  absl::StatusOr<sparse::SparseBlock> result = absl::UnknownError("not run");
   collectives::OpStats stats;
   double seconds = 0;
   if (status.ok()) {
@@ -492,9 +487,9 @@ absl::Status Daemon::RunRequest(const v1::AllReduceRequest& request,
     metrics_->operations(absl::StatusCodeToString(result.status().code()))
         .Increment();
     Log(absl::StrCat("step ", step, " failed: ", result.status().ToString()));
-    return absl::Status(result.status().code(),
-                        absl::StrCat("step ", step, ": ",
-                                     result.status().message()));
+    return absl::Status(
+        result.status().code(),
+        absl::StrCat("step ", step, ": ", result.status().message()));
   }
 
   // Split the fused result (and residual) back into the tensors.
@@ -513,9 +508,9 @@ absl::Status Daemon::RunRequest(const v1::AllReduceRequest& request,
                      sizeof(float));
     }
     if (request.return_residuals()) {
-      out->set_residual(reinterpret_cast<const char*>(residual.data() +
-                                                      offsets[i]),
-                        (offsets[i + 1] - offsets[i]) * sizeof(float));
+      out->set_residual(
+          reinterpret_cast<const char*>(residual.data() + offsets[i]),
+          (offsets[i + 1] - offsets[i]) * sizeof(float));
     }
   }
   const v1::Plan& plan = group->view.plan();
@@ -555,8 +550,8 @@ void Daemon::RecordSuccess(const Group& group, const std::string& buffer,
   const transport::Counters after = group.transport->counters();
   for (int p = 0; p < group.view.members_size(); ++p) {
     const std::string& peer = group.member_ids[p];
-    m.bytes_sent(peer).Increment(static_cast<double>(
-        after.bytes_sent_to[p] - before.bytes_sent_to[p]));
+    m.bytes_sent(peer).Increment(
+        static_cast<double>(after.bytes_sent_to[p] - before.bytes_sent_to[p]));
     m.bytes_received(peer).Increment(static_cast<double>(
         after.bytes_received_from[p] - before.bytes_received_from[p]));
   }

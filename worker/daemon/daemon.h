@@ -31,8 +31,8 @@ namespace gradmesh::daemon {
 
 struct DaemonOptions {
   std::string listen = "127.0.0.1:0";  // peer + worker services; port 0 picks
-  std::string advertise;  // address peers and clients dial; default: the
-                          // listen host with the bound port
+  std::string advertise;       // address peers and clients dial; default: the
+                               // listen host with the bound port
   std::string coordinator;     // host:port, required
   std::string node_id;         // default: the advertised address
   std::string metrics_listen;  // host:port for /metrics; empty: off

@@ -5,12 +5,12 @@
 //
 // Every flag may also come from GRADMESH_WORKER_<FLAG> in the environment.
 // SIGTERM or SIGINT: leave the coordinator and stop cleanly.
-#include <csignal>
 #include <cstdio>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "common/cli.h"
+#include "common/grpc/tls_flags.h"
 #include "worker/daemon/daemon.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7700",
@@ -19,13 +19,11 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "address of the peer and worker services (port 0: any free port)");
 ABSL_FLAG(std::string, advertise, "",
           "address others dial (default: the listen host and bound port)");
-ABSL_FLAG(std::string, node_id, "",
-          "stable identity; ranks sort by it (default: the advertised address)");
+ABSL_FLAG(
+    std::string, node_id, "",
+    "stable identity; ranks sort by it (default: the advertised address)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus /metrics on host:port (empty: off)");
-ABSL_FLAG(std::string, tls_ca, "", "CA certificate (PEM) for mutual TLS");
-ABSL_FLAG(std::string, tls_cert, "", "this worker's certificate (PEM)");
-ABSL_FLAG(std::string, tls_key, "", "this worker's private key (PEM)");
 ABSL_FLAG(double, operation_timeout_s, 30,
           "an all-reduce that takes longer fails with DeadlineExceeded");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "heartbeat period");
@@ -43,12 +41,8 @@ int main(int argc, char** argv) {
                  args[1].c_str());
     return 2;
   }
-  // Signals are taken by sigwait below; block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  gradmesh::BlockTerminationSignals();
+  gradmesh::KeepLargeBuffersWarm();
 
   const double timeout = absl::GetFlag(FLAGS_operation_timeout_s);
   auto daemon = gradmesh::daemon::WorkerDaemon::Start(
@@ -57,11 +51,9 @@ int main(int argc, char** argv) {
        .coordinator = absl::GetFlag(FLAGS_coordinator),
        .node_id = absl::GetFlag(FLAGS_node_id),
        .metrics_listen = absl::GetFlag(FLAGS_metrics_listen),
-       .tls = {.ca = absl::GetFlag(FLAGS_tls_ca),
-               .cert = absl::GetFlag(FLAGS_tls_cert),
-               .key = absl::GetFlag(FLAGS_tls_key)},
-       .operation_timeout = timeout > 0 ? absl::Seconds(timeout)
-                                        : absl::ZeroDuration(),
+       .tls = gradmesh::TlsFilesFromFlags(),
+       .operation_timeout =
+           timeout > 0 ? absl::Seconds(timeout) : absl::ZeroDuration(),
        .heartbeat_interval =
            absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms))});
   if (!daemon.ok()) {
@@ -73,8 +65,7 @@ int main(int argc, char** argv) {
     gradmesh::WritePortFile(path, (*daemon)->address(),
                             (*daemon)->metrics_port());
   }
-  int signal = 0;
-  sigwait(&signals, &signal);
+  gradmesh::AwaitTerminationSignal();
   (*daemon)->Stop();
   return 0;
 }

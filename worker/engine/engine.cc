@@ -45,10 +45,11 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
     uint64_t operation, collectives::OpStats* stats) {
   auto it = buffers_.find(name);
   if (it == buffers_.end()) {
-    it = buffers_
-             .emplace(std::string(name),
-                      Buffer{nullptr, std::vector<float>(gradient.size(), 0.0f)})
-             .first;
+    it =
+        buffers_
+            .emplace(std::string(name),
+                     Buffer{nullptr, std::vector<float>(gradient.size(), 0.0f)})
+            .first;
   }
   Buffer& buffer = it->second;
   if (gradient.size() != buffer.residual.size()) {

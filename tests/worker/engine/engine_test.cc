@@ -84,7 +84,8 @@ Outcome RunEngines(Network& net, const std::string& algorithm, int world) {
         net.endpoint(r),
         {.algorithm = {.algorithm = algorithm,
                        .density = 0.02,
-                       .teams = algorithm == "spardl" && world % 2 == 0 ? 2 : 1},
+                       .teams =
+                           algorithm == "spardl" && world % 2 == 0 ? 2 : 1},
          .timeout = absl::Seconds(30)});
     EXPECT_TRUE(created.ok()) << created.status();
     if (!created.ok()) return out;
@@ -95,9 +96,9 @@ Outcome RunEngines(Network& net, const std::string& algorithm, int world) {
     for (int r = 0; r < world; ++r) {
       gradients[r] = RandomVector(kN, 100 * it + r);
       const auto residual = engines[r]->residual("g");
-      before[r] = residual.empty() ? std::vector<float>(kN, 0.0f)
-                                   : std::vector<float>(residual.begin(),
-                                                        residual.end());
+      before[r] = residual.empty()
+                      ? std::vector<float>(kN, 0.0f)
+                      : std::vector<float>(residual.begin(), residual.end());
     }
     const testing::MassBalance balance(gradients, before);
     RunRanks(net, [&](int r, transport::Transport*) {

@@ -4,9 +4,13 @@
 #include <thread>
 
 #include "gmock/gmock.h"
+#include "gradmesh/v1/peer.grpc.pb.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "gtest/gtest.h"
 #include "tests/support/grpc_network.h"
 #include "tests/support/multi_rank.h"
+#include "worker/transport/grpc/frame_codec.h"
 
 namespace gradmesh::transport {
 namespace {
@@ -39,8 +43,7 @@ TEST(GrpcTransportTest, DeliversChunkedMessagesInOrderWithCounters) {
   EXPECT_THAT(sent.bytes_sent_to, ::testing::ElementsAre(0, 0, 1013));
   const Counters received = net.endpoint(2)->counters();
   EXPECT_EQ(received.messages_received, 4u);
-  EXPECT_THAT(received.bytes_received_from,
-              ::testing::ElementsAre(1013, 7, 0));
+  EXPECT_THAT(received.bytes_received_from, ::testing::ElementsAre(1013, 7, 0));
 }
 
 TEST(GrpcTransportTest, EveryPairExchangesConcurrently) {
@@ -118,9 +121,8 @@ TEST(GrpcTransportTest, DropsAndCountsFramesOfRetiredEpochsAndOperations) {
   auto m = net.endpoint(1)->Recv(0, {1, 6, 0}, Soon());
   EXPECT_TRUE(absl::IsAborted(m.status())) << m.status();
   // The frame is counted once it arrives.
-  for (int i = 0; i < 100 && net.service(1)->stats().frames_dropped_old_epoch ==
-                                 0;
-       ++i) {
+  for (int i = 0;
+       i < 100 && net.service(1)->stats().frames_dropped_old_epoch == 0; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(net.service(1)->stats().frames_dropped_old_epoch, 1u);
@@ -160,15 +162,84 @@ TEST(GrpcTransportTest, RefusesMalformedStreams) {
   EXPECT_TRUE(absl::IsUnavailable(m.status())) << m.status();
 }
 
+// The hand-written frames are protobuf's Frame, both ways.
+TEST(FrameCodecTest, MatchesTheProtobufEncoding) {
+  const auto message = std::make_shared<const std::string>(Bytes(100, 'm'));
+  const FrameHeader header{.epoch = 3,
+                           .operation = 1ull << 40,
+                           .step = 7,
+                           .from_rank = 2,
+                           .message_bytes = 100,
+                           .offset = 40};
+  grpc::ByteBuffer encoded = EncodeFrame(header, message, 40, 30);
+  gradmesh::v1::Frame parsed;
+  {
+    grpc::ProtoBufferReader reader(&encoded);
+    ASSERT_TRUE(parsed.ParseFromZeroCopyStream(&reader));
+  }
+  EXPECT_EQ(parsed.epoch(), 3u);
+  EXPECT_EQ(parsed.operation(), 1ull << 40);
+  EXPECT_EQ(parsed.step(), 7u);
+  EXPECT_EQ(parsed.from_rank(), 2u);
+  EXPECT_EQ(parsed.message_bytes(), 100u);
+  EXPECT_EQ(parsed.offset(), 40u);
+  EXPECT_EQ(parsed.data(), message->substr(40, 30));
+
+  // And back: a generated Frame decodes, its data placed where asked.
+  grpc::ByteBuffer serialized;
+  bool own = false;
+  ASSERT_TRUE(grpc::SerializationTraits<gradmesh::v1::Frame>::Serialize(
+                  parsed, &serialized, &own)
+                  .ok());
+  std::string out(30, '\0');
+  FrameHeader got;
+  ASSERT_TRUE(DecodeFrame(&serialized,
+                          [&](const FrameHeader& h,
+                              uint64_t size) -> absl::StatusOr<char*> {
+                            got = h;
+                            EXPECT_EQ(size, 30u);
+                            return out.data();
+                          })
+                  .ok());
+  EXPECT_EQ(got.operation, 1ull << 40);
+  EXPECT_EQ(got.offset, 40u);
+  EXPECT_EQ(out, message->substr(40, 30));
+}
+
+TEST(FrameCodecTest, RefusesWhatIsNotAFrame) {
+  auto decode = [](const std::string& bytes) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buffer(&slice, 1);
+    std::string sink(64, '\0');
+    return DecodeFrame(
+        &buffer,
+        [&](const FrameHeader&, uint64_t size) -> absl::StatusOr<char*> {
+          if (size > sink.size()) return absl::InvalidArgumentError("too big");
+          return sink.data();
+        });
+  };
+  EXPECT_TRUE(decode("").ok());                       // an empty frame
+  EXPECT_FALSE(decode(std::string("\x08", 1)).ok());  // a key, no value
+  EXPECT_FALSE(decode("\x3a\x05"
+                      "abc")
+                   .ok());                         // data cut short
+  EXPECT_FALSE(decode("\x42\x01x").ok());          // unknown field 8
+  EXPECT_FALSE(decode("\x3a\x01x\x08\x01").ok());  // a field after data
+  EXPECT_FALSE(decode(std::string("\x3a\x80\x01", 3) + std::string(128, 'x'))
+                   .ok());  // the sink refuses 128 bytes
+}
+
 TEST(GrpcTransportTest, RejectsBadOptions) {
   PeerService service;
   auto channels = [](const std::string&) {
     return std::shared_ptr<grpc::Channel>();
   };
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      GrpcTransport::Create(
-          {.service = &service, .rank = 2, .peers = {"a"}, .channels = channels})
-          .status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(GrpcTransport::Create({.service = &service,
+                                                     .rank = 2,
+                                                     .peers = {"a"},
+                                                     .channels = channels})
+                                  .status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
       GrpcTransport::Create({.service = &service,
                              .peers = {"a"},

@@ -6,18 +6,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "worker/transport/grpc/frame_codec.h"
 
 namespace gradmesh::transport {
-
-using ::gradmesh::v1::Frame;
-using ::gradmesh::v1::PeerSignal;
 
 // The outgoing stream to one peer. Invariant: a write is in flight exactly
 // when queue_ is non-empty and the stream is not broken; its frame is
 // queue_.front(). The reactor keeps itself alive (self_) until OnDone has
 // returned, so the transport may drop its reference as soon as done_ is set.
 class GrpcTransport::Stream final
-    : public grpc::ClientBidiReactor<Frame, PeerSignal> {
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   static std::shared_ptr<Stream> Open(std::shared_ptr<grpc::Channel> channel,
                                       PeerService* service, uint64_t epoch,
@@ -25,21 +24,22 @@ class GrpcTransport::Stream final
     std::shared_ptr<Stream> stream(
         new Stream(std::move(channel), service, epoch, peer));
     stream->self_ = stream;
-    stream->stub_->async()->Exchange(&stream->context_, stream.get());
+    stream->stub_->PrepareBidiStreamingCall(&stream->context_, kExchangeMethod,
+                                            grpc::StubOptions(), stream.get());
     stream->StartRead(&stream->signal_);
     stream->AddHold();  // writes start outside reactions
     stream->StartCall();
     return stream;
   }
 
-  absl::Status Enqueue(std::vector<Frame> frames) {
-    Frame* first = nullptr;
+  absl::Status Enqueue(std::vector<grpc::ByteBuffer> frames) {
+    grpc::ByteBuffer* first = nullptr;
     {
       absl::MutexLock lock(&mu_);
       GM_RETURN_IF_ERROR(broken_);
       GM_CHECK(!closing_) << "send after close";
       const bool idle = queue_.empty();
-      for (Frame& frame : frames) queue_.push_back(std::move(frame));
+      for (grpc::ByteBuffer& frame : frames) queue_.push_back(std::move(frame));
       if (idle) first = &queue_.front();
     }
     if (first != nullptr) StartWrite(first);
@@ -80,7 +80,7 @@ class GrpcTransport::Stream final
   }
 
   void OnWriteDone(bool ok) override {
-    Frame* next = nullptr;
+    grpc::ByteBuffer* next = nullptr;
     bool writes_done = false;
     absl::Status broken;
     {
@@ -145,7 +145,7 @@ class GrpcTransport::Stream final
  private:
   Stream(std::shared_ptr<grpc::Channel> channel, PeerService* service,
          uint64_t epoch, int peer)
-      : stub_(gradmesh::v1::Peer::NewStub(std::move(channel))),
+      : stub_(std::make_unique<grpc::GenericStub>(std::move(channel))),
         service_(service),
         epoch_(epoch),
         peer_(peer) {}
@@ -159,16 +159,16 @@ class GrpcTransport::Stream final
     RemoveHold();
   }
 
-  std::unique_ptr<gradmesh::v1::Peer::Stub> stub_;
+  std::unique_ptr<grpc::GenericStub> stub_;
   PeerService* const service_;
   const uint64_t epoch_;
   const int peer_;
   grpc::ClientContext context_;
-  PeerSignal signal_;
+  grpc::ByteBuffer signal_;  // the receiver sends nothing yet
   std::shared_ptr<Stream> self_;
 
   absl::Mutex mu_;
-  std::deque<Frame> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -228,29 +228,25 @@ absl::Status GrpcTransport::Send(int peer, const Tag& tag,
     absl::MutexLock lock(&mu_);
     GM_RETURN_IF_ERROR(aborted_);
     if (streams_[peer] == nullptr) {
-      streams_[peer] =
-          Stream::Open(options_.channels(options_.peers[peer]),
-                       options_.service, options_.epoch, peer);
+      streams_[peer] = Stream::Open(options_.channels(options_.peers[peer]),
+                                    options_.service, options_.epoch, peer);
     }
     stream = streams_[peer];
   }
   const uint64_t bytes = payload.size();
-  std::vector<Frame> frames;
+  // The frames reference the message: no copy on this side.
+  const auto message = std::make_shared<const std::string>(std::move(payload));
+  std::vector<grpc::ByteBuffer> frames;
   uint64_t offset = 0;
   do {
     const uint64_t length = std::min(options_.chunk_bytes, bytes - offset);
-    Frame& frame = frames.emplace_back();
-    frame.set_epoch(tag.epoch);
-    frame.set_operation(tag.operation);
-    frame.set_step(tag.step);
-    frame.set_from_rank(static_cast<uint32_t>(rank()));
-    frame.set_message_bytes(bytes);
-    frame.set_offset(offset);
-    if (frames.size() == 1 && length == bytes) {
-      frame.set_data(std::move(payload));
-    } else {
-      frame.set_data(payload.substr(offset, length));
-    }
+    frames.push_back(EncodeFrame({.epoch = tag.epoch,
+                                  .operation = tag.operation,
+                                  .step = tag.step,
+                                  .from_rank = static_cast<uint32_t>(rank()),
+                                  .message_bytes = bytes,
+                                  .offset = offset},
+                                 message, offset, length));
     offset += length;
   } while (offset < bytes);
   GM_RETURN_IF_ERROR(stream->Enqueue(std::move(frames)));

@@ -1,15 +1,12 @@
 #include "worker/transport/grpc/peer_service.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/transport/grpc/frame_codec.h"
 
 namespace gradmesh::transport {
-
-using ::gradmesh::v1::Frame;
-using ::gradmesh::v1::PeerSignal;
 
 namespace {
 // Larger messages than any gradient block set could need are refused.
@@ -17,12 +14,11 @@ constexpr uint64_t kMaxMessageBytes = uint64_t{16} << 30;
 }  // namespace
 
 // One incoming stream: reads frames, checks them, reassembles messages.
-class PeerService::Reactor final
-    : public grpc::ServerBidiReactor<Frame, PeerSignal> {
+class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
  public:
   Reactor(PeerService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {
-    StartRead(&frame_);
+    StartRead(&buffer_);
   }
 
   void OnReadDone(bool ok) override {
@@ -30,80 +26,82 @@ class PeerService::Reactor final
       Finish(grpc::Status::OK);
       return;
     }
-    absl::Status accepted = Accept();
-    if (!accepted.ok()) {
-      service_->CountRefused();
-      refused_ = accepted;
-      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          std::string(accepted.message())));
+    absl::Status accepted =
+        DecodeFrame(&buffer_, [this](const FrameHeader& header, uint64_t size) {
+          return Place(header, size);
+        });
+    buffer_.Clear();
+    if (accepted.ok()) {
+      ++frames_;
+      if (received_ == message_bytes_) {
+        service_->Deliver(epoch_, from_, tag_, std::move(message_), frames_);
+        message_ = std::string();
+        frames_ = 0;
+      }
+      StartRead(&buffer_);
       return;
     }
-    StartRead(&frame_);
+    service_->CountRefused();
+    refused_ = accepted;
+    Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        std::string(accepted.message())));
   }
 
   void OnDone() override {
     if (identified_) {
-      absl::Status why =
-          !refused_.ok() ? refused_
-          : context_->IsCancelled()
-              ? absl::UnavailableError(
-                    absl::StrCat("the stream from peer ", from_, " broke"))
-              : absl::UnavailableError(
-                    absl::StrCat("peer ", from_, " closed its stream"));
+      absl::Status why = !refused_.ok() ? refused_
+                         : context_->IsCancelled()
+                             ? absl::UnavailableError(absl::StrCat(
+                                   "the stream from peer ", from_, " broke"))
+                             : absl::UnavailableError(absl::StrCat(
+                                   "peer ", from_, " closed its stream"));
       service_->StreamEnded(epoch_, from_, std::move(why));
     }
     delete this;
   }
 
  private:
-  // Validates the frame against the stream and the message being assembled;
-  // delivers the message once complete.
-  absl::Status Accept() {
+  // Checks a frame against the stream and the message being assembled, and
+  // says where its data goes.
+  absl::StatusOr<char*> Place(const FrameHeader& header, uint64_t size) {
     if (!identified_) {
       identified_ = true;
-      epoch_ = frame_.epoch();
-      from_ = static_cast<int>(frame_.from_rank());
-    } else if (frame_.epoch() != epoch_ ||
-               static_cast<int>(frame_.from_rank()) != from_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a stream of epoch ", epoch_, " from rank ", from_,
-          " carried a frame of epoch ", frame_.epoch(), " from rank ",
-          frame_.from_rank()));
+      epoch_ = header.epoch;
+      from_ = static_cast<int>(header.from_rank);
+    } else if (header.epoch != epoch_ ||
+               static_cast<int>(header.from_rank) != from_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a stream of epoch ", epoch_, " from rank ", from_,
+                       " carried a frame of epoch ", header.epoch,
+                       " from rank ", header.from_rank));
     }
-    const Tag tag{frame_.epoch(), frame_.operation(), frame_.step()};
+    const Tag tag{header.epoch, header.operation, header.step};
     if (frames_ == 0) {
-      if (frame_.message_bytes() > kMaxMessageBytes) {
+      if (header.message_bytes > kMaxMessageBytes) {
         return absl::InvalidArgumentError(
             absl::StrCat("peer ", from_, " announced a message of ",
-                         frame_.message_bytes(), " bytes"));
+                         header.message_bytes, " bytes"));
       }
       tag_ = tag;
-      message_bytes_ = frame_.message_bytes();
-      message_.clear();
-      // Grows with the data, so a false length costs nothing up front.
-      message_.reserve(std::min<uint64_t>(message_bytes_, 1 << 24));
+      message_bytes_ = header.message_bytes;
+      received_ = 0;
     }
-    if (!(tag == tag_) || frame_.message_bytes() != message_bytes_ ||
-        frame_.offset() != message_.size() ||
-        frame_.data().size() > message_bytes_ - message_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "peer ", from_, " sent a frame out of sequence (", ToString(tag),
-          ", offset ", frame_.offset(), ", ", frame_.data().size(), " of ",
-          frame_.message_bytes(), " bytes)"));
+    if (!(tag == tag_) || header.message_bytes != message_bytes_ ||
+        header.offset != received_ || size > message_bytes_ - received_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peer ", from_, " sent a frame out of sequence (",
+                       ToString(tag), ", offset ", header.offset, ", ", size,
+                       " of ", header.message_bytes, " bytes)"));
     }
-    message_.append(frame_.data());
-    ++frames_;
-    if (message_.size() == message_bytes_) {
-      service_->Deliver(epoch_, from_, tag_, std::move(message_), frames_);
-      message_ = std::string();
-      frames_ = 0;
-    }
-    return absl::OkStatus();
+    // Grows with the data, so a false length costs nothing up front.
+    message_.resize(received_ + size);
+    received_ += size;
+    return message_.data() + header.offset;
   }
 
   PeerService* const service_;
   grpc::CallbackServerContext* const context_;
-  Frame frame_;
+  grpc::ByteBuffer buffer_;
   bool identified_ = false;
   uint64_t epoch_ = 0;
   int from_ = -1;
@@ -111,12 +109,23 @@ class PeerService::Reactor final
   // The message being assembled.
   Tag tag_;
   uint64_t message_bytes_ = 0;
+  uint64_t received_ = 0;
   uint64_t frames_ = 0;
   std::string message_;
 };
 
-grpc::ServerBidiReactor<Frame, PeerSignal>* PeerService::Exchange(
-    grpc::CallbackServerContext* context) {
+grpc::ServerGenericBidiReactor* PeerService::CreateReactor(
+    grpc::GenericCallbackServerContext* context) {
+  if (context->method() != kExchangeMethod) {
+    class Unimplemented final : public grpc::ServerGenericBidiReactor {
+     public:
+      Unimplemented() {
+        Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, ""));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Unimplemented;
+  }
   return new Reactor(this, context);
 }
 
@@ -197,9 +206,9 @@ absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
   };
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
   if (epoch < min_epoch_) {
-    return absl::AbortedError(
-        absl::StrCat("epoch ", epoch, " was retired while waiting for ",
-                     ToString(tag), " from peer ", from));
+    return absl::AbortedError(absl::StrCat("epoch ", epoch,
+                                           " was retired while waiting for ",
+                                           ToString(tag), " from peer ", from));
   }
   const EpochState& state = StateLocked(epoch);
   GM_RETURN_IF_ERROR(state.aborted);

@@ -1,14 +1,16 @@
 // PeerService: the receiving side of the gRPC transport, one per process.
 //
-// It serves gradmesh.v1.Peer. Every incoming stream belongs to one (epoch,
-// sender) pair; its frames are put back together into messages, which wait
-// in mailboxes keyed by (epoch, sender, tag) until a GrpcTransport of that
-// epoch receives them. Frames of a future epoch are kept (a peer may start an
-// epoch before this process has learned of it); frames of a retired epoch or
-// of a retired operation are dropped and counted, never delivered.
+// It serves gradmesh.v1.Peer's Exchange (as the server's generic service, so
+// that frames are read without protobuf's copies: frame_codec.h). Every
+// incoming stream belongs to one (epoch, sender) pair; its frames are put back
+// together into messages, which wait in mailboxes keyed by (epoch, sender, tag)
+// until a GrpcTransport of that epoch receives them. Frames of a future epoch
+// are kept (a peer may start an epoch before this process has learned of it);
+// frames of a retired epoch or of a retired operation are dropped and counted,
+// never delivered.
 //
-//   PeerService peers;
-//   builder.RegisterService(&peers);  // outlive the server that serves it
+//   PeerService peers;  // must outlive the server that serves it
+//   builder.RegisterCallbackGenericService(&peers);
 //   ... GrpcTransport::Create({.service = &peers, ...});
 //
 // Thread-safe. Reactions never block: delivery takes one mutex briefly.
@@ -24,19 +26,20 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "gradmesh/v1/peer.grpc.pb.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "worker/transport/transport.h"
 
 namespace gradmesh::transport {
 
-class PeerService final : public gradmesh::v1::Peer::CallbackService {
+class PeerService final : public grpc::CallbackGenericService {
  public:
   PeerService() = default;
   PeerService(const PeerService&) = delete;
   PeerService& operator=(const PeerService&) = delete;
 
-  grpc::ServerBidiReactor<gradmesh::v1::Frame, gradmesh::v1::PeerSignal>*
-  Exchange(grpc::CallbackServerContext* context) override;
+  // Exchange streams; any other method is UNIMPLEMENTED.
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override;
 
   // Blocks for the message from `from` with `tag` in `epoch`. Errors: the
   // epoch's abort status; Unavailable once the sender's stream has ended or

@@ -1,0 +1,127 @@
+#include "worker/transport/grpc/frame_codec.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/slice.h"
+
+namespace gradmesh::transport {
+
+namespace {
+
+using ::google::protobuf::io::CodedInputStream;
+using ::google::protobuf::io::CodedOutputStream;
+using ::google::protobuf::io::StringOutputStream;
+
+constexpr uint32_t kVarint = 0;
+constexpr uint32_t kLengthDelimited = 2;
+constexpr uint32_t Key(int field, uint32_t wire_type) {
+  return (static_cast<uint32_t>(field) << 3) | wire_type;
+}
+
+// Releases the message reference a data slice holds.
+void ReleaseMessage(void* holder) {
+  delete static_cast<std::shared_ptr<const std::string>*>(holder);
+}
+
+}  // namespace
+
+grpc::ByteBuffer EncodeFrame(const FrameHeader& header,
+                             const std::shared_ptr<const std::string>& message,
+                             uint64_t offset, uint64_t length) {
+  std::string head;
+  {
+    StringOutputStream stream(&head);
+    CodedOutputStream out(&stream);
+    // proto3 leaves zero scalars out, as the generated code would.
+    auto field = [&](int number, uint64_t value) {
+      if (value == 0) return;
+      out.WriteVarint32(Key(number, kVarint));
+      out.WriteVarint64(value);
+    };
+    field(1, header.epoch);
+    field(2, header.operation);
+    field(3, header.step);
+    field(4, header.from_rank);
+    field(5, header.message_bytes);
+    field(6, header.offset);
+    if (length > 0) {
+      out.WriteVarint32(Key(7, kLengthDelimited));
+      out.WriteVarint64(length);
+    }
+  }
+  std::vector<grpc::Slice> slices;
+  slices.emplace_back(head);
+  if (length > 0) {
+    auto* holder = new std::shared_ptr<const std::string>(message);
+    slices.emplace_back(const_cast<char*>(message->data() + offset), length,
+                        &ReleaseMessage, holder);
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+absl::Status DecodeFrame(grpc::ByteBuffer* buffer, const FrameSink& sink) {
+  grpc::ProtoBufferReader reader(buffer);
+  CodedInputStream in(&reader);
+  FrameHeader header;
+  bool data_seen = false;
+  auto malformed = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed frame: ", what));
+  };
+  while (true) {
+    const uint32_t key = in.ReadTag();
+    if (key == 0) break;  // end of the frame (or an invalid key 0)
+    if (data_seen) return malformed("a field after the data");
+    uint64_t value = 0;
+    const int field = static_cast<int>(key >> 3);
+    if (field >= 1 && field <= 6) {
+      if ((key & 7) != kVarint || !in.ReadVarint64(&value)) {
+        return malformed(absl::StrCat("field ", field));
+      }
+      switch (field) {
+        case 1:
+          header.epoch = value;
+          break;
+        case 2:
+          header.operation = value;
+          break;
+        case 3:
+          header.step = static_cast<uint32_t>(value);
+          break;
+        case 4:
+          header.from_rank = static_cast<uint32_t>(value);
+          break;
+        case 5:
+          header.message_bytes = value;
+          break;
+        case 6:
+          header.offset = value;
+          break;
+      }
+      if ((field == 3 || field == 4) && value > UINT32_MAX) {
+        return malformed(absl::StrCat("field ", field, " exceeds 32 bits"));
+      }
+    } else if (key == Key(7, kLengthDelimited)) {
+      uint32_t size = 0;
+      if (!in.ReadVarint32(&size)) return malformed("data length");
+      GM_ASSIGN_OR_RETURN(char* out, sink(header, size));
+      if (!in.ReadRaw(out, static_cast<int>(size))) {
+        return malformed("data shorter than its length");
+      }
+      data_seen = true;
+    } else {
+      return malformed(absl::StrCat("unknown key ", key));
+    }
+  }
+  if (!in.ConsumedEntireMessage() || reader.status().ok() == false) {
+    return malformed("trailing bytes");
+  }
+  if (!data_seen) GM_RETURN_IF_ERROR(sink(header, 0).status());
+  return absl::OkStatus();
+}
+
+}  // namespace gradmesh::transport

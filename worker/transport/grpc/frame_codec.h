@@ -1,0 +1,50 @@
+// The wire form of gradmesh.v1.Frame (proto/gradmesh/v1/peer.proto), written
+// and read by hand so that a chunk is copied once between the sender's
+// message and the receiver's: the sender's frames reference its message
+// (no copy), and the receiver copies each chunk's data straight to its place
+// in the message being assembled. The bytes are exactly the protobuf
+// encoding (fields in number order, data last), so generated stubs can still
+// talk to the peer service.
+#ifndef GRADMESH_WORKER_TRANSPORT_GRPC_FRAME_CODEC_H_
+#define GRADMESH_WORKER_TRANSPORT_GRPC_FRAME_CODEC_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/support/byte_buffer.h"
+
+namespace gradmesh::transport {
+
+// The full name of the Exchange method, for the generic stub and service.
+inline constexpr char kExchangeMethod[] = "/gradmesh.v1.Peer/Exchange";
+
+struct FrameHeader {
+  uint64_t epoch = 0;
+  uint64_t operation = 0;
+  uint32_t step = 0;
+  uint32_t from_rank = 0;
+  uint64_t message_bytes = 0;
+  uint64_t offset = 0;
+};
+
+// The frame carrying bytes [offset, offset + length) of *message; the buffer
+// keeps `message` alive until gRPC has sent it.
+grpc::ByteBuffer EncodeFrame(const FrameHeader& header,
+                             const std::shared_ptr<const std::string>& message,
+                             uint64_t offset, uint64_t length);
+
+// Where a frame's `size` data bytes go, or why it is refused.
+using FrameSink =
+    std::function<absl::StatusOr<char*>(const FrameHeader&, uint64_t size)>;
+
+// Parses a frame and copies its data to where `sink` says. InvalidArgument
+// for bytes that are not a Frame (unknown fields included); the sink's error
+// if it refuses.
+absl::Status DecodeFrame(grpc::ByteBuffer* buffer, const FrameSink& sink);
+
+}  // namespace gradmesh::transport
+
+#endif  // GRADMESH_WORKER_TRANSPORT_GRPC_FRAME_CODEC_H_
