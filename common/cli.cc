@@ -96,6 +96,11 @@ void KeepLargeBuffersWarm() {
   mallopt(M_ARENA_MAX, 1);
 }
 
+void ExitAfterShutdown(int code) {
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
 void LogLine(absl::string_view who, absl::string_view context,
              absl::string_view message) {
   const std::string line = absl::StrCat(

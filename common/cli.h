@@ -34,6 +34,12 @@ int AwaitTerminationSignal();
 // which dominated the transport's profile).
 void KeepLargeBuffersWarm();
 
+// Ends a process that used gRPC, after its orderly shutdown: flushes stdio
+// and exits without static destructors. gRPC 1.51 tears its callback
+// completion queue down from static destructors while its own thread may
+// still use it, which can double-free at exit.
+[[noreturn]] void ExitAfterShutdown(int code);
+
 // One log line on stderr: "<local time> <who> <context>: <message>".
 void LogLine(absl::string_view who, absl::string_view context,
              absl::string_view message);

@@ -88,5 +88,6 @@ int main(int argc, char** argv) {
   }
   gradmesh::AwaitTerminationSignal();
   (*server)->Stop();
-  return 0;
+  server->reset();
+  gradmesh::ExitAfterShutdown(0);
 }

@@ -282,6 +282,9 @@ absl::Status LocalCluster::Stop() {
     if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
       result.Update(absl::InternalError(
           absl::StrCat(p->name, " exited with status ", WEXITSTATUS(status))));
+    } else if (WIFSIGNALED(status) && WTERMSIG(status) != SIGKILL) {
+      result.Update(absl::InternalError(
+          absl::StrCat(p->name, " died of signal ", WTERMSIG(status))));
     }
     p->pid = -1;
   };

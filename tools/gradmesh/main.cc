@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
   if (command == "local") {
     std::string name = absl::StrCat(argv[0], " local");
     argv[1] = name.data();
-    return Local(argc - 1, argv + 1);
+    gradmesh::ExitAfterShutdown(Local(argc - 1, argv + 1));
   }
   if (command.empty() || command == "--help" || command == "-h" ||
       command == "help") {

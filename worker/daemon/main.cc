@@ -67,5 +67,6 @@ int main(int argc, char** argv) {
   }
   gradmesh::AwaitTerminationSignal();
   (*daemon)->Stop();
-  return 0;
+  daemon->reset();
+  gradmesh::ExitAfterShutdown(0);
 }
