@@ -432,8 +432,10 @@ absl::Status Daemon::RunRequest(const v1::AllReduceRequest& request,
   absl::MutexLock op_lock(&op_mu_);
   const uint64_t step = request.step();
   std::shared_ptr<Group> group;
+  bool stopping;
   {
     absl::MutexLock lock(&state_mu_);
+    stopping = stopping_;
     if (has_last_step_ && step <= last_step_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "step ", step, " is not after the last step ", last_step_));
@@ -449,7 +451,9 @@ absl::Status Daemon::RunRequest(const v1::AllReduceRequest& request,
     last_step_ = step;
   }
   absl::Status status;
-  if (group == nullptr) {
+  if (stopping) {
+    status = absl::UnavailableError("the worker is shutting down");
+  } else if (group == nullptr) {
     status = absl::UnavailableError("no view from the coordinator yet");
   } else if (group->rank < 0) {
     status = absl::UnavailableError(

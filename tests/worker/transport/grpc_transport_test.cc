@@ -229,6 +229,43 @@ TEST(FrameCodecTest, RefusesWhatIsNotAFrame) {
                    .ok());  // the sink refuses 128 bytes
 }
 
+// A length larger than the bytes present never reaches the sink (which
+// would otherwise size a buffer for it).
+TEST(FrameCodecTest, LengthsBeyondTheDataAreRefusedBeforeTheSink) {
+  for (const std::string& bytes :
+       {std::string("\x28\x80\x80\x80\x80\x04\x3a\xf0\xff\xff\xff\x0f", 12),
+        std::string("\x3a\x81\x80\x80\x80\x10", 6) + "x"}) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buffer(&slice, 1);
+    bool called = false;
+    const absl::Status status = DecodeFrame(
+        &buffer, [&](const FrameHeader&, uint64_t) -> absl::StatusOr<char*> {
+          called = true;
+          return absl::InternalError("must not be asked");
+        });
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+    EXPECT_FALSE(called);
+  }
+}
+
+// Sends racing with Abort end in an error or succeed; nothing crashes.
+TEST(GrpcTransportTest, SendsRacingAnAbortFailCleanly) {
+  for (int round = 0; round < 20; ++round) {
+    GrpcNetwork net(2);
+    std::thread sender([&] {
+      for (uint32_t step = 0; step < 200; ++step) {
+        if (!net.endpoint(0)->Send(1, {0, 0, step}, Bytes(2000, 'a')).ok()) {
+          return;
+        }
+      }
+    });
+    absl::SleepFor(absl::Microseconds(200 * (round % 5)));
+    net.endpoint(0)->Abort(absl::AbortedError("view changed"));
+    sender.join();
+    EXPECT_TRUE(absl::IsAborted(net.endpoint(0)->Send(1, {0, 1, 0}, "x")));
+  }
+}
+
 TEST(GrpcTransportTest, RejectsBadOptions) {
   PeerService service;
   auto channels = [](const std::string&) {

@@ -8,6 +8,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/slice.h"
+#include "worker/transport/transport.h"
 
 namespace gradmesh::transport {
 
@@ -106,8 +107,14 @@ absl::Status DecodeFrame(grpc::ByteBuffer* buffer, const FrameSink& sink) {
         return malformed(absl::StrCat("field ", field, " exceeds 32 bits"));
       }
     } else if (key == Key(7, kLengthDelimited)) {
-      uint32_t size = 0;
-      if (!in.ReadVarint32(&size)) return malformed("data length");
+      uint64_t size = 0;
+      if (!in.ReadVarint64(&size)) return malformed("data length");
+      // Only what is really there (and fits a chunk) reaches the sink.
+      const uint64_t left = buffer->Length() - in.CurrentPosition();
+      if (size > left || size > kMaxChunkBytes) {
+        return malformed(
+            absl::StrCat("data of ", size, " bytes where ", left, " remain"));
+      }
       GM_ASSIGN_OR_RETURN(char* out, sink(header, size));
       if (!in.ReadRaw(out, static_cast<int>(size))) {
         return malformed("data shorter than its length");

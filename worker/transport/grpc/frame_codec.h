@@ -41,8 +41,9 @@ using FrameSink =
     std::function<absl::StatusOr<char*>(const FrameHeader&, uint64_t size)>;
 
 // Parses a frame and copies its data to where `sink` says. InvalidArgument
-// for bytes that are not a Frame (unknown fields included); the sink's error
-// if it refuses.
+// for bytes that are not a Frame (unknown fields included, or data longer
+// than kMaxChunkBytes or than the bytes present); the sink's error if it
+// refuses. The sink never sees a size larger than the data really there.
 absl::Status DecodeFrame(grpc::ByteBuffer* buffer, const FrameSink& sink);
 
 }  // namespace gradmesh::transport

@@ -37,12 +37,23 @@ class GrpcTransport::Stream final
     {
       absl::MutexLock lock(&mu_);
       GM_RETURN_IF_ERROR(broken_);
-      GM_CHECK(!closing_) << "send after close";
+      if (closing_ || hold_released_) {
+        return absl::UnavailableError(
+            absl::StrCat("the stream to peer ", peer_, " is closed"));
+      }
       const bool idle = queue_.empty();
       for (grpc::ByteBuffer& frame : frames) queue_.push_back(std::move(frame));
-      if (idle) first = &queue_.front();
+      if (idle) {
+        first = &queue_.front();
+        // Keeps the call alive until StartWrite, whatever Cancel does
+        // meanwhile (the main hold is still held here).
+        AddHold();
+      }
     }
-    if (first != nullptr) StartWrite(first);
+    if (first != nullptr) {
+      StartWrite(first);
+      RemoveHold();
+    }
     return absl::OkStatus();
   }
 
@@ -68,6 +79,10 @@ class GrpcTransport::Stream final
     {
       absl::MutexLock lock(&mu_);
       closing_ = true;
+      if (broken_.ok()) {
+        broken_ = absl::UnavailableError(
+            absl::StrCat("the stream to peer ", peer_, " was cancelled"));
+      }
     }
     context_.TryCancel();
     ReleaseHold();
@@ -82,6 +97,7 @@ class GrpcTransport::Stream final
   void OnWriteDone(bool ok) override {
     grpc::ByteBuffer* next = nullptr;
     bool writes_done = false;
+    bool release = false;
     absl::Status broken;
     {
       absl::MutexLock lock(&mu_);
@@ -92,6 +108,7 @@ class GrpcTransport::Stream final
         }
         broken = broken_;
         queue_.clear();
+        release = closing_;  // Close is waiting for the queue to drain
       } else {
         queue_.pop_front();
         if (!queue_.empty()) {
@@ -102,6 +119,7 @@ class GrpcTransport::Stream final
       }
     }
     if (!broken.ok()) service_->MarkPeerGone(epoch_, peer_, broken);
+    if (release) ReleaseHold();
     if (next != nullptr) StartWrite(next);
     if (writes_done) {
       StartWritesDone();

@@ -93,7 +93,8 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
                        ToString(tag), ", offset ", header.offset, ", ", size,
                        " of ", header.message_bytes, " bytes)"));
     }
-    // Grows with the data, so a false length costs nothing up front.
+    // Grows with the data (DecodeFrame passes only sizes really received),
+    // so a false length costs nothing up front.
     message_.resize(received_ + size);
     received_ += size;
     return message_.data() + header.offset;
