@@ -88,7 +88,7 @@ struct PlanConfig {
   int teams = 0;                   // SparDL's d: 0 = autotune, else fixed
   int autotune_window = 5;         // counted operations per candidate (>= 1)
   double skip_factor = 3.0;        // skip d modeled > this x the best (>= 1)
-  int switch_lead_steps = 2;       // see View::start_step (>= 1)
+  int switch_lead_steps = 3;       // see View::start_step (>= 1)
   LinkModel link;                  // used until reports allow a fit
 };
 

@@ -34,7 +34,7 @@ ABSL_FLAG(int, autotune_window, 5,
           "iterations measured per candidate d (after one warm-up)");
 ABSL_FLAG(double, skip_factor, 3.0,
           "skip candidates the alpha-beta model puts over this x the best");
-ABSL_FLAG(int, switch_lead_steps, 2,
+ABSL_FLAG(int, switch_lead_steps, 3,
           "a plan change starts this many steps after the last reported one");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
           "a worker silent this long is removed (new epoch)");

@@ -67,6 +67,7 @@ class ClusterTest : public ::testing::Test {
  protected:
   void TearDown() override {
     if (HasFailure() && cluster_ != nullptr) {
+      cluster_->KeepWorkDir();
       std::printf("logs kept in %s\n", cluster_->work_dir().c_str());
     }
   }
@@ -309,6 +310,9 @@ TEST(TlsClusterTest, MembersTalkAndStrangersAreRefused) {
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_EQ(status->world_size(), 3);
   EXPECT_TRUE((*cluster)->Stop().ok());
+  for (const TlsFiles& set : {tls, stranger}) {
+    std::filesystem::remove_all(std::filesystem::path(set.ca).parent_path());
+  }
 }
 
 }  // namespace

@@ -50,20 +50,10 @@ absl::Status Check(const std::vector<std::vector<float>>& inputs,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status RunLocal(const LocalOptions& options,
-                      const std::atomic<bool>* interrupted) {
+// The job on a started cluster, up to its stop.
+absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
+                   const std::atomic<bool>* interrupted) {
   const int P = options.cluster.workers;
-  std::printf("gradmesh local: starting a coordinator and %d workers\n", P);
-  std::fflush(stdout);
-  GM_ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster,
-                      LocalCluster::Start(options.cluster));
-  std::printf(
-      "gradmesh local: coordinator %s (/metrics on port %d), logs "
-      "in %s\n",
-      cluster->coordinator_address().c_str(),
-      cluster->coordinator_metrics_port(), cluster->work_dir().c_str());
   GM_RETURN_IF_ERROR(cluster->WaitForView(P, options.cluster.start_timeout));
   std::printf(
       "gradmesh local: %d workers joined; %llu iterations of %llu "
@@ -180,10 +170,32 @@ absl::Status RunLocal(const LocalOptions& options,
       "gradmesh local: cluster stopped%s\n",
       stopped.ok() ? "" : absl::StrCat(" (", stopped.message(), ")").c_str());
   if (failures > 0) {
-    return absl::UnavailableError(absl::StrCat(
-        failures, " iterations failed; logs in ", cluster->work_dir()));
+    return absl::UnavailableError(absl::StrCat(failures, " iterations failed"));
   }
   return stopped;
+}
+
+}  // namespace
+
+absl::Status RunLocal(const LocalOptions& options,
+                      const std::atomic<bool>* interrupted) {
+  std::printf("gradmesh local: starting a coordinator and %d workers\n",
+              options.cluster.workers);
+  std::fflush(stdout);
+  GM_ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster,
+                      LocalCluster::Start(options.cluster));
+  std::printf(
+      "gradmesh local: coordinator %s (/metrics on port %d), logs in %s\n",
+      cluster->coordinator_address().c_str(),
+      cluster->coordinator_metrics_port(), cluster->work_dir().c_str());
+  const absl::Status status = Drive(cluster.get(), options, interrupted);
+  if (!status.ok()) {
+    cluster->KeepWorkDir();
+    return absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), "; logs in ", cluster->work_dir()));
+  }
+  return status;
 }
 
 }  // namespace gradmesh::tools

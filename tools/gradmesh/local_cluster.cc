@@ -99,6 +99,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
           absl::StrCat("mkdtemp: ", std::strerror(errno)));
     }
     cluster->work_dir_ = pattern;
+    cluster->temporary_work_dir_ = true;
   } else {
     std::error_code error;
     fs::create_directories(options.work_dir, error);
@@ -296,6 +297,12 @@ absl::Status LocalCluster::Stop() {
   return result;
 }
 
-LocalCluster::~LocalCluster() { Stop().IgnoreError(); }
+LocalCluster::~LocalCluster() {
+  Stop().IgnoreError();
+  if (temporary_work_dir_ && !keep_work_dir_) {
+    std::error_code ignored;
+    fs::remove_all(work_dir_, ignored);
+  }
+}
 
 }  // namespace gradmesh::tools

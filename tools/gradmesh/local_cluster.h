@@ -31,7 +31,8 @@ namespace gradmesh::tools {
 struct LocalClusterOptions {
   int workers = 4;
   std::string bin_dir;   // where the binaries are; empty: found (FindBinary)
-  std::string work_dir;  // logs and port files; empty: a new temporary one
+  std::string work_dir;  // logs and port files; empty: a new temporary one,
+                         // removed with the cluster (see KeepWorkDir)
   // Passed to the coordinator as --flag=value (e.g. {"algo", "spardl"}).
   std::vector<std::pair<std::string, std::string>> coordinator_flags;
   // Passed to every worker.
@@ -73,6 +74,10 @@ class LocalCluster {
   void Kill(int worker, int signal);
   bool alive(int worker) const { return workers_[worker].pid > 0; }
 
+  // A temporary work_dir is removed with the cluster unless this is called
+  // (when something failed and its logs matter).
+  void KeepWorkDir() { keep_work_dir_ = true; }
+
   // SIGTERM to every process, SIGKILL to those still running after 10 s.
   // Returns OK when every process that was running exited with status 0.
   absl::Status Stop();
@@ -93,6 +98,8 @@ class LocalCluster {
 
   LocalClusterOptions options_;
   std::string work_dir_;
+  bool temporary_work_dir_ = false;
+  bool keep_work_dir_ = false;
   Process coordinator_;
   std::vector<Process> workers_;
 };

@@ -538,8 +538,14 @@ absl::Status Daemon::RunRequest(const v1::AllReduceRequest& request,
   report.set_bytes_received(stats.bytes_received);
   report.set_values(gradient.size());
   report.set_teams(plan.teams());
-  absl::MutexLock lock(&state_mu_);
-  reports_.push_back(std::move(report));
+  {
+    absl::MutexLock lock(&state_mu_);
+    reports_.push_back(std::move(report));
+  }
+  // While autotune measures, the coordinator gets this step's figures before
+  // the client can start the next step, so that a plan change they trigger
+  // starts at a step no member has reached (View::start_step).
+  if (plan.autotuning()) FlushReports();
   return absl::OkStatus();
 }
 
