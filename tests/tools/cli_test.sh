@@ -3,6 +3,8 @@
 # a non-zero exit for bad input, and a run that writes its outputs.
 set -euo pipefail
 gradmesh=$1
+coordinator=${2:-}
+worker=${3:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -74,4 +76,27 @@ rc=0; wait $pid || rc=$?
 grep -q "interrupted after" "$work/int.out" || fail "local: no interrupt note"
 grep -q "cluster stopped$" "$work/int.out" || fail "local: not stopped cleanly"
 pgrep -f "$work/interrupted" >/dev/null && fail "local left processes behind"
+
+# The daemons: --help, and configuration from the environment (Kubernetes
+# passes it that way); a flag on the command line wins over it.
+if [[ -n "$coordinator" && -n "$worker" ]]; then
+  help=$("$coordinator" --help 2>&1 || true)  # absl's --help exits 1
+  grep -q -- "--heartbeat_timeout_ms" <<<"$help" ||
+      fail "coordinator --help lacks its flags"
+  help=$("$worker" --help 2>&1 || true)
+  grep -q -- "--operation_timeout_s" <<<"$help" || fail "worker --help lacks its flags"
+  grep -q -- "--tls_ca" <<<"$help" || fail "worker --help lacks --tls_ca"
+  rc=0; err=$(GRADMESH_COORDINATOR_ALGO=nope "$coordinator" --listen=127.0.0.1:0 2>&1) || rc=$?
+  [[ $rc -ne 0 ]] && grep -q "unknown algorithm 'nope'" <<<"$err" ||
+      fail "coordinator ignored GRADMESH_COORDINATOR_ALGO: $err"
+  rc=0; err=$(GRADMESH_COORDINATOR_DENSITY=x "$coordinator" 2>&1) || rc=$?
+  [[ $rc -eq 2 ]] && grep -q "GRADMESH_COORDINATOR_DENSITY='x'" <<<"$err" ||
+      fail "a bad environment value: rc $rc, $err"
+  GRADMESH_COORDINATOR_ALGO=nope "$coordinator" --algo=dense --listen=127.0.0.1:0 \
+      --port-file="$work/c.port" 2>"$work/c.log" &
+  pid=$!
+  for _ in $(seq 100); do [[ -s "$work/c.port" ]] && break; sleep 0.1; done
+  [[ -s "$work/c.port" ]] || fail "--algo did not win over the environment: $(cat "$work/c.log")"
+  kill -TERM $pid; wait $pid || fail "coordinator did not stop cleanly on SIGTERM"
+fi
 echo "cli_test: all checks passed"
