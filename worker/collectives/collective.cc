@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/kernels/topk.h"
 
 namespace gradmesh::collectives {
 namespace {
@@ -26,6 +27,12 @@ uint64_t SelectionSize(uint64_t n, double density) {
 StepRunner::StepRunner(const OpContext& context, OpStats* stats)
     : context_(context), stats_(stats) {
   GM_CHECK(context_.transport != nullptr);
+}
+
+sparse::SparseBlock TimedTopKAbs(absl::Span<const float> x, uint64_t k,
+                                 OpStats* stats) {
+  ScopedTimer timer(&stats->topk_seconds);
+  return kernels::TopKAbs(x, k, 0);
 }
 
 void OpStats::SetDetail(std::string name, int64_t value) {

@@ -77,6 +77,10 @@ class ScopedTimer {
   const absl::Time start_;
 };
 
+// kernels::TopKAbs(x, k, 0), its time added to stats->topk_seconds.
+sparse::SparseBlock TimedTopKAbs(absl::Span<const float> x, uint64_t k,
+                                 OpStats* stats);
+
 class Collective {
  public:
   virtual ~Collective() = default;

@@ -26,11 +26,7 @@ absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
   GM_RETURN_IF_ERROR(BeginAllReduce("gTopk", n_, gradient, residual, stats));
-  sparse::SparseBlock selected;
-  {
-    ScopedTimer timer(&stats->topk_seconds);
-    selected = kernels::TopKAbs(residual, k_, 0);
-  }
+  sparse::SparseBlock selected = TimedTopKAbs(residual, k_, stats);
   const sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const sparse::IndexRange all{0, n_};

@@ -8,7 +8,6 @@
 #include "common/status_macros.h"
 #include "worker/collectives/primitives.h"
 #include "worker/collectives/schedule.h"
-#include "worker/kernels/topk.h"
 #include "worker/sparse/coo.h"
 #include "worker/sparse/dense.h"
 #include "worker/sparse/qsgd.h"
@@ -136,11 +135,7 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
   GM_RETURN_IF_ERROR(BeginAllReduce("TopkDSA", n_, gradient, residual, stats));
-  sparse::SparseBlock selected;
-  {
-    ScopedTimer timer(&stats->topk_seconds);
-    selected = kernels::TopKAbs(residual, k_, 0);
-  }
+  sparse::SparseBlock selected = TimedTopKAbs(residual, k_, stats);
   const sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const int p = world_size_;
