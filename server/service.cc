@@ -1,15 +1,14 @@
 #include "server/service.h"
 
 #include <cstdio>
-#include <exception>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cli.h"
+#include "common/metrics/metrics_endpoint.h"
 #include "common/status_macros.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
@@ -52,8 +51,7 @@ class Metrics {
  public:
   explicit Metrics(const Coordinator* coordinator)
       : coordinator_(coordinator),
-        registry_(std::make_shared<prometheus::Registry>()),
-        fresh_(std::make_shared<Fresh>(this)) {
+        registry_(std::make_shared<prometheus::Registry>()) {
     auto gauge = [&](const char* name, const char* help) {
       return &prometheus::BuildGauge().Name(name).Help(help).Register(
           *registry_);
@@ -82,23 +80,16 @@ class Metrics {
                  ->Add({});
   }
 
+  // Serves /metrics on `listen` (empty: not served).
   absl::Status Serve(const std::string& listen) {
     if (listen.empty()) return absl::OkStatus();
-    try {
-      exposer_ = std::make_unique<prometheus::Exposer>(listen);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot serve /metrics on ", listen, ": ", e.what()));
-    }
-    exposer_->RegisterCollectable(fresh_);
+    GM_ASSIGN_OR_RETURN(
+        endpoint_,
+        MetricsEndpoint::Start(listen, registry_, [this] { Refresh(); }));
     return absl::OkStatus();
   }
 
-  int port() const {
-    if (exposer_ == nullptr) return 0;
-    const auto ports = exposer_->GetListeningPorts();
-    return ports.empty() ? 0 : ports.front();
-  }
+  int port() const { return endpoint_ == nullptr ? 0 : endpoint_->port(); }
 
   void Refresh() {
     const Coordinator& coordinator = *coordinator_;
@@ -128,23 +119,9 @@ class Metrics {
   }
 
  private:
-  // Refreshes the gauges, then hands them to the exposer.
-  class Fresh final : public prometheus::Collectable {
-   public:
-    explicit Fresh(Metrics* metrics) : metrics_(metrics) {}
-    std::vector<prometheus::MetricFamily> Collect() const override {
-      metrics_->Refresh();
-      return metrics_->registry_->Collect();
-    }
-
-   private:
-    Metrics* const metrics_;
-  };
-
   const Coordinator* const coordinator_;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::shared_ptr<Fresh> fresh_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsEndpoint> endpoint_;
   prometheus::Gauge* members_;
   prometheus::Gauge* epoch_;
   prometheus::Gauge* teams_;

@@ -72,7 +72,11 @@ std::string HostName() {
 class Daemon final : public WorkerDaemon, public v1::Worker::Service {
  public:
   explicit Daemon(const DaemonOptions& options) : options_(options) {}
-  ~Daemon() override { Stop(); }
+  ~Daemon() override {
+    Stop();
+    // Scrapes read the engine, which goes before metrics_ does.
+    if (metrics_ != nullptr) metrics_->StopServing();
+  }
 
   absl::Status Init();
   void Stop() override;
@@ -99,10 +103,10 @@ class Daemon final : public WorkerDaemon, public v1::Worker::Service {
   std::shared_ptr<Group> MakeGroup(const v1::View& view);
   absl::Status RunRequest(const v1::AllReduceRequest& request,
                           v1::AllReduceResponse* response);
-  void RecordSuccess(const Group& group, const std::string& buffer,
-                     const collectives::OpStats& stats, double seconds,
-                     const transport::Counters& before);
+  void RecordSuccess(const Group& group, const collectives::OpStats& stats,
+                     double seconds, const transport::Counters& before);
   void RecordDrops();
+  void RefreshResidualNorms();
 
   const DaemonOptions options_;
   std::string advertise_;
@@ -152,7 +156,9 @@ absl::Status Daemon::Init() {
   }
   GM_ASSIGN_OR_RETURN(channel_credentials_, ChannelCredentials(options_.tls));
   GM_ASSIGN_OR_RETURN(auto server_credentials, ServerCredentials(options_.tls));
-  GM_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_listen));
+  GM_ASSIGN_OR_RETURN(
+      metrics_, WorkerMetrics::Create(options_.metrics_listen,
+                                      [this] { RefreshResidualNorms(); }));
   GM_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(alone_.endpoint(0), {}));
 
   grpc::ServerBuilder builder;
@@ -475,7 +481,7 @@ absl::Status Daemon::RunRequest(const v1::AllReduceRequest& request,
     const absl::Time start = absl::Now();
     result = engine_->AllReduce(buffer, gradient, step, &stats);
     seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    if (result.ok()) RecordSuccess(*group, buffer, stats, seconds, before);
+    if (result.ok()) RecordSuccess(*group, stats, seconds, before);
   } else {
     // Nothing is lost: the next step carries this gradient.
     engine_->Keep(buffer, gradient).IgnoreError();
@@ -549,7 +555,7 @@ absl::Status Daemon::RunRequest(const v1::AllReduceRequest& request,
   return absl::OkStatus();
 }
 
-void Daemon::RecordSuccess(const Group& group, const std::string& buffer,
+void Daemon::RecordSuccess(const Group& group,
                            const collectives::OpStats& stats, double seconds,
                            const transport::Counters& before) {
   const std::string& algorithm = group.view.plan().algorithm();
@@ -576,12 +582,23 @@ void Daemon::RecordSuccess(const Group& group, const std::string& buffer,
   if (stats.detail("bsag_h") >= 0) {
     m.bsag_h().Set(static_cast<double>(stats.detail("bsag_h")));
   }
-  double norm = 0;
-  for (float v : engine_->residual(buffer)) norm += double{v} * v;
-  m.residual_norm(buffer).Set(std::sqrt(norm));
   m.teams().Set(group.view.plan().teams());
   m.rank().Set(group.rank);
   m.world_size().Set(group.view.members_size());
+}
+
+// At scrape time, off the operations' path: a pass over every residual.
+void Daemon::RefreshResidualNorms() {
+  // An operation in flight is changing them: keep the last figures.
+  if (!op_mu_.TryLock()) return;
+  if (engine_ != nullptr) {
+    for (const std::string& buffer : engine_->buffers()) {
+      double norm = 0;
+      for (float v : engine_->residual(buffer)) norm += double{v} * v;
+      metrics_->residual_norm(buffer).Set(std::sqrt(norm));
+    }
+  }
+  op_mu_.Unlock();
 }
 
 void Daemon::RecordDrops() {

@@ -1,6 +1,6 @@
 #include "worker/daemon/worker_metrics.h"
 
-#include <exception>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -88,18 +88,13 @@ WorkerMetrics::WorkerMetrics()
 }
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
-    const std::string& listen) {
+    const std::string& listen, std::function<void()> refresh) {
   std::unique_ptr<WorkerMetrics> metrics(new WorkerMetrics());
   if (listen.empty()) return metrics;
-  try {
-    metrics->exposer_ = std::make_unique<prometheus::Exposer>(listen);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve /metrics on ", listen, ": ", e.what()));
-  }
-  metrics->exposer_->RegisterCollectable(metrics->registry_);
-  const auto ports = metrics->exposer_->GetListeningPorts();
-  if (!ports.empty()) metrics->port_ = ports.front();
+  auto endpoint =
+      MetricsEndpoint::Start(listen, metrics->registry_, std::move(refresh));
+  if (!endpoint.ok()) return endpoint.status();
+  metrics->endpoint_ = *std::move(endpoint);
   return metrics;
 }
 

@@ -5,7 +5,7 @@
 //   gradmesh_worker_bytes_sent_total{peer}              counter (payload)
 //   gradmesh_worker_bytes_received_total{peer}          counter (payload)
 //   gradmesh_worker_nonzeros{phase}                     gauge: srs, sag, result
-//   gradmesh_worker_residual_norm{buffer}               gauge (L2)
+//   gradmesh_worker_residual_norm{buffer}               gauge (L2, at scrape)
 //   gradmesh_worker_bsag_h                              gauge (B-SAG's h)
 //   gradmesh_worker_teams / _epoch / _rank / _world_size gauges
 //   gradmesh_worker_operations_total{code}              counter (OK or error)
@@ -16,12 +16,13 @@
 #ifndef GRADMESH_WORKER_DAEMON_WORKER_METRICS_H_
 #define GRADMESH_WORKER_DAEMON_WORKER_METRICS_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/metrics/metrics_endpoint.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
@@ -30,12 +31,15 @@ namespace gradmesh::daemon {
 
 class WorkerMetrics {
  public:
-  // Serves /metrics on `listen` (host:port, port 0 picks one); empty: the
-  // series are kept but not served.
+  // Serves /metrics on `listen` (host:port, port 0 picks one), calling
+  // `refresh` before each scrape; empty: the series are kept but not served.
   static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Create(
-      const std::string& listen);
+      const std::string& listen, std::function<void()> refresh);
 
-  int port() const { return port_; }  // 0 when not served
+  int port() const { return endpoint_ == nullptr ? 0 : endpoint_->port(); }
+
+  // Stops serving (and refreshing); the series stay.
+  void StopServing() { endpoint_.reset(); }
 
   prometheus::Histogram& operation_seconds(const std::string& algorithm);
   prometheus::Histogram& topk_seconds(const std::string& algorithm);
@@ -56,8 +60,7 @@ class WorkerMetrics {
   WorkerMetrics();
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  int port_ = 0;
+  std::unique_ptr<MetricsEndpoint> endpoint_;
   prometheus::Family<prometheus::Histogram>* operation_seconds_;
   prometheus::Family<prometheus::Histogram>* topk_seconds_;
   prometheus::Family<prometheus::Counter>* bytes_sent_;

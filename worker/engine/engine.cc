@@ -93,6 +93,12 @@ absl::Status Engine::Keep(absl::string_view name,
   return absl::OkStatus();
 }
 
+std::vector<std::string> Engine::buffers() const {
+  std::vector<std::string> names;
+  for (const auto& [name, buffer] : buffers_) names.push_back(name);
+  return names;
+}
+
 absl::Span<const float> Engine::residual(absl::string_view name) const {
   auto it = buffers_.find(name);
   if (it == buffers_.end()) return {};

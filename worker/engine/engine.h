@@ -71,6 +71,9 @@ class Engine {
   // carries it. InvalidArgument for a size that does not match.
   absl::Status Keep(absl::string_view name, absl::Span<const float> gradient);
 
+  // The names of the buffers seen so far.
+  std::vector<std::string> buffers() const;
+
   // The residual of `name` (empty if the name is unknown).
   absl::Span<const float> residual(absl::string_view name) const;
 
