@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "worker/collectives/collective.h"
+#include "worker/collectives/mass_balance.h"
 #include "worker/transport/loopback.h"
 
 namespace gradmesh::testing {
@@ -39,56 +40,24 @@ inline std::vector<float> RandomVector(uint64_t n, uint64_t seed) {
   return v;
 }
 
-// The conservation identity, index by index: records the inputs of an
-// iteration (gradient + carried residual, summed over ranks) and checks that
-// they equal the result plus the residuals left, within `tolerance` of the
-// inputs' magnitude at each index and over all of them.
+// collectives::MassBalance as a GoogleTest assertion.
 class MassBalance {
  public:
   MassBalance(const std::vector<std::vector<float>>& gradients,
-              const std::vector<std::vector<float>>& residuals) {
-    const size_t n = gradients.empty() ? 0 : gradients[0].size();
-    input_.assign(n, 0.0);
-    scale_.assign(n, 0.0);
-    for (size_t r = 0; r < gradients.size(); ++r) {
-      for (size_t i = 0; i < n; ++i) {
-        const double x = double{gradients[r][i]} + residuals[r][i];
-        input_[i] += x;
-        scale_[i] += std::fabs(x);
-      }
-    }
-  }
+              const std::vector<std::vector<float>>& residuals)
+      : balance_(gradients, residuals) {}
 
   ::testing::AssertionResult Holds(
       const sparse::SparseBlock& result,
       const std::vector<std::vector<float>>& residuals,
       double tolerance = 1e-5) const {
-    std::vector<double> output(input_.size(), 0.0);
-    for (size_t e = 0; e < result.size(); ++e) {
-      output[result.indices[e]] += result.values[e];
-    }
-    for (const std::vector<float>& residual : residuals) {
-      for (size_t i = 0; i < output.size(); ++i) output[i] += residual[i];
-    }
-    double total_error = 0, total_scale = 0;
-    for (size_t i = 0; i < output.size(); ++i) {
-      const double error = std::fabs(output[i] - input_[i]);
-      if (error > tolerance * scale_[i] + 1e-30) {
-        return ::testing::AssertionFailure()
-               << "index " << i << ": inputs " << input_[i]
-               << ", result + residuals " << output[i];
-      }
-      total_error += error;
-      total_scale += scale_[i];
-    }
-    if (total_error > tolerance * total_scale) {
-      return ::testing::AssertionFailure() << "total error " << total_error;
-    }
-    return ::testing::AssertionSuccess();
+    const absl::Status status = balance_.Check(result, residuals, tolerance);
+    if (status.ok()) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << status.message();
   }
 
  private:
-  std::vector<double> input_, scale_;
+  collectives::MassBalance balance_;
 };
 
 // What one rank got from one all-reduce.

@@ -1,6 +1,5 @@
 #include "tools/gradmesh/local.h"
 
-#include <cmath>
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -9,42 +8,20 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "tools/gradmesh/synthetic.h"
+#include "worker/collectives/mass_balance.h"
 
 namespace gradmesh::tools {
 
 namespace {
 
-// Whether all workers got the bitwise same result, and whether the inputs of
-// the iteration (gradients + residuals before) equal the result plus the
-// residuals after, index by index within float rounding.
-absl::Status Check(const std::vector<std::vector<float>>& inputs,
-                   const std::vector<client::Reduced>& runs) {
+// Whether every worker got worker 0's result, bitwise.
+absl::Status CheckIdentical(const std::vector<client::Reduced>& runs) {
   const client::ReducedTensor& first = runs[0].tensors[0];
   for (size_t w = 1; w < runs.size(); ++w) {
     const client::ReducedTensor& other = runs[w].tensors[0];
     if (other.indices != first.indices || other.values != first.values) {
       return absl::DataLossError(
           absl::StrCat("worker ", w, "'s result differs from worker 0's"));
-    }
-  }
-  const size_t n = inputs[0].size();
-  std::vector<double> in(n, 0.0), scale(n, 0.0), out(n, 0.0);
-  for (size_t w = 0; w < runs.size(); ++w) {
-    const std::vector<float>& residual = runs[w].tensors[0].residual;
-    for (size_t i = 0; i < n; ++i) {
-      in[i] += inputs[w][i];
-      scale[i] += std::fabs(inputs[w][i]);
-      out[i] += residual[i];
-    }
-  }
-  for (size_t e = 0; e < first.indices.size(); ++e) {
-    out[first.indices[e]] += first.values[e];
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (std::fabs(out[i] - in[i]) > 1e-5 * scale[i] + 1e-30) {
-      return absl::DataLossError(absl::StrCat("mass not conserved at index ", i,
-                                              ": inputs ", in[i],
-                                              ", result + residuals ", out[i]));
     }
   }
   return absl::OkStatus();
@@ -117,25 +94,26 @@ absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
     }
     std::string check = "unchecked";
     if (options.verify) {
-      if (known) {
-        for (int w = 0; w < P; ++w) {
-          for (uint64_t i = 0; i < options.n; ++i) {
-            inputs[w][i] += residuals[w][i];
-          }
-        }
-        GM_RETURN_IF_ERROR(Check(inputs, ok));
-        check = "checked";
-      } else {
-        check = "identical";
-        for (int w = 1; w < P; ++w) {
-          if (ok[w].tensors[0].indices != ok[0].tensors[0].indices ||
-              ok[w].tensors[0].values != ok[0].tensors[0].values) {
-            return absl::DataLossError(absl::StrCat(
-                "iteration ", it, ": worker ", w, "'s result differs"));
-          }
-        }
+      if (absl::Status same = CheckIdentical(ok); !same.ok()) {
+        return absl::DataLossError(
+            absl::StrCat("iteration ", it, ": ", same.message()));
       }
-      for (int w = 0; w < P; ++w) residuals[w] = ok[w].tensors[0].residual;
+      std::vector<std::vector<float>> after;
+      for (int w = 0; w < P; ++w) after.push_back(ok[w].tensors[0].residual);
+      check = "identical";
+      if (known) {
+        sparse::SparseBlock result;
+        result.indices = ok[0].tensors[0].indices;
+        result.values = ok[0].tensors[0].values;
+        if (absl::Status balanced = collectives::MassBalance(inputs, residuals)
+                                        .Check(result, after);
+            !balanced.ok()) {
+          return absl::DataLossError(
+              absl::StrCat("iteration ", it, ": ", balanced.message()));
+        }
+        check = "checked";
+      }
+      residuals = std::move(after);
       known = true;
     }
     if (it > 0) {
