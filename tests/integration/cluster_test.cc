@@ -1,11 +1,13 @@
 // Real processes on 127.0.0.1: a coordinator and P gradmesh-worker
-// processes, driven through the worker service (LocalCluster).
+// processes (LocalCluster), driven through the SDK over shared memory.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,24 +26,68 @@
 namespace gradmesh::tools {
 namespace {
 
-using StepResults = std::vector<absl::StatusOr<client::Reduced>>;
+// A training process per worker, as the SDK's user holds it: a client and
+// one registered bucket "g" of n values.
+struct Trainer {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<TensorSet> set;
+};
 
-// Step `step` on the given workers at once, with seeded gradients of n
-// values; residuals come back.
-StepResults RunStep(LocalCluster& cluster, const std::vector<int>& workers,
-                    uint64_t step, uint64_t n, absl::Duration timeout,
+// What one worker's step returned.
+struct StepResult {
+  absl::Status status;
+  ReduceInfo info;
+  sparse::SparseBlock result;
+  std::vector<float> residual;
+};
+using StepResults = std::vector<StepResult>;
+
+// Connects to and registers bucket "g" on every worker at once.
+std::vector<Trainer> ConnectAll(LocalCluster& cluster, const std::string& job,
+                                uint64_t n, absl::Duration timeout) {
+  std::vector<Trainer> trainers(cluster.size());
+  std::vector<std::thread> threads;
+  for (int w = 0; w < cluster.size(); ++w) {
+    threads.emplace_back([&, w] {
+      auto client = Client::Connect(
+          {.worker = cluster.sdk_address(w), .job = job, .timeout = timeout});
+      ASSERT_TRUE(client.ok()) << client.status();
+      auto set = (*client)->Register("g", {{"g", n}});
+      ASSERT_TRUE(set.ok()) << set.status();
+      trainers[w] = {*std::move(client), *std::move(set)};
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return trainers;
+}
+
+// Step `step` on the given workers at once, with seeded gradients written
+// into the shared buckets; the sparse result and residual come back.
+StepResults RunStep(std::vector<Trainer>& trainers,
+                    const std::vector<int>& workers, uint64_t step,
                     std::vector<std::vector<float>>* inputs = nullptr) {
-  StepResults results(workers.size(), absl::UnknownError("not run"));
+  StepResults results(workers.size());
   if (inputs != nullptr) inputs->assign(workers.size(), {});
   std::vector<std::thread> threads;
   for (size_t i = 0; i < workers.size(); ++i) {
     threads.emplace_back([&, i] {
-      std::vector<float> gradient(n);
-      SyntheticGradient(7, workers[i], step, absl::MakeSpan(gradient));
-      if (inputs != nullptr) (*inputs)[i] = gradient;
-      results[i] =
-          cluster.client(workers[i])
-              .AllReduce(step, {{"g", std::move(gradient)}}, true, timeout);
+      Trainer& t = trainers[workers[i]];
+      SyntheticGradient(7, workers[i], step, t.set->values());
+      if (inputs != nullptr) {
+        (*inputs)[i].assign(t.set->values().begin(), t.set->values().end());
+      }
+      auto info = t.client->AllReduce(
+          *t.set, step,
+          {.layout = ResultLayout::kSparse, .return_residual = true});
+      StepResult& r = results[i];
+      r.status = info.status();
+      if (!info.ok()) return;
+      r.info = *info;
+      const auto indices = t.set->sparse_indices(info->nonzeros);
+      const auto values = t.set->sparse_values(info->nonzeros);
+      r.result.indices.assign(indices.begin(), indices.end());
+      r.result.values.assign(values.begin(), values.end());
+      r.residual.assign(t.set->residual().begin(), t.set->residual().end());
     });
   }
   for (std::thread& t : threads) t.join();
@@ -132,10 +178,11 @@ TEST_F(ClusterTest, KillNineMidIterationThenContinueWithoutIt) {
   Start(4,
         {{"algo", "spardl"}, {"teams", "2"}, {"heartbeat_timeout_ms", "1500"}},
         {{"operation_timeout_s", "8"}, {"heartbeat_interval_ms", "250"}});
+  std::vector<Trainer> trainers =
+      ConnectAll(*cluster_, "kill", 10000, kTimeout);
   for (uint64_t step = 0; step < 3; ++step) {
-    for (const auto& r :
-         RunStep(*cluster_, {0, 1, 2, 3}, step, 10000, kTimeout)) {
-      ASSERT_TRUE(r.ok()) << r.status();
+    for (const auto& r : RunStep(trainers, {0, 1, 2, 3}, step)) {
+      ASSERT_TRUE(r.status.ok()) << r.status;
     }
   }
   // Step 3 reaches the survivors; worker 2 dies while they wait on it.
@@ -143,46 +190,40 @@ TEST_F(ClusterTest, KillNineMidIterationThenContinueWithoutIt) {
   absl::Duration took;
   std::thread survivors([&] {
     const absl::Time start = absl::Now();
-    during = RunStep(*cluster_, {0, 1, 3}, 3, 10000, absl::Seconds(30));
+    during = RunStep(trainers, {0, 1, 3}, 3);
     took = absl::Now() - start;
   });
   absl::SleepFor(absl::Milliseconds(300));
   cluster_->Kill(2, SIGKILL);
   survivors.join();
   for (const auto& r : during) {
-    EXPECT_FALSE(r.ok());
-    EXPECT_TRUE(absl::IsUnavailable(r.status()) ||
-                absl::IsAborted(r.status()) ||
-                absl::IsDeadlineExceeded(r.status()))
-        << r.status();
+    EXPECT_FALSE(r.status.ok());
+    EXPECT_TRUE(absl::IsUnavailable(r.status) || absl::IsAborted(r.status) ||
+                absl::IsDeadlineExceeded(r.status))
+        << r.status;
   }
   EXPECT_LT(took, kTimeout + absl::Seconds(2));
 
   ASSERT_TRUE(cluster_->WaitForView(3, absl::Seconds(20)).ok());
   std::vector<std::vector<float>> inputs;
-  const StepResults after =
-      RunStep(*cluster_, {0, 1, 3}, 4, 10000, kTimeout, &inputs);
+  const StepResults after = RunStep(trainers, {0, 1, 3}, 4, &inputs);
   for (const auto& r : after) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->world_size, 3);
-    EXPECT_EQ(r->tensors[0].indices, after[0]->tensors[0].indices);
-    EXPECT_EQ(r->tensors[0].values, after[0]->tensors[0].values);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 3);
+    EXPECT_EQ(r.result.indices, after[0].result.indices);
+    EXPECT_EQ(r.result.values, after[0].result.values);
   }
   // The one after that conserves mass from the residuals now known.
   std::vector<std::vector<float>> residuals;
-  for (const auto& r : after) residuals.push_back(r->tensors[0].residual);
-  const StepResults next =
-      RunStep(*cluster_, {0, 1, 3}, 5, 10000, kTimeout, &inputs);
+  for (const auto& r : after) residuals.push_back(r.residual);
+  const StepResults next = RunStep(trainers, {0, 1, 3}, 5, &inputs);
   std::vector<std::vector<float>> left;
   for (const auto& r : next) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    left.push_back(r->tensors[0].residual);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    left.push_back(r.residual);
   }
-  sparse::SparseBlock sum;
-  sum.indices = next[0]->tensors[0].indices;
-  sum.values = next[0]->tensors[0].values;
   const absl::Status balanced =
-      collectives::MassBalance(inputs, residuals).Check(sum, left);
+      collectives::MassBalance(inputs, residuals).Check(next[0].result, left);
   EXPECT_TRUE(balanced.ok()) << balanced;
 }
 
@@ -190,23 +231,23 @@ TEST_F(ClusterTest, KillNineMidIterationThenContinueWithoutIt) {
 // documented series.
 TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
   Start(4, {{"algo", "spardl"}, {"teams", "0"}, {"autotune_window", "2"}});
+  std::vector<Trainer> trainers =
+      ConnectAll(*cluster_, "test", 20000, absl::Seconds(30));
   uint64_t step = 0;
   bool settled = false;
   for (; step < 40 && !settled; ++step) {
-    for (const auto& r :
-         RunStep(*cluster_, {0, 1, 2, 3}, step, 20000, absl::Seconds(30))) {
-      ASSERT_TRUE(r.ok()) << r.status();
+    for (const auto& r : RunStep(trainers, {0, 1, 2, 3}, step)) {
+      ASSERT_TRUE(r.status.ok()) << r.status;
     }
-    auto status = cluster_->client(0).GetStatus(absl::Seconds(5));
-    ASSERT_TRUE(status.ok());
-    settled = absl::StartsWith(status->plan().note(), "autotune chose d=");
+    auto plan = trainers[0].client->GetPlan();
+    ASSERT_TRUE(plan.ok());
+    settled = absl::StartsWith(plan->note, "autotune chose d=");
   }
   ASSERT_TRUE(settled) << "no choice after " << step << " steps";
   // The chosen d runs from its start step on every worker.
   for (int i = 0; i < 3; ++i, ++step) {
-    for (const auto& r :
-         RunStep(*cluster_, {0, 1, 2, 3}, step, 20000, absl::Seconds(30))) {
-      ASSERT_TRUE(r.ok()) << r.status();
+    for (const auto& r : RunStep(trainers, {0, 1, 2, 3}, step)) {
+      ASSERT_TRUE(r.status.ok()) << r.status;
     }
   }
   const std::string coordinator =
@@ -232,7 +273,7 @@ TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
         "gradmesh_worker_bytes_received_total{peer=\"worker-00\"}",
         "gradmesh_worker_nonzeros{phase=\"result\"}",
         "gradmesh_worker_nonzeros{phase=\"srs\"}",
-        "gradmesh_worker_residual_norm{buffer=\"g:20000\"}",
+        "gradmesh_worker_residual_norm{buffer=\"test/g\"}",
         "gradmesh_worker_teams", "gradmesh_worker_epoch",
         "gradmesh_worker_rank 1", "gradmesh_worker_world_size 4",
         "gradmesh_worker_operations_total{code=\"OK\"}",
@@ -242,6 +283,174 @@ TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
         << series << " missing from\n"
         << worker;
   }
+}
+
+// The SDK against real daemons: buckets in flight finish in any order and
+// are matched by name; a second job on the same daemons; mismatched buckets
+// and failed steps; the socket's permissions.
+class SdkClusterTest : public ClusterTest {
+ protected:
+  void SetUp() override {
+    Start(3, {{"algo", "spardl"}, {"teams", "1"}, {"density", "0.05"}},
+          {{"operation_timeout_s", "20"}});
+  }
+  // Connects one client per worker (no bucket).
+  std::vector<std::unique_ptr<Client>> Clients(const std::string& job) {
+    std::vector<std::unique_ptr<Client>> clients;
+    for (int w = 0; w < cluster_->size(); ++w) {
+      auto client = Client::Connect({.worker = cluster_->sdk_address(w),
+                                     .job = job,
+                                     .timeout = absl::Seconds(20)});
+      EXPECT_TRUE(client.ok()) << client.status();
+      if (client.ok()) clients.push_back(*std::move(client));
+    }
+    return clients;
+  }
+};
+
+TEST_F(SdkClusterTest, BucketsInFlightFinishInAnyOrderMatchedByName) {
+  constexpr uint64_t kN = 3000;
+  const std::vector<std::string> names = {"a", "b", "c"};
+  auto clients = Clients("inflight");
+  ASSERT_EQ(clients.size(), 3u);
+  // sets[w][b]; registered in the same order everywhere, at once.
+  std::vector<std::vector<std::unique_ptr<TensorSet>>> sets(3);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      for (const auto& name : names) {
+        auto set = clients[w]->Register(name, {{"t", kN}});
+        ASSERT_TRUE(set.ok()) << set.status();
+        sets[w].push_back(*std::move(set));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  for (uint64_t step = 0; step < 3; ++step) {
+    // got[b][w]: worker w starts bucket (w + i) % 3 i-th, waits in reverse.
+    std::vector<std::vector<std::vector<float>>> got(
+        3, std::vector<std::vector<float>>(3));
+    for (int w = 0; w < 3; ++w) {
+      threads.emplace_back([&, w] {
+        std::vector<std::pair<int, Handle>> handles;
+        for (int i = 0; i < 3; ++i) {
+          const int b = (w + i) % 3;
+          SyntheticGradient(b, w, step, sets[w][b]->values());
+          handles.emplace_back(
+              b, clients[w]->AllReduceAsync(*sets[w][b], step,
+                                            {.op = ReduceOp::kMean}));
+        }
+        for (int i = 2; i >= 0; --i) {
+          auto& [b, handle] = handles[i];
+          auto info = handle.Wait();
+          ASSERT_TRUE(info.ok()) << info.status();
+          EXPECT_GT(info->nonzeros, 0u);
+          got[b][w].assign(sets[w][b]->values().begin(),
+                           sets[w][b]->values().end());
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    threads.clear();
+    for (int b = 0; b < 3; ++b) {
+      EXPECT_EQ(got[b][1], got[b][0]) << "bucket " << b << " step " << step;
+      EXPECT_EQ(got[b][2], got[b][0]) << "bucket " << b << " step " << step;
+    }
+  }
+}
+
+TEST_F(SdkClusterTest, SecondJobOnLiveDaemonsStartsClean) {
+  for (const char* job : {"first", "second"}) {
+    std::vector<Trainer> trainers =
+        ConnectAll(*cluster_, job, 2000, absl::Seconds(20));
+    // Steps start from 0 in every job.
+    for (uint64_t step = 0; step < 3; ++step) {
+      for (const auto& r : RunStep(trainers, {0, 1, 2}, step)) {
+        ASSERT_TRUE(r.status.ok()) << job << ": " << r.status;
+      }
+    }
+  }
+}
+
+TEST_F(SdkClusterTest, MismatchedSizesFailOnEveryWorkerWithoutAHang) {
+  auto clients = Clients("mismatch");
+  ASSERT_EQ(clients.size(), 3u);
+  std::vector<absl::Status> status(3);
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      status[w] =
+          clients[w]->Register("g", {{"g", w == 2 ? 1001u : 1000u}}).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_TRUE(absl::IsInvalidArgument(status[w])) << w << ": " << status[w];
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST_F(SdkClusterTest, FailedStepKeepsEveryPushedGradientInTheResiduals) {
+  constexpr uint64_t kN = 4000;
+  std::vector<Trainer> trainers =
+      ConnectAll(*cluster_, "keep", kN, absl::Seconds(20));
+  // Step 0 fails everywhere: worker 1's gradient holds an infinity.
+  std::vector<std::vector<float>> pushed(3);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> failed(3);
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      Trainer& t = trainers[w];
+      SyntheticGradient(3, w, 0, t.set->values());
+      if (w == 1) t.set->values()[123] = std::numeric_limits<float>::infinity();
+      pushed[w].assign(t.set->values().begin(), t.set->values().end());
+      if (w == 1) pushed[w][123] = 0;  // dropped by policy
+      failed[w] = t.client->AllReduce(*t.set, 0).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_TRUE(absl::IsInvalidArgument(failed[w])) << failed[w];
+  }
+  // Step 1 carries step 0's gradients: inputs = both steps' gradients.
+  std::vector<std::vector<float>> inputs;
+  const StepResults next = RunStep(trainers, {0, 1, 2}, 1, &inputs);
+  std::vector<std::vector<float>> residuals;
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_TRUE(next[w].status.ok()) << next[w].status;
+    for (uint64_t i = 0; i < kN; ++i) inputs[w][i] += pushed[w][i];
+    residuals.push_back(next[w].residual);
+  }
+  const absl::Status balanced =
+      collectives::MassBalance(
+          inputs, std::vector<std::vector<float>>(3, std::vector<float>(kN)))
+          .Check(next[0].result, residuals);
+  EXPECT_TRUE(balanced.ok()) << balanced;
+}
+
+TEST_F(SdkClusterTest, SocketIsOwnerOnlyAndBroadcastReachesEveryone) {
+  for (int w = 0; w < cluster_->size(); ++w) {
+    const std::string path = cluster_->sdk_address(w).substr(5);  // "unix:"
+    struct stat st = {};
+    ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
+    EXPECT_TRUE(S_ISSOCK(st.st_mode));
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << path;
+  }
+  std::vector<Trainer> trainers =
+      ConnectAll(*cluster_, "broadcast", 5000, absl::Seconds(20));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      Trainer& t = trainers[w];
+      std::fill(t.set->values().begin(), t.set->values().end(), float(w));
+      ASSERT_TRUE(t.client->Broadcast(*t.set, /*root=*/1).ok());
+      ASSERT_TRUE(t.client->Barrier().ok());
+      for (float v : t.set->values()) ASSERT_EQ(v, 1.0f);
+    });
+  }
+  for (auto& t : threads) t.join();
 }
 
 // Makes a CA and a node certificate in a new directory.
@@ -275,10 +484,15 @@ TEST(TlsClusterTest, MembersTalkAndStrangersAreRefused) {
   ASSERT_TRUE((*cluster)->WaitForView(3, absl::Seconds(30)).ok());
   const std::string worker = (*cluster)->worker_address(0);
   for (const TlsFiles& wrong : {TlsFiles{}, stranger}) {
-    auto client = client::WorkerClient::Connect(worker, wrong);
-    ASSERT_TRUE(client.ok());
-    auto status = (*client)->GetStatus(absl::Seconds(5));
-    EXPECT_TRUE(absl::IsUnavailable(status.status())) << status.status();
+    auto client = Client::Connect({.worker = worker,
+                                   .tls_ca = wrong.ca,
+                                   .tls_cert = wrong.cert,
+                                   .tls_key = wrong.key,
+                                   .timeout = absl::Seconds(3)});
+    EXPECT_FALSE(client.ok());
+    EXPECT_TRUE(absl::IsUnavailable(client.status()) ||
+                absl::IsDeadlineExceeded(client.status()))
+        << client.status();
   }
   // A TLS client with no certificate of its own, on the peer exchange.
   grpc::SslCredentialsOptions anonymous;
@@ -300,11 +514,14 @@ TEST(TlsClusterTest, MembersTalkAndStrangersAreRefused) {
   stream->WritesDone();
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
   // The members still agree: nothing got in.
-  auto good = client::WorkerClient::Connect(worker, tls);
-  ASSERT_TRUE(good.ok());
-  auto status = (*good)->GetStatus(absl::Seconds(5));
-  ASSERT_TRUE(status.ok()) << status.status();
-  EXPECT_EQ(status->world_size(), 3);
+  auto good = Client::Connect({.worker = worker,
+                               .tls_ca = tls.ca,
+                               .tls_cert = tls.cert,
+                               .tls_key = tls.key,
+                               .timeout = absl::Seconds(10)});
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ((*good)->size(), 3);
+  good->reset();
   EXPECT_TRUE((*cluster)->Stop().ok());
   for (const TlsFiles& set : {tls, stranger}) {
     std::filesystem::remove_all(std::filesystem::path(set.ca).parent_path());

@@ -1,5 +1,8 @@
 #include "tools/gradmesh/local.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -14,17 +17,96 @@ namespace gradmesh::tools {
 
 namespace {
 
-// Whether every worker got worker 0's result, bitwise.
-absl::Status CheckIdentical(const std::vector<client::Reduced>& runs) {
-  const client::ReducedTensor& first = runs[0].tensors[0];
-  for (size_t w = 1; w < runs.size(); ++w) {
-    const client::ReducedTensor& other = runs[w].tensors[0];
-    if (other.indices != first.indices || other.values != first.values) {
-      return absl::DataLossError(
-          absl::StrCat("worker ", w, "'s result differs from worker 0's"));
+// One worker's process, as a trainer would hold it.
+struct Trainer {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<TensorSet> set;
+  std::vector<float> input;  // the gradient pushed (kept when verifying)
+  absl::StatusOr<ReduceInfo> outcome = absl::UnknownError("not run");
+  double call_seconds = 0;  // the client's view: push to result
+};
+
+// Runs `body(w)` on one thread per worker and waits for all.
+template <typename Body>
+void OnEveryWorker(int workers, Body body) {
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) threads.emplace_back(body, w);
+  for (std::thread& t : threads) t.join();
+}
+
+absl::Status Connect(LocalCluster* cluster, const LocalOptions& options,
+                     std::vector<Trainer>* trainers) {
+  const std::string job = absl::StrCat("local-", getpid());
+  std::vector<absl::Status> status(trainers->size());
+  OnEveryWorker(cluster->size(), [&](int w) {
+    Trainer& t = (*trainers)[w];
+    auto client = Client::Connect({.worker = cluster->sdk_address(w),
+                                   .job = job,
+                                   .timeout = options.timeout});
+    if (!client.ok()) {
+      status[w] = client.status();
+      return;
+    }
+    t.client = *std::move(client);
+    auto set = t.client->Register("gradient", {{"gradient", options.n}});
+    status[w] = set.status();
+    if (set.ok()) t.set = *std::move(set);
+  });
+  for (size_t w = 0; w < status.size(); ++w) {
+    if (!status[w].ok()) {
+      return absl::Status(status[w].code(), absl::StrCat("worker ", w, ": ",
+                                                         status[w].message()));
     }
   }
   return absl::OkStatus();
+}
+
+// One iteration on every worker: the gradient written in place, then summed.
+void Step(std::vector<Trainer>& trainers, const LocalOptions& options,
+          uint64_t it) {
+  OnEveryWorker(static_cast<int>(trainers.size()), [&](int w) {
+    Trainer& t = trainers[w];
+    SyntheticGradient(options.seed, w, it, t.set->values());
+    if (options.verify) {
+      t.input.assign(t.set->values().begin(), t.set->values().end());
+    }
+    const absl::Time start = absl::Now();
+    t.outcome = t.client->AllReduce(
+        *t.set, it,
+        {.layout = ResultLayout::kSparse, .return_residual = options.verify});
+    t.call_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  });
+}
+
+sparse::SparseBlock ResultOf(const Trainer& t) {
+  sparse::SparseBlock block;
+  const auto indices = t.set->sparse_indices(t.outcome->nonzeros);
+  const auto values = t.set->sparse_values(t.outcome->nonzeros);
+  block.indices.assign(indices.begin(), indices.end());
+  block.values.assign(values.begin(), values.end());
+  return block;
+}
+
+// Identical results everywhere, and inputs = result + residuals.
+absl::Status Verify(const std::vector<Trainer>& trainers,
+                    std::vector<std::vector<float>>* residuals, bool known) {
+  const sparse::SparseBlock first = ResultOf(trainers[0]);
+  std::vector<std::vector<float>> inputs, after;
+  for (size_t w = 0; w < trainers.size(); ++w) {
+    const sparse::SparseBlock mine = ResultOf(trainers[w]);
+    if (mine.indices != first.indices || mine.values != first.values) {
+      return absl::DataLossError(
+          absl::StrCat("worker ", w, "'s result differs from worker 0's"));
+    }
+    inputs.push_back(trainers[w].input);
+    after.emplace_back(trainers[w].set->residual().begin(),
+                       trainers[w].set->residual().end());
+  }
+  absl::Status balanced =
+      known ? collectives::MassBalance(inputs, *residuals).Check(first, after)
+            : absl::OkStatus();
+  *residuals = std::move(after);
+  return balanced;
 }
 
 // The job on a started cluster, up to its stop.
@@ -32,117 +114,85 @@ absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
                    const std::atomic<bool>* interrupted) {
   const int P = options.cluster.workers;
   GM_RETURN_IF_ERROR(cluster->WaitForView(P, options.cluster.start_timeout));
+  std::vector<Trainer> trainers(P);
+  GM_RETURN_IF_ERROR(Connect(cluster, options, &trainers));
   std::printf(
-      "gradmesh local: %d workers joined; %llu iterations of %llu "
-      "values\n",
+      "gradmesh local: %d workers joined; %llu iterations of %llu values "
+      "through the SDK (shared memory)\n",
       P, static_cast<unsigned long long>(options.iterations),
       static_cast<unsigned long long>(options.n));
   std::fflush(stdout);
 
-  // residuals[w]: worker w's residual as of its last successful iteration
-  // (zeros at first); known = they are up to date.
+  // Each worker's residual as of its last successful iteration; known: up
+  // to date (a failed iteration moves them without telling).
   std::vector<std::vector<float>> residuals(P,
                                             std::vector<float>(options.n, 0));
   bool known = true;
-  int failures = 0;
-  double total_seconds = 0;
-  int timed = 0;
+  int failures = 0, timed = 0;
+  double total_daemon = 0, total_call = 0;
   for (uint64_t it = 0; it < options.iterations; ++it) {
     if (interrupted != nullptr && interrupted->load()) {
       std::printf("gradmesh local: interrupted after %llu iterations\n",
                   static_cast<unsigned long long>(it));
       break;
     }
-    std::vector<std::vector<float>> inputs(P);
-    std::vector<absl::StatusOr<client::Reduced>> runs(
-        P, absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
-    const absl::Time start = absl::Now();
-    for (int w = 0; w < P; ++w) {
-      threads.emplace_back([&, w] {
-        std::vector<float> gradient(options.n);
-        SyntheticGradient(options.seed, w, it, absl::MakeSpan(gradient));
-        inputs[w] = gradient;
-        runs[w] = cluster->client(w).AllReduce(
-            it, {{"gradient", std::move(gradient)}}, options.verify,
-            options.timeout);
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    const double wall = absl::ToDoubleSeconds(absl::Now() - start);
-
+    Step(trainers, options, it);
     std::string error;
     for (int w = 0; w < P && error.empty(); ++w) {
-      if (!runs[w].ok()) {
-        error = absl::StrCat("worker ", w, ": ", runs[w].status().ToString());
+      if (!trainers[w].outcome.ok()) {
+        error = absl::StrCat("worker ", w, ": ",
+                             trainers[w].outcome.status().ToString());
       }
     }
     if (!error.empty()) {
       ++failures;
-      known = false;  // some residuals moved without telling us
+      known = false;
       std::printf("iter %3llu  FAILED  %s (gradients kept in residuals)\n",
                   static_cast<unsigned long long>(it), error.c_str());
       std::fflush(stdout);
       continue;
     }
-    std::vector<client::Reduced> ok;
-    double slowest = 0, sent = 0;
-    for (int w = 0; w < P; ++w) {
-      ok.push_back(*std::move(runs[w]));
-      slowest = std::max(slowest, ok.back().seconds);
-      sent += static_cast<double>(ok.back().bytes_sent);
+    double daemon = 0, call = 0, sent = 0;
+    for (const Trainer& t : trainers) {
+      daemon = std::max(daemon, t.outcome->seconds);
+      call = std::max(call, t.call_seconds);
+      sent += static_cast<double>(t.outcome->bytes_sent);
     }
     std::string check = "unchecked";
     if (options.verify) {
-      if (absl::Status same = CheckIdentical(ok); !same.ok()) {
-        return absl::DataLossError(
-            absl::StrCat("iteration ", it, ": ", same.message()));
-      }
-      std::vector<std::vector<float>> after;
-      for (int w = 0; w < P; ++w) after.push_back(ok[w].tensors[0].residual);
-      check = "identical";
-      if (known) {
-        sparse::SparseBlock result;
-        result.indices = ok[0].tensors[0].indices;
-        result.values = ok[0].tensors[0].values;
-        if (absl::Status balanced = collectives::MassBalance(inputs, residuals)
-                                        .Check(result, after);
-            !balanced.ok()) {
-          return absl::DataLossError(
-              absl::StrCat("iteration ", it, ": ", balanced.message()));
-        }
-        check = "checked";
-      }
-      residuals = std::move(after);
+      GM_RETURN_IF_ERROR(Verify(trainers, &residuals, known));
+      check = known ? "checked" : "identical";
       known = true;
     }
     if (it > 0) {
-      total_seconds += slowest;
+      total_daemon += daemon;
+      total_call += call;
       ++timed;
     }
+    const ReduceInfo& r = *trainers[0].outcome;
     std::printf(
         "iter %3llu  %8.2f ms  (call %7.2f ms)  %10.0f B sent/worker  "
-        "%6zu nonzeros  %s d=%d  epoch %llu  %s\n",
-        static_cast<unsigned long long>(it), slowest * 1e3, wall * 1e3,
-        sent / P, ok[0].tensors[0].indices.size(), ok[0].algorithm.c_str(),
-        ok[0].teams, static_cast<unsigned long long>(ok[0].epoch),
-        check.c_str());
+        "%6llu nonzeros  %s d=%d  epoch %llu  %s\n",
+        static_cast<unsigned long long>(it), daemon * 1e3, call * 1e3, sent / P,
+        static_cast<unsigned long long>(r.nonzeros), r.algorithm.c_str(),
+        r.teams, static_cast<unsigned long long>(r.epoch), check.c_str());
     std::fflush(stdout);
   }
-  auto status = cluster->client(0).GetStatus(absl::Seconds(5));
-  if (status.ok()) {
-    std::printf("gradmesh local: plan %s d=%d%s\n",
-                status->plan().algorithm().c_str(), status->plan().teams(),
-                status->plan().note().empty()
-                    ? ""
-                    : absl::StrCat(" (", status->plan().note(), ")").c_str());
+  if (auto plan = trainers[0].client->GetPlan(); plan.ok()) {
+    std::printf(
+        "gradmesh local: plan %s d=%d%s\n", plan->algorithm.c_str(),
+        plan->teams,
+        plan->note.empty() ? "" : absl::StrCat(" (", plan->note, ")").c_str());
   }
   if (timed > 0) {
     std::printf(
-        "gradmesh local: mean iteration %.2f ms over %d iterations "
-        "(the first excluded)\n",
-        total_seconds / timed * 1e3, timed);
+        "gradmesh local: mean iteration %.2f ms in the workers, %.2f ms "
+        "seen by the clients (%.2fx) over %d iterations (the first "
+        "excluded)\n",
+        total_daemon / timed * 1e3, total_call / timed * 1e3,
+        total_call / total_daemon, timed);
   }
+  trainers.clear();  // unregister before the workers stop
   const absl::Status stopped = cluster->Stop();
   std::printf(
       "gradmesh local: cluster stopped%s\n",

@@ -1,6 +1,7 @@
 // `gradmesh local`: the main job on an embedded cluster. Starts a
 // coordinator and P workers on 127.0.0.1 (LocalCluster), drives iterations
-// of seeded synthetic gradients through the worker service, checks every
+// of seeded synthetic gradients through the SDK (one client per worker, the
+// gradient written straight into the shared segment), checks every
 // iteration (identical results on every worker; inputs = result + residuals)
 // and prints per-iteration time, bytes and the plan's d, then shuts the
 // cluster down; Ctrl-C stops after the iteration in flight.

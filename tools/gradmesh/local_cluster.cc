@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -130,9 +131,17 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   cluster->workers_.resize(options.workers);
   for (int w = 0; w < options.workers; ++w) {
     const std::string name = absl::StrFormat("worker-%02d", w);
+    const std::string socket =
+        (fs::absolute(cluster->work_dir_) / (name + ".sock")).string();
+    if (socket.size() >= sizeof(sockaddr_un{}.sun_path)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the work directory's path is too long for a unix socket: ", socket));
+    }
+    cluster->workers_[w].sdk_address = absl::StrCat("unix:", socket);
     args = {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
             absl::StrCat("--coordinator=", cluster->coordinator_.address),
-            absl::StrCat("--node_id=", name)};
+            absl::StrCat("--node_id=", name),
+            absl::StrCat("--sdk_socket=", socket)};
     for (const auto& [flag, value] : options.worker_flags) {
       args.push_back(absl::StrCat("--", flag, "=", value));
     }
@@ -142,8 +151,6 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   }
   for (Process& worker : cluster->workers_) {
     GM_RETURN_IF_ERROR(cluster->AwaitPortFile(&worker, deadline));
-    GM_ASSIGN_OR_RETURN(worker.client, client::WorkerClient::Connect(
-                                           worker.address, options.tls));
   }
   return cluster;
 }
@@ -214,26 +221,38 @@ absl::Status LocalCluster::AwaitPortFile(Process* process,
   }
 }
 
+absl::StatusOr<gradmesh::Plan> LocalCluster::GetPlan(int worker) {
+  Process& p = workers_[worker];
+  if (p.client == nullptr) {
+    // Connect waits for membership; status only needs the connection.
+    auto client = gradmesh::Client::Connect(
+        {.worker = p.sdk_address, .job = "local", .timeout = absl::Seconds(2)});
+    if (!client.ok()) return client.status();
+    p.client = *std::move(client);
+  }
+  return p.client->GetPlan();
+}
+
 absl::Status LocalCluster::WaitForView(int members, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::string last;
   while (true) {
     uint64_t epoch = 0;
     bool agreed = true;
-    for (Process& worker : workers_) {
-      if (worker.pid <= 0) continue;
-      auto status = worker.client->GetStatus(absl::Seconds(2));
-      if (!status.ok() || status->world_size() != members ||
-          status->rank() < 0 || (epoch != 0 && status->epoch() != epoch)) {
-        agreed = false;
-        last =
-            status.ok()
-                ? absl::StrCat(worker.name, " is in epoch ", status->epoch(),
-                               " of ", status->world_size(), " members")
-                : absl::StrCat(worker.name, ": ", status.status().ToString());
-        break;
+    for (int w = 0; w < size() && agreed; ++w) {
+      if (workers_[w].pid <= 0) continue;
+      absl::StatusOr<gradmesh::Plan> plan = GetPlan(w);
+      agreed = plan.ok() && plan->world_size == members && plan->rank >= 0 &&
+               (epoch == 0 || plan->epoch == epoch);
+      if (!agreed) {
+        last = plan.ok() ? absl::StrCat(workers_[w].name, " is in epoch ",
+                                        plan->epoch, " of ", plan->world_size,
+                                        " members")
+                         : absl::StrCat(workers_[w].name, ": ",
+                                        plan.status().ToString());
+      } else {
+        epoch = plan->epoch;
       }
-      epoch = status->epoch();
     }
     if (agreed) return absl::OkStatus();
     if (absl::Now() > deadline) {

@@ -3,12 +3,14 @@
 //
 // Each process is started from its binary (gradmesh-coordinator,
 // gradmesh-worker) on port 0 and reports its address through a port file in
-// `work_dir`, where its log also goes. Children get SIGTERM when the parent
-// dies, so nothing outlives a killed launcher.
+// `work_dir`, where its log also goes; each worker serves the SDK on a unix
+// socket there (sdk_address). Worker w has node id worker-ww, so its rank is
+// w while all are members. Children get SIGTERM when the parent dies, so
+// nothing outlives a killed launcher.
 //
 //   GM_ASSIGN_OR_RETURN(auto cluster, LocalCluster::Start({.workers = 4}));
 //   GM_RETURN_IF_ERROR(cluster->WaitForView(4, absl::Seconds(30)));
-//   cluster->client(0).AllReduce(...);
+//   gradmesh::Client::Connect({.worker = cluster->sdk_address(0)});
 //   cluster->Kill(2, SIGKILL);
 //
 // Not thread-safe, except that clients may be used from one thread each.
@@ -23,8 +25,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/worker_client.h"
 #include "common/grpc/grpc_util.h"
+#include "gradmesh/client.h"
 
 namespace gradmesh::tools {
 
@@ -56,7 +58,12 @@ class LocalCluster {
   absl::Status WaitForView(int members, absl::Duration timeout);
 
   int size() const { return static_cast<int>(workers_.size()); }
-  client::WorkerClient& client(int worker) { return *workers_[worker].client; }
+  // The worker's current plan (through its SDK socket).
+  absl::StatusOr<gradmesh::Plan> GetPlan(int worker);
+  // "unix:PATH" of worker `worker`'s SDK socket.
+  const std::string& sdk_address(int worker) const {
+    return workers_[worker].sdk_address;
+  }
   const std::string& worker_address(int worker) const {
     return workers_[worker].address;
   }
@@ -88,7 +95,8 @@ class LocalCluster {
     std::string name;  // "coordinator", "worker-03"
     std::string address;
     int metrics_port = 0;
-    std::unique_ptr<client::WorkerClient> client;
+    std::string sdk_address;
+    std::unique_ptr<gradmesh::Client> client;  // for status, made on demand
   };
 
   LocalCluster() = default;

@@ -94,10 +94,11 @@ absl::Status RunRank(const ReplayOptions& options, const Shape& shape,
                      transport::Transport* transport, const fs::path& staging,
                      std::vector<collectives::OpStats>* stats) {
   const int rank = transport->rank();
-  GM_ASSIGN_OR_RETURN(
-      std::unique_ptr<engine::Engine> engine,
-      engine::Engine::Create(transport, {.algorithm = options.algorithm,
-                                         .timeout = options.timeout}));
+  const engine::GroupConfig group{
+      .transport = transport,
+      .options = {.algorithm = options.algorithm, .timeout = options.timeout}};
+  GM_RETURN_IF_ERROR(engine::CheckOptions(group));
+  engine::Engine engine;
   GM_ASSIGN_OR_RETURN(
       NpyWriter results,
       NpyWriter::Create(
@@ -113,8 +114,11 @@ absl::Status RunRank(const ReplayOptions& options, const Shape& shape,
     }
     const absl::Time start = absl::Now();
     collectives::OpStats op_stats;
-    GM_ASSIGN_OR_RETURN(sparse::SparseBlock result,
-                        engine->AllReduce("gradient", gradient, &op_stats));
+    GM_ASSIGN_OR_RETURN(
+        sparse::SparseBlock result,
+        engine.AllReduce(
+            group, {.buffer = "gradient", .gradient = gradient, .operation = t},
+            &op_stats));
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     stats->push_back(op_stats);
     GM_RETURN_IF_ERROR(WriteDense(result, shape.n, results));
@@ -137,7 +141,11 @@ absl::Status RunRank(const ReplayOptions& options, const Shape& shape,
       NpyWriter::Create(
           (staging / absl::StrCat("rank", rank, ".residual.npy")).string(),
           {shape.n}));
-  GM_RETURN_IF_ERROR(residual.Append(engine->residual("gradient")));
+  absl::Status appended;
+  engine.ReadResidual("gradient", [&](absl::Span<const float> r) {
+    appended = residual.Append(r);
+  });
+  GM_RETURN_IF_ERROR(appended);
   return residual.Close();
 }
 

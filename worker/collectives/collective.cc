@@ -134,7 +134,7 @@ absl::Status ValidateCommon(int world_size, int rank, uint64_t n,
 absl::Status ValidateSizes(absl::string_view algorithm, uint64_t n,
                            absl::Span<const float> gradient,
                            absl::Span<const float> residual) {
-  if (gradient.size() != n || residual.size() != n) {
+  if ((!gradient.empty() && gradient.size() != n) || residual.size() != n) {
     return absl::InvalidArgumentError(
         absl::StrCat(algorithm, " expects ", n, " values, got a gradient of ",
                      gradient.size(), " and a residual of ", residual.size()));
@@ -152,7 +152,7 @@ absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,
                             absl::Span<float> residual, OpStats* stats) {
   GM_CHECK(stats != nullptr);
   GM_RETURN_IF_ERROR(ValidateSizes(algorithm, n, gradient, residual));
-  Accumulate(gradient, residual);
+  if (!gradient.empty()) Accumulate(gradient, residual);
   *stats = OpStats{};
   return absl::OkStatus();
 }

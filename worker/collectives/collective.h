@@ -86,7 +86,8 @@ class Collective {
   virtual ~Collective() = default;
 
   // Runs one all-reduce and fills `stats` (not null). gradient.size() and
-  // residual.size() must equal the n the instance was created for.
+  // residual.size() must equal the n the instance was created for; an empty
+  // `gradient` says that the caller has already added it into `residual`.
   virtual absl::StatusOr<sparse::SparseBlock> AllReduce(
       absl::Span<const float> gradient, absl::Span<float> residual,
       const OpContext& context, OpStats* stats) = 0;
@@ -139,7 +140,8 @@ inline constexpr int kMaxWorldSize = 4096;
 absl::Status ValidateCommon(int world_size, int rank, uint64_t n,
                             double density);
 
-// InvalidArgument unless gradient and residual both hold n values.
+// InvalidArgument unless residual holds n values and gradient n or none
+// (already accumulated).
 absl::Status ValidateSizes(absl::string_view algorithm, uint64_t n,
                            absl::Span<const float> gradient,
                            absl::Span<const float> residual);

@@ -99,10 +99,10 @@ absl::StatusOr<sparse::SparseBlock> SparDl::AllReduce(
   GM_CHECK(stats != nullptr);
   GM_RETURN_IF_ERROR(ValidateSizes("SparDL", n_, gradient, residual));
   // Step 1: acc = gradient + residual, in place, and its working copy.
-  for (uint64_t i = 0; i < n_; ++i) {
-    residual[i] += gradient[i];
-    work_[i] = residual[i];
+  if (!gradient.empty()) {
+    for (uint64_t i = 0; i < n_; ++i) residual[i] += gradient[i];
   }
+  std::copy(residual.begin(), residual.end(), work_.begin());
   *stats = OpStats{};
   StepRunner runner(context, stats);
   GM_ASSIGN_OR_RETURN(sparse::SparseBlock result, Run(runner, stats));

@@ -1,16 +1,15 @@
-// WorkerDaemon: gradmesh-worker, one per GPU node.
+// WorkerDaemon: gradmesh-worker, one per GPU node, wired from small parts:
+//   - PeerService + GrpcTransport: the peer exchange (gRPC streams);
+//   - CoordinatorClient: join, heartbeat, views, autotune reports;
+//   - ViewTracker: which group (epoch, plan, transport) a step runs on;
+//   - DataPlane: registered tensor sets in shared memory, all-reduce,
+//     broadcast and barrier on them, residuals per (job, bucket);
+//   - SdkService: the Worker service for the SDK, on the peer port and on a
+//     unix socket (owner-only) when `sdk_socket` is set.
 //
-// It serves the peer exchange (PeerService) and the SDK-facing Worker
-// service on one gRPC port, registers with the coordinator, follows its views
-// (membership + plan), and runs each AllReduce request with the engine over a
-// GrpcTransport of the current epoch. Residuals are kept per request shape
-// (the tensors of a request are fused into one buffer) across epochs.
-//
-// Views: one that changes membership applies at once, failing an operation in
+// Views: one that changes membership applies at once, failing operations in
 // flight with Aborted; a plan change of the same members applies from its
-// start step, so that all members switch at the same step. Every request
-// names its step (the client's), and the operation id is the step, so a
-// worker that missed a step cannot shift the steps after it.
+// start step, so that all members switch at the same step.
 //
 //   auto daemon = WorkerDaemon::Start({.coordinator = "10.0.0.1:7700"});
 //   ...
@@ -36,6 +35,7 @@ struct DaemonOptions {
   std::string coordinator;     // host:port, required
   std::string node_id;         // default: the advertised address
   std::string metrics_listen;  // host:port for /metrics; empty: off
+  std::string sdk_socket;      // unix socket path for the SDK; empty: none
   TlsFiles tls;
   absl::Duration operation_timeout = absl::Seconds(30);
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
@@ -56,7 +56,9 @@ class WorkerDaemon {
   virtual void Stop() = 0;
 
   virtual std::string address() const = 0;  // the advertised address
-  virtual int metrics_port() const = 0;     // 0 when /metrics is off
+  // "unix:PATH" of the SDK socket, empty when there is none.
+  virtual std::string sdk_address() const = 0;
+  virtual int metrics_port() const = 0;  // 0 when /metrics is off
 };
 
 }  // namespace gradmesh::daemon

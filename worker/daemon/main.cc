@@ -22,6 +22,9 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(
     std::string, node_id, "",
     "stable identity; ranks sort by it (default: the advertised address)");
+ABSL_FLAG(std::string, sdk_socket, "",
+          "also serve the SDK on this unix socket path (mode 0600); empty: "
+          "the SDK dials --listen");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus /metrics on host:port (empty: off)");
 ABSL_FLAG(double, operation_timeout_s, 30,
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
        .coordinator = absl::GetFlag(FLAGS_coordinator),
        .node_id = absl::GetFlag(FLAGS_node_id),
        .metrics_listen = absl::GetFlag(FLAGS_metrics_listen),
+       .sdk_socket = absl::GetFlag(FLAGS_sdk_socket),
        .tls = gradmesh::TlsFilesFromFlags(),
        .operation_timeout =
            timeout > 0 ? absl::Seconds(timeout) : absl::ZeroDuration(),

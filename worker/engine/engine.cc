@@ -1,108 +1,132 @@
 #include "worker/engine/engine.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace gradmesh::engine {
 
-namespace {
-
-// Validates the algorithm options with a throw-away instance over n = 0.
-absl::Status CheckOptions(transport::Transport* transport,
-                          const EngineOptions& options) {
-  GM_CHECK(transport != nullptr);
-  return collectives::CreateCollective(options.algorithm, transport->size(),
-                                       transport->rank(), 0)
+absl::Status CheckOptions(const GroupConfig& group) {
+  GM_CHECK(group.transport != nullptr);
+  return collectives::CreateCollective(group.options.algorithm,
+                                       group.transport->size(),
+                                       group.transport->rank(), 0)
       .status();
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
-    transport::Transport* transport, const EngineOptions& options) {
-  GM_RETURN_IF_ERROR(CheckOptions(transport, options));
-  return std::unique_ptr<Engine>(new Engine(transport, options));
+uint64_t AccumulateFinite(absl::Span<const float> gradient,
+                          absl::Span<float> residual) {
+  GM_CHECK(gradient.size() == residual.size());
+  uint64_t nonfinite = 0;
+  for (size_t i = 0; i < residual.size(); ++i) {
+    const float v = gradient[i];
+    const bool finite = std::isfinite(v);
+    residual[i] += finite ? v : 0.0f;
+    nonfinite += finite ? 0 : 1;
+  }
+  return nonfinite;
 }
 
-absl::Status Engine::Reconfigure(transport::Transport* transport,
-                                 const EngineOptions& options) {
-  GM_RETURN_IF_ERROR(CheckOptions(transport, options));
-  transport_ = transport;
-  options_ = options;
-  next_operation_ = 0;
-  for (auto& [name, buffer] : buffers_) buffer.collective.reset();
-  return absl::OkStatus();
+absl::StatusOr<std::shared_ptr<Engine::Buffer>> Engine::FindOrCreate(
+    absl::string_view name, uint64_t n) {
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<Buffer>& buffer = buffers_[name];
+  if (buffer == nullptr) buffer = std::make_shared<Buffer>(n);
+  if (buffer->n != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "buffer '", name, "' has ", buffer->n, " values, got ", n));
+  }
+  return buffer;
 }
 
-absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
-    absl::string_view name, absl::Span<const float> gradient,
-    collectives::OpStats* stats) {
-  return AllReduce(name, gradient, next_operation_++, stats);
-}
-
-absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
-    absl::string_view name, absl::Span<const float> gradient,
-    uint64_t operation, collectives::OpStats* stats) {
+std::shared_ptr<Engine::Buffer> Engine::Find(absl::string_view name) const {
+  absl::MutexLock lock(&mu_);
   auto it = buffers_.find(name);
-  if (it == buffers_.end()) {
-    it =
-        buffers_
-            .emplace(std::string(name),
-                     Buffer{nullptr, std::vector<float>(gradient.size(), 0.0f)})
-            .first;
-  }
-  Buffer& buffer = it->second;
-  if (gradient.size() != buffer.residual.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("buffer '", name, "' has ", buffer.residual.size(),
-                     " values, got ", gradient.size()));
-  }
-  if (buffer.collective == nullptr) {
-    auto collective =
-        collectives::CreateCollective(options_.algorithm, transport_->size(),
-                                      transport_->rank(), gradient.size());
-    if (!collective.ok()) {
-      // Keep the promise of collective.h: the gradient is not lost.
-      for (size_t i = 0; i < gradient.size(); ++i) {
-        buffer.residual[i] += gradient[i];
-      }
-      return collective.status();
+  return it == buffers_.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
+    const GroupConfig& group, const Request& request,
+    collectives::OpStats* stats) {
+  GM_CHECK(group.transport != nullptr && stats != nullptr);
+  GM_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
+                      FindOrCreate(request.buffer, request.gradient.size()));
+  absl::MutexLock lock(&buffer->mu);
+  absl::Span<float> residual = absl::MakeSpan(buffer->residual);
+  const uint64_t nonfinite = AccumulateFinite(request.gradient, residual);
+  auto run = [&]() -> absl::StatusOr<sparse::SparseBlock> {
+    if (request.agree != nullptr) {
+      GM_RETURN_IF_ERROR(request.agree(nonfinite));
     }
-    buffer.collective = *std::move(collective);
-  }
-  const collectives::OpContext context{
-      .transport = transport_,
-      .epoch = options_.epoch,
-      .operation = operation,
-      .deadline = absl::Now() + options_.timeout};
-  return buffer.collective->AllReduce(gradient, absl::MakeSpan(buffer.residual),
-                                      context, stats);
+    if (buffer->collective == nullptr ||
+        buffer->collective_epoch != group.options.epoch) {
+      buffer->collective.reset();
+      GM_ASSIGN_OR_RETURN(buffer->collective,
+                          collectives::CreateCollective(
+                              group.options.algorithm, group.transport->size(),
+                              group.transport->rank(), residual.size()));
+      buffer->collective_epoch = group.options.epoch;
+    }
+    const collectives::OpContext context{
+        .transport = group.transport,
+        .epoch = group.options.epoch,
+        .operation = request.operation,
+        .deadline =
+            std::min(request.deadline, absl::Now() + group.options.timeout)};
+    // The gradient is in the residual already: an empty span says so.
+    return buffer->collective->AllReduce({}, residual, context, stats);
+  };
+  absl::StatusOr<sparse::SparseBlock> result = run();
+  if (request.residual_out != nullptr) request.residual_out(residual);
+  return result;
 }
 
 absl::Status Engine::Keep(absl::string_view name,
                           absl::Span<const float> gradient) {
-  auto [it, inserted] = buffers_.try_emplace(
-      name, Buffer{nullptr, std::vector<float>(gradient.size(), 0.0f)});
-  std::vector<float>& residual = it->second.residual;
-  if (residual.size() != gradient.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("buffer '", name, "' has ", residual.size(),
-                     " values, got ", gradient.size()));
-  }
-  for (size_t i = 0; i < gradient.size(); ++i) residual[i] += gradient[i];
+  GM_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
+                      FindOrCreate(name, gradient.size()));
+  absl::MutexLock lock(&buffer->mu);
+  AccumulateFinite(gradient, absl::MakeSpan(buffer->residual));
   return absl::OkStatus();
 }
 
+void Engine::Drop(absl::string_view name) {
+  std::shared_ptr<Buffer> buffer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = buffers_.find(name);
+    if (it == buffers_.end()) return;
+    buffer = std::move(it->second);
+    buffers_.erase(it);
+  }
+  absl::MutexLock wait_for_idle(&buffer->mu);
+}
+
 std::vector<std::string> Engine::buffers() const {
+  absl::MutexLock lock(&mu_);
   std::vector<std::string> names;
   for (const auto& [name, buffer] : buffers_) names.push_back(name);
   return names;
 }
 
-absl::Span<const float> Engine::residual(absl::string_view name) const {
-  auto it = buffers_.find(name);
-  if (it == buffers_.end()) return {};
-  return it->second.residual;
+bool Engine::ReadResidual(absl::string_view name,
+                          absl::FunctionRef<void(absl::Span<const float>)> read,
+                          bool if_idle) const {
+  std::shared_ptr<Buffer> buffer = Find(name);
+  if (buffer == nullptr) {
+    read({});
+    return true;
+  }
+  if (if_idle) {
+    if (!buffer->mu.TryLock()) return false;
+  } else {
+    buffer->mu.Lock();
+  }
+  read(buffer->residual);
+  buffer->mu.Unlock();
+  return true;
 }
 
 }  // namespace gradmesh::engine

@@ -1,32 +1,41 @@
-// Engine: runs all-reduce requests of one worker end to end.
+// Engine: one worker's all-reduce operations, end to end.
 //
 // It owns the residual (error feedback) of every named gradient buffer and
-// one Collective per buffer, numbers the operations, and applies the
-// operation timeout. Every rank must issue the same requests in the same
-// order (as with any collective library): the operation number is what
-// matches the messages of one request across ranks.
+// one Collective per buffer, and applies the operation timeout. Operations on
+// distinct buffers may run concurrently (one per buffer at a time; a second
+// call on a busy buffer waits for the first). Each call names the group it
+// runs on (a transport and options), so that operations of an old and a new
+// membership epoch may overlap while the daemon switches views.
 //
-//   auto engine = Engine::Create(transport, {.algorithm = {.teams = 2}});
-//   GM_ASSIGN_OR_RETURN(SparseBlock sum, (*engine)->AllReduce("fc1", grad,
-//   &stats));
+//   Engine engine;
+//   const GroupConfig group{.transport = t, .options = {.epoch = 3}};
+//   GM_ASSIGN_OR_RETURN(SparseBlock sum,
+//                       engine.AllReduce(group, {.buffer = "fc1",
+//                                                .gradient = grad,
+//                                                .operation = op}, &stats));
 //
-// Operation ids are either numbered by the engine (0, 1, 2, ... per
-// configuration) or given by the caller, who then must give every rank the
-// same id for the same request (the daemon derives them from the client's
-// step), so that a rank that missed a request cannot shift the numbering of
-// the ones after it.
+// Operation ids: every rank must give the same request the same id (the
+// daemon derives it from the operation's name: job, step, bucket), and the id
+// must be unique among the operations of an epoch.
 //
-// Not thread-safe: one caller at a time. The transport must outlive its use.
+// The gradient is read once: one pass adds it into the residual and counts
+// its non-finite values, which are left out (they never enter the residual).
+//
+// Thread-safe. The transports must outlive the calls that use them.
 #ifndef GRADMESH_WORKER_ENGINE_ENGINE_H_
 #define GRADMESH_WORKER_ENGINE_ENGINE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/collectives/registry.h"
 #include "worker/transport/transport.h"
@@ -36,63 +45,93 @@ namespace gradmesh::engine {
 struct EngineOptions {
   collectives::AlgorithmOptions algorithm;
   absl::Duration timeout = absl::Seconds(60);  // per operation
-  uint64_t epoch = 0;                          // membership epoch of the group
+  uint64_t epoch = 0;  // membership epoch; a new one rebuilds the collectives
+};
+
+// Where an operation runs.
+struct GroupConfig {
+  transport::Transport* transport = nullptr;
+  EngineOptions options;
+};
+
+// InvalidArgument if the algorithm would reject `options` at this group size.
+absl::Status CheckOptions(const GroupConfig& group);
+
+// One operation on one buffer.
+struct Request {
+  absl::string_view buffer;
+  absl::Span<const float> gradient;
+  uint64_t operation = 0;
+  // The operation fails with DeadlineExceeded past this time or the group's
+  // timeout, whichever comes first.
+  absl::Time deadline = absl::InfiniteFuture();
+  // Called once the gradient is in the residual, with the number of
+  // non-finite values left out. A non-OK status fails the operation without
+  // running it (the residual keeps old residual + the finite gradient).
+  std::function<absl::Status(uint64_t nonfinite)> agree;
+  // Called last, success or failure, still holding the buffer: sees the
+  // residual the operation left.
+  std::function<void(absl::Span<const float> residual)> residual_out;
 };
 
 class Engine {
  public:
-  // Checks the options once (InvalidArgument if an algorithm would reject
-  // them).
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(
-      transport::Transport* transport, const EngineOptions& options);
+  Engine() = default;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
-  // Sums `gradient` across the group for buffer `name` (see collective.h for
-  // the semantics). The first call for a name fixes its size; a later call
-  // with another size is InvalidArgument and changes nothing. On any error
-  // the buffer's residual holds residual + gradient.
-  absl::StatusOr<sparse::SparseBlock> AllReduce(
-      absl::string_view name, absl::Span<const float> gradient,
-      collectives::OpStats* stats);
+  // Sums the request's gradient across `group` (see collective.h for the
+  // semantics). The first call for a buffer fixes its size; a call with
+  // another size is InvalidArgument and changes nothing. On any other error
+  // the buffer's residual holds residual + (finite) gradient.
+  absl::StatusOr<sparse::SparseBlock> AllReduce(const GroupConfig& group,
+                                                const Request& request,
+                                                collectives::OpStats* stats);
 
-  // The same, under the caller's operation id.
-  absl::StatusOr<sparse::SparseBlock> AllReduce(
-      absl::string_view name, absl::Span<const float> gradient,
-      uint64_t operation, collectives::OpStats* stats);
+  // Adds `gradient` (its finite values) to the residual of `buffer` without
+  // reducing it, for a request that cannot run: nothing is lost, the next
+  // call carries it. InvalidArgument for a size that does not match.
+  absl::Status Keep(absl::string_view buffer, absl::Span<const float> gradient);
 
-  // Moves to another group (a new membership epoch or plan): later calls run
-  // over `transport` with `options`, numbering restarts at 0, and the
-  // residuals stay (they are this worker's own error feedback, whatever the
-  // group). InvalidArgument, changing nothing, if the options don't fit.
-  absl::Status Reconfigure(transport::Transport* transport,
-                           const EngineOptions& options);
-
-  // Adds `gradient` to the residual of `name` without reducing it, for a
-  // request that cannot run (no group): nothing is lost, the next call
-  // carries it. InvalidArgument for a size that does not match.
-  absl::Status Keep(absl::string_view name, absl::Span<const float> gradient);
+  // Forgets `buffer` and its residual (its job has ended). Waits for an
+  // operation in flight on it.
+  void Drop(absl::string_view buffer);
 
   // The names of the buffers seen so far.
   std::vector<std::string> buffers() const;
 
-  // The residual of `name` (empty if the name is unknown).
-  absl::Span<const float> residual(absl::string_view name) const;
-
-  const EngineOptions& options() const { return options_; }
+  // Calls `read` with the residual of `buffer` (empty if unknown). Blocks
+  // while an operation runs on it, unless `if_idle`, when it skips a busy
+  // buffer and returns false.
+  bool ReadResidual(absl::string_view buffer,
+                    absl::FunctionRef<void(absl::Span<const float>)> read,
+                    bool if_idle = false) const;
 
  private:
   struct Buffer {
-    std::unique_ptr<collectives::Collective> collective;
-    std::vector<float> residual;
+    explicit Buffer(uint64_t size) : n(size), residual(size, 0.0f) {}
+    const uint64_t n;
+    absl::Mutex mu;  // held for a whole operation
+    std::unique_ptr<collectives::Collective> collective ABSL_GUARDED_BY(mu);
+    uint64_t collective_epoch ABSL_GUARDED_BY(mu) = 0;
+    std::vector<float> residual ABSL_GUARDED_BY(mu);
   };
 
-  Engine(transport::Transport* transport, const EngineOptions& options)
-      : transport_(transport), options_(options) {}
+  // The buffer, created with `n` zeros if new; InvalidArgument if its size
+  // differs.
+  absl::StatusOr<std::shared_ptr<Buffer>> FindOrCreate(absl::string_view name,
+                                                       uint64_t n);
+  std::shared_ptr<Buffer> Find(absl::string_view name) const;
 
-  transport::Transport* transport_;
-  EngineOptions options_;
-  uint64_t next_operation_ = 0;
-  absl::flat_hash_map<std::string, Buffer> buffers_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Buffer>> buffers_
+      ABSL_GUARDED_BY(mu_);
 };
+
+// residual += gradient where gradient is finite, in one pass; returns how
+// many values were not finite (left out).
+uint64_t AccumulateFinite(absl::Span<const float> gradient,
+                          absl::Span<float> residual);
 
 }  // namespace gradmesh::engine
 

@@ -109,11 +109,19 @@ TEST(GrpcTransportTest, PeerThatDiesIsUnavailableNotAHang) {
 
 TEST(GrpcTransportTest, DropsAndCountsFramesOfRetiredEpochsAndOperations) {
   GrpcNetwork net(2, 1 << 20, /*epoch=*/1);
-  net.service(1)->RetireOperationsBelow(1, 5);
+  // Operation 3 failed here: its mailbox goes, and its late frames too;
+  // operations in flight beside it (2 and 5) keep theirs.
+  // (One stream keeps order: once 'x' is in, so is 'y'.)
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 3, 0}, Bytes(10, 'y')).ok());
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 2, 0}, Bytes(10, 'x')).ok());
+  ASSERT_EQ(*net.endpoint(1)->Recv(0, {1, 2, 0}, Soon()), Bytes(10, 'x'));
+  net.service(1)->RetireOperation(1, 3);
   ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 3, 0}, Bytes(10, 'a')).ok());
   ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 5, 0}, Bytes(10, 'b')).ok());
   EXPECT_EQ(*net.endpoint(1)->Recv(0, {1, 5, 0}, Soon()), Bytes(10, 'b'));
   EXPECT_EQ(net.service(1)->stats().frames_dropped_retired_operation, 1u);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      net.endpoint(1)->Recv(0, {1, 3, 0}, absl::Now()).status()));
 
   // Rank 1 moves to epoch 2; late frames of epoch 1 are dropped.
   net.service(1)->RetireEpochsBelow(2);

@@ -141,7 +141,7 @@ void PeerService::Deliver(uint64_t epoch, int from, const Tag& tag,
     stats_.frames_dropped_old_epoch += frames;
     return;
   }
-  if (tag.operation < StateLocked(epoch).min_operation) {
+  if (StateLocked(epoch).retired.contains(tag.operation)) {
     stats_.frames_dropped_retired_operation += frames;
     return;
   }
@@ -182,14 +182,18 @@ void PeerService::RetireEpochsBelow(uint64_t epoch) {
                  [&](const auto& m) { return m.first.epoch < epoch; });
 }
 
-void PeerService::RetireOperationsBelow(uint64_t epoch, uint64_t operation) {
+void PeerService::RetireOperation(uint64_t epoch, uint64_t operation) {
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) return;
   EpochState& state = StateLocked(epoch);
-  if (operation <= state.min_operation) return;
-  state.min_operation = operation;
+  if (!state.retired.insert(operation).second) return;
+  state.retired_order.push_back(operation);
+  if (state.retired_order.size() > kRetiredOperationsKept) {
+    state.retired.erase(state.retired_order.front());
+    state.retired_order.pop_front();
+  }
   absl::erase_if(mailboxes_, [&](const auto& m) {
-    return m.first.epoch == epoch && m.first.tag.operation < operation;
+    return m.first.epoch == epoch && m.first.tag.operation == operation;
   });
 }
 

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -59,8 +60,11 @@ class PeerService final : public grpc::CallbackGenericService {
   // dropped.
   void RetireEpochsBelow(uint64_t epoch);
 
-  // The same for operations below `operation` within `epoch`.
-  void RetireOperationsBelow(uint64_t epoch, uint64_t operation);
+  // Frees what is kept for `operation` of `epoch` (it has finished or
+  // failed here); its later frames are dropped. The last
+  // kRetiredOperationsKept retired ids of an epoch are remembered.
+  void RetireOperation(uint64_t epoch, uint64_t operation);
+  static constexpr size_t kRetiredOperationsKept = 4096;
 
   struct Stats {
     uint64_t messages_delivered = 0;
@@ -76,7 +80,8 @@ class PeerService final : public grpc::CallbackGenericService {
   struct EpochState {
     absl::Status aborted;                         // OK unless aborted
     absl::flat_hash_map<int, absl::Status> gone;  // peer -> why
-    uint64_t min_operation = 0;
+    absl::flat_hash_set<uint64_t> retired;        // operations
+    std::deque<uint64_t> retired_order;           // oldest first
   };
   struct MailboxKey {
     uint64_t epoch;

@@ -1,0 +1,338 @@
+// The SDK over the worker's control service (gRPC, usually on a unix socket)
+// and shared-memory segments (common/shm_segment.h).
+#include "gradmesh/client.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/grpc/grpc_util.h"
+#include "common/shm_segment.h"
+#include "common/status_macros.h"
+#include "gradmesh/v1/worker.grpc.pb.h"
+
+namespace gradmesh {
+
+namespace v1 = ::gradmesh::v1;
+
+namespace {
+
+std::string FromEnv(const std::string& given, const char* variable,
+                    const std::string& fallback = "") {
+  if (!given.empty()) return given;
+  const char* value = std::getenv(variable);
+  return value != nullptr && *value != '\0' ? value : fallback;
+}
+
+}  // namespace
+
+// The connection, shared by the client and its tensor sets.
+struct Client::Impl {
+  std::string job;
+  absl::Duration timeout;
+  std::unique_ptr<v1::Worker::Stub> stub;
+
+  absl::Mutex mu;
+  int rank ABSL_GUARDED_BY(mu) = -1;
+  int size ABSL_GUARDED_BY(mu) = 0;
+  uint64_t next_sequence ABSL_GUARDED_BY(mu) = 0;
+  absl::flat_hash_set<grpc::ClientContext*> in_flight ABSL_GUARDED_BY(mu);
+
+  void Prepare(grpc::ClientContext* context) const {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    context->set_wait_for_ready(true);
+  }
+  void SetMembership(int r, int s) {
+    absl::MutexLock lock(&mu);
+    rank = r;
+    size = s;
+  }
+};
+
+struct TensorSet::State {
+  std::shared_ptr<Client::Impl> client;
+  std::string bucket;
+  std::vector<TensorSpec> tensors;
+  std::vector<uint64_t> offsets;  // tensors.size() + 1
+  SegmentLayout layout{0};
+  SharedSegment segment;
+};
+
+struct Handle::Call {
+  std::shared_ptr<Client::Impl> client;
+  grpc::ClientContext context;
+  v1::AllReduceRequest request;
+  v1::AllReduceResponse response;
+  grpc::Status status;
+  absl::Notification done;
+  bool waited = false;
+};
+
+// ---------------------------------------------------------------- TensorSet
+
+TensorSet::TensorSet(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+TensorSet::~TensorSet() {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  v1::UnregisterRequest request;
+  request.set_job(state_->client->job);
+  request.set_bucket(state_->bucket);
+  v1::UnregisterResponse response;
+  // Best effort: a worker that is gone has forgotten the bucket anyway.
+  state_->client->stub->Unregister(&context, request, &response);
+}
+
+const std::string& TensorSet::bucket() const { return state_->bucket; }
+const std::vector<TensorSpec>& TensorSet::tensors() const {
+  return state_->tensors;
+}
+uint64_t TensorSet::size() const { return state_->layout.n; }
+
+absl::Span<float> TensorSet::values() {
+  return {state_->segment.at<float>(state_->layout.values), size()};
+}
+
+absl::Span<float> TensorSet::tensor(size_t i) {
+  return values().subspan(offset(i), state_->tensors.at(i).size);
+}
+
+uint64_t TensorSet::offset(size_t i) const { return state_->offsets.at(i); }
+
+absl::Status TensorSet::CopyFrom(absl::Span<const float> gradient) {
+  if (gradient.size() != size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket '", bucket(), "' holds ", size(), " values, got ",
+                     gradient.size()));
+  }
+  std::memcpy(values().data(), gradient.data(), size() * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Span<const uint32_t> TensorSet::sparse_indices(uint64_t nonzeros) const {
+  return {state_->segment.at<uint32_t>(state_->layout.indices),
+          std::min(nonzeros, size())};
+}
+
+absl::Span<const float> TensorSet::sparse_values(uint64_t nonzeros) const {
+  return {state_->segment.at<float>(state_->layout.sparse_values),
+          std::min(nonzeros, size())};
+}
+
+absl::Span<const float> TensorSet::residual() const {
+  return {state_->segment.at<float>(state_->layout.residual), size()};
+}
+
+// ------------------------------------------------------------------- Handle
+
+Handle::Handle() = default;
+Handle::Handle(std::shared_ptr<Call> call) : call_(std::move(call)) {}
+Handle::~Handle() = default;
+Handle::Handle(Handle&&) noexcept = default;
+Handle& Handle::operator=(Handle&&) noexcept = default;
+
+bool Handle::Done() const {
+  return call_ == nullptr || call_->done.HasBeenNotified();
+}
+
+absl::StatusOr<ReduceInfo> Handle::Wait() {
+  if (call_ == nullptr || call_->waited) {
+    return absl::FailedPreconditionError("this handle was already waited for");
+  }
+  call_->done.WaitForNotification();
+  call_->waited = true;
+  GM_RETURN_IF_ERROR(ToAbsl(call_->status));
+  const v1::AllReduceResponse& r = call_->response;
+  call_->client->SetMembership(r.rank(), r.world_size());
+  return ReduceInfo{.nonzeros = r.nonzeros(),
+                    .epoch = r.epoch(),
+                    .rank = r.rank(),
+                    .world_size = r.world_size(),
+                    .algorithm = r.algorithm(),
+                    .teams = r.teams(),
+                    .seconds = r.seconds(),
+                    .rounds = r.rounds(),
+                    .bytes_sent = r.bytes_sent(),
+                    .bytes_received = r.bytes_received()};
+}
+
+// ------------------------------------------------------------------- Client
+
+Client::Client(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  absl::MutexLock lock(&impl_->mu);
+  for (grpc::ClientContext* context : impl_->in_flight) context->TryCancel();
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mu) {
+    return impl_->in_flight.empty();
+  };
+  impl_->mu.Await(absl::Condition(&idle));
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+  const std::string worker = FromEnv(options.worker, "GRADMESH_WORKER");
+  if (worker.empty()) {
+    return absl::InvalidArgumentError(
+        "no worker: set ClientOptions::worker or GRADMESH_WORKER "
+        "(gradmesh run sets it)");
+  }
+  TlsFiles tls{.ca = FromEnv(options.tls_ca, "GRADMESH_TLS_CA"),
+               .cert = FromEnv(options.tls_cert, "GRADMESH_TLS_CERT"),
+               .key = FromEnv(options.tls_key, "GRADMESH_TLS_KEY")};
+  if (worker.rfind("unix:", 0) == 0) tls = {};  // the socket is owner-only
+  GM_ASSIGN_OR_RETURN(auto credentials, ChannelCredentials(tls));
+  auto impl = std::make_shared<Impl>();
+  impl->job = FromEnv(options.job, "GRADMESH_JOB", "default");
+  impl->timeout = options.timeout;
+  impl->stub = v1::Worker::NewStub(grpc::CreateCustomChannel(
+      worker, credentials, DefaultChannelArguments()));
+  std::unique_ptr<Client> client(new Client(std::move(impl)));
+  // Wait for a view that has this worker in it.
+  const absl::Time deadline = absl::Now() + options.timeout;
+  while (true) {
+    GM_ASSIGN_OR_RETURN(Plan plan, client->GetPlan());
+    if (plan.rank >= 0) break;
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("worker ", worker, " joined no view within ",
+                       absl::FormatDuration(options.timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return client;
+}
+
+absl::StatusOr<Plan> Client::GetPlan() {
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::StatusResponse response;
+  GM_RETURN_IF_ERROR(
+      ToAbsl(impl_->stub->GetStatus(&context, v1::StatusRequest(), &response)));
+  const v1::Plan& p = response.plan();
+  if (response.rank() >= 0) {
+    impl_->SetMembership(response.rank(), response.world_size());
+  }
+  return Plan{.epoch = response.epoch(),
+              .rank = response.rank(),
+              .world_size = response.world_size(),
+              .algorithm = p.algorithm(),
+              .density = p.density(),
+              .teams = p.teams(),
+              .encoding = p.encoding(),
+              .autotuning = p.autotuning(),
+              .note = p.note()};
+}
+
+int Client::rank() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->rank;
+}
+
+int Client::size() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->size;
+}
+
+const std::string& Client::job() const { return impl_->job; }
+
+absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
+    const std::string& bucket, const std::vector<TensorSpec>& tensors) {
+  auto state = std::make_unique<TensorSet::State>();
+  state->client = impl_;
+  state->bucket = bucket;
+  state->tensors = tensors;
+  state->offsets.push_back(0);
+  v1::RegisterRequest request;
+  request.set_job(impl_->job);
+  request.set_bucket(bucket);
+  for (const TensorSpec& t : tensors) {
+    state->offsets.push_back(state->offsets.back() + t.size);
+    v1::TensorSpec* spec = request.add_tensors();
+    spec->set_name(t.name);
+    spec->set_size(t.size);
+  }
+  // The daemon checks names and sizes; an absurd size fails here first.
+  state->layout = SegmentLayout(state->offsets.back());
+  const std::string name = SharedSegment::UniqueName(bucket);
+  GM_ASSIGN_OR_RETURN(state->segment,
+                      SharedSegment::Create(name, state->layout.bytes));
+  request.set_shm_name(name);
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::RegisterResponse response;
+  const grpc::Status status =
+      impl_->stub->Register(&context, request, &response);
+  // Mapped on both sides now (or never will be): the name can go.
+  GM_RETURN_IF_ERROR(SharedSegment::Unlink(name));
+  GM_RETURN_IF_ERROR(ToAbsl(status));
+  impl_->SetMembership(response.rank(), response.world_size());
+  return std::unique_ptr<TensorSet>(new TensorSet(std::move(state)));
+}
+
+Handle Client::AllReduceAsync(TensorSet& set, uint64_t step,
+                              const AllReduceOptions& options) {
+  auto call = std::make_shared<Handle::Call>();
+  call->client = impl_;
+  call->request.set_job(impl_->job);
+  call->request.set_bucket(set.bucket());
+  call->request.set_step(step);
+  call->request.set_op(options.op == ReduceOp::kMean ? v1::REDUCE_MEAN
+                                                     : v1::REDUCE_SUM);
+  call->request.set_layout(options.layout == ResultLayout::kSparse
+                               ? v1::RESULT_SPARSE
+                               : v1::RESULT_DENSE);
+  call->request.set_return_residual(options.return_residual);
+  impl_->Prepare(&call->context);
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->in_flight.insert(&call->context);
+  }
+  // The callback holds the call (and so the connection) until it has run.
+  impl_->stub->async()->AllReduce(
+      &call->context, &call->request, &call->response,
+      [call](grpc::Status status) {
+        call->status = std::move(status);
+        {
+          absl::MutexLock lock(&call->client->mu);
+          call->client->in_flight.erase(&call->context);
+        }
+        call->done.Notify();
+      });
+  return Handle(std::move(call));
+}
+
+absl::StatusOr<ReduceInfo> Client::AllReduce(TensorSet& set, uint64_t step,
+                                             const AllReduceOptions& options) {
+  return AllReduceAsync(set, step, options).Wait();
+}
+
+absl::Status Client::BroadcastBucket(const std::string& bucket, int root) {
+  Impl& impl = *impl_;
+  v1::BroadcastRequest request;
+  request.set_job(impl.job);
+  request.set_bucket(bucket);
+  request.set_root(root);
+  {
+    absl::MutexLock lock(&impl.mu);
+    request.set_sequence(impl.next_sequence++);
+  }
+  grpc::ClientContext context;
+  impl.Prepare(&context);
+  v1::BroadcastResponse response;
+  GM_RETURN_IF_ERROR(
+      ToAbsl(impl.stub->Broadcast(&context, request, &response)));
+  impl.SetMembership(response.rank(), response.world_size());
+  return absl::OkStatus();
+}
+
+absl::Status Client::Broadcast(TensorSet& set, int root) {
+  return BroadcastBucket(set.bucket(), root);
+}
+
+absl::Status Client::Barrier() { return BroadcastBucket("", 0); }
+
+}  // namespace gradmesh

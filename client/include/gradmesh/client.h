@@ -1,0 +1,232 @@
+// gradmesh client SDK: how a training process sums its gradients through the
+// worker daemon of its node.
+//
+// A process connects to its worker (found from the environment that
+// `gradmesh run` sets), registers its gradient buckets once, then each step
+// writes the gradient into a bucket's shared memory and all-reduces it. The
+// tensor data never crosses a socket: the worker daemon maps the same pages,
+// reads the gradient there once and writes the result back there.
+//
+//   auto client = gradmesh::Client::Connect();          // GRADMESH_WORKER...
+//   if (!client.ok()) ...
+//   auto set = (*client)->Register("layer1", {{"weight", 4096}, {"bias", 64}});
+//   for (uint64_t step = 0; step < steps; ++step) {
+//     ComputeGradient((*set)->values());                // zero copies
+//     gradmesh::Handle h = (*client)->AllReduceAsync(**set, step,
+//                                                    {.op = ReduceOp::kMean});
+//     ...                                               // other buckets
+//     absl::StatusOr<gradmesh::ReduceInfo> done = h.Wait();
+//     if (!done.ok()) ...  // see "Errors"; the gradient is in the residual
+//     ApplyUpdate((*set)->values());                    // the dense result
+//   }
+//
+// Semantics:
+//   - Operations are named (job, bucket, step) and matched across workers by
+//     name, never by arrival order: several buckets of a step may be in
+//     flight at once and finish in any order. Steps of a bucket strictly
+//     increase. Residuals (error feedback) belong to (job, bucket); a new job
+//     name on live workers starts with none.
+//   - Every process registers the same buckets (names, tensor names and
+//     sizes) in the same order; Register returns when all have.
+//   - The result is the SUM of the selected gradient values over the workers
+//     (kMean divides it by the world size), identical on every worker. Dense:
+//     written over values() (zeros where nothing was selected). Sparse: the
+//     indices (into values(), ascending) and values, nonzeros entries long.
+//
+// Errors (absl::Status codes, by what the caller should do):
+//   - Aborted: membership changed during the step; retry it on the new view.
+//   - Unavailable: the worker or a peer is gone or shutting down.
+//   - DeadlineExceeded: ClientOptions::timeout passed.
+//   - InvalidArgument: bad names or sizes; buckets that differ between
+//     workers (reported on every worker, without a hang); a step not after
+//     the bucket's last; NaN or Inf in any worker's gradient (policy: the
+//     step is skipped on every worker, non-finite values are dropped and the
+//     finite ones kept in the residual).
+//   Whenever a step fails, its gradient stays in the worker's residual and
+//   the next step carries it: nothing is lost.
+//
+// Thread safety: a Client may be used from several threads. A TensorSet's
+// memory belongs to the daemon from AllReduceAsync until its Handle is
+// waited for: do not touch it in between. Handles are used from one thread.
+#ifndef GRADMESH_CLIENT_INCLUDE_GRADMESH_CLIENT_H_
+#define GRADMESH_CLIENT_INCLUDE_GRADMESH_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace gradmesh {
+
+struct TensorSpec {
+  std::string name;
+  uint64_t size = 0;  // float32 values
+};
+
+enum class ReduceOp { kSum, kMean };
+enum class ResultLayout { kDense, kSparse };
+
+struct ClientOptions {
+  // The worker: "unix:/path" or "host:port". Empty: $GRADMESH_WORKER.
+  std::string worker;
+  // The job: operations and residuals are per job. Empty: $GRADMESH_JOB, or
+  // "default".
+  std::string job;
+  // Mutual TLS for a host:port worker (all three or none). Empty:
+  // $GRADMESH_TLS_CA, $GRADMESH_TLS_CERT, $GRADMESH_TLS_KEY.
+  std::string tls_ca, tls_cert, tls_key;
+  // Limit of every call, waiting for the worker and its peers included.
+  absl::Duration timeout = absl::Minutes(5);
+};
+
+// The worker's current view and plan.
+struct Plan {
+  uint64_t epoch = 0;
+  int rank = -1;  // -1: not a member (yet)
+  int world_size = 0;
+  std::string algorithm;
+  double density = 0;
+  int teams = 0;
+  std::string encoding;
+  bool autotuning = false;
+  std::string note;
+};
+
+// What one all-reduce did.
+struct ReduceInfo {
+  uint64_t nonzeros = 0;  // entries of the result
+  uint64_t epoch = 0;
+  int rank = 0;
+  int world_size = 0;
+  std::string algorithm;
+  int teams = 0;
+  double seconds = 0;  // the worker's own time for the operation
+  int rounds = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+};
+
+struct AllReduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  ResultLayout layout = ResultLayout::kDense;
+  bool return_residual = false;  // also fill TensorSet::residual()
+};
+
+class Client;
+
+// A registered bucket: tensors fused in registration order, in memory shared
+// with the worker. Destroying it unregisters the bucket (its residual is
+// forgotten) and unmaps the memory.
+class TensorSet {
+ public:
+  ~TensorSet();
+  TensorSet(const TensorSet&) = delete;
+  TensorSet& operator=(const TensorSet&) = delete;
+
+  const std::string& bucket() const;
+  const std::vector<TensorSpec>& tensors() const;
+  uint64_t size() const;  // values in all tensors
+
+  // Every tensor, fused: write the gradient here; dense results land here.
+  absl::Span<float> values();
+  // Tensor i's part of values(), which starts at offset(i).
+  absl::Span<float> tensor(size_t i);
+  uint64_t offset(size_t i) const;
+
+  // Copies `gradient` (size() values) into values(): the one-copy way in.
+  // InvalidArgument for another size.
+  absl::Status CopyFrom(absl::Span<const float> gradient);
+
+  // The sparse result of the last kSparse all-reduce (ReduceInfo::nonzeros
+  // entries).
+  absl::Span<const uint32_t> sparse_indices(uint64_t nonzeros) const;
+  absl::Span<const float> sparse_values(uint64_t nonzeros) const;
+
+  // The residual the last all-reduce with return_residual left.
+  absl::Span<const float> residual() const;
+
+ private:
+  friend class Client;
+  struct State;
+  explicit TensorSet(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// An all-reduce in flight.
+class Handle {
+ public:
+  Handle();
+  ~Handle();
+  Handle(Handle&&) noexcept;
+  Handle& operator=(Handle&&) noexcept;
+
+  // Blocks until the operation ends and returns its outcome. Once: a second
+  // call is FailedPrecondition.
+  absl::StatusOr<ReduceInfo> Wait();
+  // Whether Wait would return at once.
+  bool Done() const;
+
+ private:
+  friend class Client;
+  struct Call;
+  explicit Handle(std::shared_ptr<Call> call);
+  std::shared_ptr<Call> call_;
+};
+
+class Client {
+ public:
+  // Connects to the worker and waits (up to options.timeout) until it is a
+  // member of a view, so that rank() and size() are known. InvalidArgument
+  // when no worker is given, Unavailable/DeadlineExceeded when none answers.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      ClientOptions options = {});
+
+  // Cancels the calls in flight and waits for them to end.
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Registers bucket `bucket` of this job: creates its shared memory,
+  // has the worker map it, and checks with every worker that they register
+  // the same bucket.
+  absl::StatusOr<std::unique_ptr<TensorSet>> Register(
+      const std::string& bucket, const std::vector<TensorSpec>& tensors);
+
+  // Starts summing `set` across the workers for `step`; returns at once.
+  Handle AllReduceAsync(TensorSet& set, uint64_t step,
+                        const AllReduceOptions& options = {});
+  // The same, waiting for the result.
+  absl::StatusOr<ReduceInfo> AllReduce(TensorSet& set, uint64_t step,
+                                       const AllReduceOptions& options = {});
+
+  // Copies `set`'s values from rank `root` to every worker (initial
+  // parameters). Every process calls Broadcast and Barrier in the same order.
+  absl::Status Broadcast(TensorSet& set, int root);
+  // Returns when every worker's process has called Barrier.
+  absl::Status Barrier();
+
+  // The worker's current view and plan.
+  absl::StatusOr<Plan> GetPlan();
+  // As of the latest call that reported them (Connect sets both).
+  int rank() const;
+  int size() const;
+  const std::string& job() const;
+
+ private:
+  friend class TensorSet;
+  friend class Handle;
+  struct Impl;
+  explicit Client(std::shared_ptr<Impl> impl);
+  // Broadcast of `bucket` from `root`; an empty bucket is a barrier.
+  absl::Status BroadcastBucket(const std::string& bucket, int root);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace gradmesh
+
+#endif  // GRADMESH_CLIENT_INCLUDE_GRADMESH_CLIENT_H_

@@ -1,0 +1,89 @@
+// SharedSegment: a POSIX shared-memory object mapped into this process, the
+// data plane between a training process (the SDK) and its worker daemon.
+//
+// The SDK creates a segment for each registered tensor set (owner-only,
+// mode 0600), the daemon opens it by name, and the SDK unlinks the name once
+// the daemon has mapped it, so that nothing outlives the two processes. Both
+// sides then read and write the same pages: the gradient is never copied
+// through a socket.
+//
+//   GM_ASSIGN_OR_RETURN(SharedSegment s, SharedSegment::Create(name, bytes));
+//   // daemon: GM_ASSIGN_OR_RETURN(SharedSegment s,
+//   //                             SharedSegment::Open(name, bytes));
+//
+// The layout of a tensor set of n float32 values (SegmentLayout): the values
+// (the gradient in, the dense result out), the sparse result's indices, the
+// sparse result's values, and the residual, each n entries. Pages of a
+// region nobody touches cost no memory.
+//
+// Movable, not copyable; unmaps on destruction. Not thread-safe as an object;
+// the mapped memory is shared and its users agree on who writes when.
+#ifndef GRADMESH_COMMON_SHM_SEGMENT_H_
+#define GRADMESH_COMMON_SHM_SEGMENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace gradmesh {
+
+struct SegmentLayout {
+  explicit SegmentLayout(uint64_t values_per_region)
+      : n(values_per_region),
+        values(0),
+        indices(4 * n),
+        sparse_values(8 * n),
+        residual(12 * n),
+        bytes(16 * n) {}
+  uint64_t n;
+  // Byte offsets of the regions, and the total size.
+  uint64_t values, indices, sparse_values, residual, bytes;
+};
+
+class SharedSegment {
+ public:
+  // Creates object `name` ("/gradmesh-..."; it must not exist) of `bytes`
+  // bytes, mode 0600, and maps it. InvalidArgument for a bad name,
+  // AlreadyExists, or Internal with errno's text.
+  static absl::StatusOr<SharedSegment> Create(const std::string& name,
+                                              uint64_t bytes);
+
+  // Maps existing object `name`, which must be exactly `bytes` long and owned
+  // by this user (InvalidArgument otherwise: the size comes from another
+  // process); NotFound if it does not exist.
+  static absl::StatusOr<SharedSegment> Open(const std::string& name,
+                                            uint64_t bytes);
+
+  // Removes the name (the mappings stay). OK if it is already gone.
+  static absl::Status Unlink(const std::string& name);
+
+  // A name no other segment of this host has: /gradmesh-<pid>-<counter>-<tag>.
+  static std::string UniqueName(absl::string_view tag);
+
+  SharedSegment() = default;
+  SharedSegment(SharedSegment&& other) noexcept;
+  SharedSegment& operator=(SharedSegment&& other) noexcept;
+  ~SharedSegment();
+
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+  template <typename T>
+  T* at(uint64_t offset) const {
+    return reinterpret_cast<T*>(data_ + offset);
+  }
+
+ private:
+  SharedSegment(char* data, uint64_t size) : data_(data), size_(size) {}
+  void Reset();
+
+  char* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace gradmesh
+
+#endif  // GRADMESH_COMMON_SHM_SEGMENT_H_

@@ -1,0 +1,419 @@
+// The data plane of P workers in one process: loopback transports, real
+// shared-memory segments (each test plays the SDK's part by hand).
+#include "worker/daemon/data_plane.h"
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/multi_rank.h"
+#include "worker/transport/fault_injection.h"
+#include "worker/transport/loopback.h"
+
+namespace gradmesh::daemon {
+namespace {
+
+using ::gradmesh::testing::RandomVector;
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
+
+// P workers, each with its tracker and data plane, in one view.
+class Workers {
+ public:
+  explicit Workers(int p, PlanInfo plan = {.algorithm = "spardl",
+                                           .density = 0.1,
+                                           .teams = 1})
+      : net_(p) {
+    for (int r = 0; r < p; ++r) {
+      auto views = std::make_unique<ViewTracker>(
+          [this, r](const ViewInfo& view) { return MakeGroup(view, r); },
+          RealClock());
+      planes_.push_back(
+          std::make_unique<DataPlane>(views.get(), DataPlaneHooks{}));
+      views_.push_back(std::move(views));
+    }
+    view_.epoch = 1;
+    view_.plan = plan;
+    for (int r = 0; r < p; ++r) {
+      view_.member_ids.push_back(absl::StrCat("w", r));
+      view_.addresses.push_back(view_.member_ids.back());
+    }
+  }
+
+  void Start() {
+    for (auto& v : views_) ASSERT_TRUE(v->Install(view_).has_value());
+  }
+
+  int size() const { return static_cast<int>(planes_.size()); }
+  DataPlane& plane(int r) { return *planes_[r]; }
+
+  // The SDK's part of Register: create, register, unlink.
+  absl::StatusOr<SharedSegment> Register(int r, const BucketName& name,
+                                         const std::vector<TensorSpec>& t) {
+    uint64_t n = 0;
+    for (const TensorSpec& spec : t) n += spec.size;
+    const std::string shm = SharedSegment::UniqueName(name.bucket);
+    auto segment = SharedSegment::Create(shm, SegmentLayout(n).bytes);
+    if (!segment.ok()) return segment.status();
+    auto joined = planes_[r]->Register(name, t, shm, Soon());
+    EXPECT_TRUE(SharedSegment::Unlink(shm).ok());
+    if (!joined.ok()) return joined.status();
+    return segment;
+  }
+
+  // Register on every rank at once (it is collective).
+  std::vector<SharedSegment> RegisterAll(const BucketName& name,
+                                         const std::vector<TensorSpec>& t) {
+    std::vector<SharedSegment> segments(size());
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size(); ++r) {
+      threads.emplace_back([&, r] {
+        auto segment = Register(r, name, t);
+        ASSERT_TRUE(segment.ok()) << segment.status();
+        segments[r] = *std::move(segment);
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    return segments;
+  }
+
+ private:
+  std::shared_ptr<Group> MakeGroup(const ViewInfo& view, int rank) {
+    auto group = std::make_shared<Group>();
+    group->view = view;
+    group->rank = rank;
+    group->transport = std::make_unique<transport::FaultInjectingTransport>(
+        net_.endpoint(rank));
+    group->options = {.algorithm = {.algorithm = view.plan.algorithm,
+                                    .density = view.plan.density,
+                                    .teams = view.plan.teams},
+                      .timeout = absl::Seconds(20),
+                      .epoch = view.epoch};
+    return group;
+  }
+
+  transport::LoopbackNetwork net_;
+  ViewInfo view_;
+  std::vector<std::unique_ptr<ViewTracker>> views_;
+  std::vector<std::unique_ptr<DataPlane>> planes_;
+};
+
+absl::Span<float> Values(const SharedSegment& s, uint64_t n) {
+  return {s.at<float>(SegmentLayout(n).values), n};
+}
+std::vector<float> Residual(const SharedSegment& s, uint64_t n) {
+  const float* r = s.at<float>(SegmentLayout(n).residual);
+  return {r, r + n};
+}
+sparse::SparseBlock Sparse(const SharedSegment& s, uint64_t n,
+                           uint64_t nonzeros) {
+  const SegmentLayout layout(n);
+  sparse::SparseBlock block;
+  block.indices.assign(s.at<uint32_t>(layout.indices),
+                       s.at<uint32_t>(layout.indices) + nonzeros);
+  block.values.assign(s.at<float>(layout.sparse_values),
+                      s.at<float>(layout.sparse_values) + nonzeros);
+  return block;
+}
+
+// Runs `call` (per rank) on every rank at once.
+std::vector<absl::StatusOr<ReduceResult>> AllReduceAll(Workers& w,
+                                                       const ReduceCall& call) {
+  std::vector<absl::StatusOr<ReduceResult>> out(w.size(),
+                                                absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < w.size(); ++r) {
+    threads.emplace_back(
+        [&, r] { out[r] = w.plane(r).AllReduce(call, Soon()); });
+  }
+  for (auto& thread : threads) thread.join();
+  return out;
+}
+
+// Sparse results identical everywhere and inputs = result + residuals, over
+// three steps, with two tensors fused in one bucket.
+TEST(DataPlaneTest, SumsIdenticallyAndConservesMass) {
+  constexpr uint64_t kN = 500;
+  Workers w(4, {.algorithm = "spardl", .density = 0.05, .teams = 2});
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t1", 300}, {"t2", 200}});
+  std::vector<std::vector<float>> residuals(4, std::vector<float>(kN, 0));
+  for (uint64_t step = 0; step < 3; ++step) {
+    std::vector<std::vector<float>> inputs;
+    for (int r = 0; r < 4; ++r) {
+      inputs.push_back(RandomVector(kN, 10 * step + r));
+      std::memcpy(Values(segments[r], kN).data(), inputs[r].data(), kN * 4);
+    }
+    const testing::MassBalance balance(inputs, residuals);
+    auto results = AllReduceAll(w, {.name = {"job", "b"},
+                                    .step = step,
+                                    .sparse = true,
+                                    .return_residual = true});
+    std::vector<sparse::SparseBlock> blocks;
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(results[r].ok()) << results[r].status();
+      EXPECT_EQ(results[r]->rank, r);
+      EXPECT_EQ(results[r]->world_size, 4);
+      blocks.push_back(Sparse(segments[r], kN, results[r]->nonzeros));
+      residuals[r] = Residual(segments[r], kN);
+      EXPECT_EQ(blocks[r].indices, blocks[0].indices);
+      EXPECT_EQ(blocks[r].values, blocks[0].values);
+    }
+    EXPECT_GT(blocks[0].size(), 0u);
+    EXPECT_TRUE(balance.Holds(blocks[0], residuals));
+  }
+}
+
+// Dense mean: the sum divided by P where selected, zeros elsewhere.
+TEST(DataPlaneTest, WritesTheDenseMeanInPlace) {
+  constexpr uint64_t kN = 64;
+  Workers w(2, {.algorithm = "dense", .density = 1.0, .teams = 1});
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  for (int r = 0; r < 2; ++r) {
+    for (uint64_t i = 0; i < kN; ++i) Values(segments[r], kN)[i] = i + 100 * r;
+  }
+  auto results = AllReduceAll(w, {.name = {"job", "b"}, .mean = true});
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].status();
+    for (uint64_t i = 0; i < kN; ++i) {
+      EXPECT_EQ(Values(segments[r], kN)[i], (2.0f * i + 100.0f) / 2.0f);
+    }
+  }
+}
+
+// Buckets started in different orders on different workers are matched by
+// name: each bucket's result is the same everywhere.
+TEST(DataPlaneTest, MatchesBucketsInFlightByName) {
+  constexpr uint64_t kN = 300;
+  Workers w(3);
+  w.Start();
+  const std::vector<std::string> names = {"x", "y", "z"};
+  std::vector<std::vector<SharedSegment>> segments;
+  for (const auto& name : names) {
+    segments.push_back(w.RegisterAll({"job", name}, {{"t", kN}}));
+  }
+  std::vector<std::vector<sparse::SparseBlock>> got(
+      3, std::vector<sparse::SparseBlock>(3));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    for (int i = 0; i < 3; ++i) {
+      const int b = (i + r) % 3;  // rank r starts bucket b i-th
+      const auto g = RandomVector(kN, 7 * b + r);
+      std::memcpy(Values(segments[b][r], kN).data(), g.data(), kN * 4);
+      threads.emplace_back([&, r, b] {
+        auto result = w.plane(r).AllReduce(
+            {.name = {"job", names[b]}, .step = 0, .sparse = true}, Soon());
+        ASSERT_TRUE(result.ok()) << result.status();
+        got[b][r] = Sparse(segments[b][r], kN, result->nonzeros);
+      });
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  for (auto& thread : threads) thread.join();
+  for (int b = 0; b < 3; ++b) {
+    for (int r = 1; r < 3; ++r) {
+      EXPECT_EQ(got[b][r].indices, got[b][0].indices);
+      EXPECT_EQ(got[b][r].values, got[b][0].values);
+    }
+  }
+}
+
+// Workers that register different buckets all get InvalidArgument, quickly.
+TEST(DataPlaneTest, MismatchedRegistrationsFailEverywhere) {
+  Workers w(3);
+  w.Start();
+  std::vector<absl::Status> status(3);
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] =
+          w.Register(r, {"job", "b"}, {{"t", r == 1 ? 120u : 100u}}).status();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(status[r])) << r << ": " << status[r];
+    EXPECT_THAT(std::string(status[r].message()),
+                ::testing::HasSubstr("differs between workers"));
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // Nothing is left registered: the same bucket registers cleanly now.
+  w.RegisterAll({"job", "b"}, {{"t", 100}});
+}
+
+// NaN on one worker fails the step on every worker; the finite gradients
+// stay in the residuals and the next step carries them.
+TEST(DataPlaneTest, NonFiniteGradientFailsEverywhereAndKeepsTheRest) {
+  constexpr uint64_t kN = 200;
+  Workers w(3);
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  std::vector<std::vector<float>> kept(3);
+  for (int r = 0; r < 3; ++r) {
+    kept[r] = RandomVector(kN, r);
+    std::memcpy(Values(segments[r], kN).data(), kept[r].data(), kN * 4);
+  }
+  Values(segments[2], kN)[17] = std::nanf("");
+  kept[2][17] = 0;  // dropped, never kept
+  auto failed = AllReduceAll(w, {.name = {"job", "b"}, .step = 0});
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(failed[r].status()))
+        << failed[r].status();
+    EXPECT_THAT(std::string(failed[r].status().message()),
+                ::testing::HasSubstr("rank 2: 1"));
+  }
+  std::vector<std::vector<float>> inputs(3);
+  for (int r = 0; r < 3; ++r) {
+    const auto g = RandomVector(kN, 50 + r);
+    std::memcpy(Values(segments[r], kN).data(), g.data(), kN * 4);
+    for (uint64_t i = 0; i < kN; ++i) inputs[r].push_back(g[i] + kept[r][i]);
+  }
+  const testing::MassBalance balance(
+      inputs, std::vector<std::vector<float>>(3, std::vector<float>(kN, 0)));
+  auto next = AllReduceAll(w, {.name = {"job", "b"},
+                               .step = 1,
+                               .sparse = true,
+                               .return_residual = true});
+  std::vector<std::vector<float>> residuals;
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(next[r].ok()) << next[r].status();
+    residuals.push_back(Residual(segments[r], kN));
+  }
+  EXPECT_TRUE(
+      balance.Holds(Sparse(segments[0], kN, next[0]->nonzeros), residuals));
+}
+
+// A stale step, and a step with no view yet, are refused without losing the
+// gradient.
+TEST(DataPlaneTest, RefusedStepsKeepTheGradient) {
+  constexpr uint64_t kN = 100;
+  Workers w(1, {.algorithm = "spardl", .density = 0.01, .teams = 1});
+  // No view yet: Register waits, then gives up.
+  const std::string shm = SharedSegment::UniqueName("early");
+  auto early = SharedSegment::Create(shm, SegmentLayout(kN).bytes);
+  ASSERT_TRUE(early.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      w.plane(0)
+          .Register({"job", "b"}, {{"t", kN}}, shm,
+                    absl::Now() + absl::Milliseconds(50))
+          .status()));
+  ASSERT_TRUE(SharedSegment::Unlink(shm).ok());
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  absl::Span<float> values = Values(segments[0], kN);
+  std::fill(values.begin(), values.end(), 1.0f);
+  ASSERT_TRUE(
+      w.plane(0).AllReduce({.name = {"job", "b"}, .step = 5}, Soon()).ok());
+  // The residual now holds 1 - result; a stale step adds 2 everywhere.
+  std::fill(values.begin(), values.end(), 2.0f);
+  auto stale = w.plane(0).AllReduce({.name = {"job", "b"}, .step = 5}, Soon());
+  EXPECT_TRUE(absl::IsInvalidArgument(stale.status())) << stale.status();
+  std::fill(values.begin(), values.end(), 0.0f);
+  auto next = w.plane(0).AllReduce({.name = {"job", "b"},
+                                    .step = 6,
+                                    .sparse = true,
+                                    .return_residual = true},
+                                   Soon());
+  ASSERT_TRUE(next.ok()) << next.status();
+  const sparse::SparseBlock result = Sparse(segments[0], kN, next->nonzeros);
+  std::vector<float> residual = Residual(segments[0], kN);
+  for (size_t e = 0; e < result.size(); ++e) {
+    residual[result.indices[e]] += result.values[e];
+  }
+  // Mass: 1 (step 5, partly sent) ... total pushed per index = 3, of which
+  // step 5's result took some; what step 6 and the residual hold is the rest.
+  double total = 0;
+  for (float v : residual) total += v;
+  EXPECT_NEAR(total, 3.0 * kN - 1.0, 1e-3);  // step 5 sent k = 1 value of 1
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      w.plane(0)
+          .AllReduce({.name = {"job", "nope"}, .step = 0}, Soon())
+          .status()));
+}
+
+// A second job on the same live workers starts cleanly: steps from 0 again,
+// residuals of its own; the first job's bucket is unaffected.
+TEST(DataPlaneTest, SecondJobStartsClean) {
+  constexpr uint64_t kN = 100;
+  Workers w(2, {.algorithm = "spardl", .density = 0.1, .teams = 1});
+  w.Start();
+  auto first = w.RegisterAll({"job-a", "b"}, {{"t", kN}});
+  for (uint64_t step = 0; step < 3; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      auto g = RandomVector(kN, step * 2 + r);
+      std::memcpy(Values(first[r], kN).data(), g.data(), kN * 4);
+    }
+    for (auto& result :
+         AllReduceAll(w, {.name = {"job-a", "b"}, .step = step})) {
+      ASSERT_TRUE(result.ok()) << result.status();
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.plane(r).Unregister({"job-a", "b"}).ok());
+  }
+  auto second = w.RegisterAll({"job-b", "b"}, {{"t", kN}});
+  std::vector<std::vector<float>> inputs;
+  for (int r = 0; r < 2; ++r) {
+    inputs.push_back(RandomVector(kN, 90 + r));
+    std::memcpy(Values(second[r], kN).data(), inputs[r].data(), kN * 4);
+  }
+  const testing::MassBalance balance(
+      inputs, std::vector<std::vector<float>>(2, std::vector<float>(kN, 0)));
+  auto results = AllReduceAll(w, {.name = {"job-b", "b"},
+                                  .step = 0,
+                                  .sparse = true,
+                                  .return_residual = true});
+  std::vector<std::vector<float>> residuals;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].status();
+    residuals.push_back(Residual(second[r], kN));
+  }
+  EXPECT_TRUE(
+      balance.Holds(Sparse(second[0], kN, results[0]->nonzeros), residuals));
+}
+
+TEST(DataPlaneTest, BroadcastsFromTheRootAndBarriers) {
+  constexpr uint64_t kN = 1000;
+  Workers w(4);
+  w.Start();
+  auto segments = w.RegisterAll({"job", "params"}, {{"p", kN}});
+  for (int r = 0; r < 4; ++r) {
+    for (uint64_t i = 0; i < kN; ++i) Values(segments[r], kN)[i] = r * 1e4f + i;
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      auto done =
+          w.plane(r).Broadcast({"job", "params"}, 0, /*root=*/2, Soon());
+      ASSERT_TRUE(done.ok()) << done.status();
+      auto barrier = w.plane(r).Broadcast({"job", ""}, 1, 0, Soon());
+      ASSERT_TRUE(barrier.ok()) << barrier.status();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int r = 0; r < 4; ++r) {
+    for (uint64_t i = 0; i < kN; ++i) {
+      ASSERT_EQ(Values(segments[r], kN)[i], 2e4f + i);
+    }
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      w.plane(0).Broadcast({"job", "params"}, 2, 7, Soon()).status()));
+}
+
+TEST(DataPlaneTest, OperationIdsAreStableAndDistinct) {
+  EXPECT_EQ(OperationId("allreduce", {"j", "b"}, 3),
+            OperationId("allreduce", {"j", "b"}, 3));
+  EXPECT_NE(OperationId("allreduce", {"j", "b"}, 3),
+            OperationId("allreduce", {"j", "b"}, 4));
+  EXPECT_NE(OperationId("allreduce", {"j", "b"}, 3),
+            OperationId("allreduce", {"jb", ""}, 3));
+  EXPECT_NE(OperationId("allreduce", {"j", "b"}, 3),
+            OperationId("agree", {"j", "b"}, 3));
+}
+
+}  // namespace
+}  // namespace gradmesh::daemon

@@ -1,0 +1,153 @@
+#include "worker/daemon/view_tracker.h"
+
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace gradmesh::daemon {
+namespace {
+
+// Time that moves only when told; waits poll it.
+class FakeClock final : public Clock {
+ public:
+  absl::Time Now() const override {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& condition,
+                         absl::Time deadline) const override {
+    while (!condition.Eval()) {
+      if (Now() >= deadline) return false;
+      mu->AwaitWithTimeout(condition, absl::Milliseconds(1));
+    }
+    return true;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+};
+
+ViewInfo View(uint64_t epoch, std::vector<std::string> members,
+              uint64_t start_step = 0, std::string algorithm = "spardl") {
+  ViewInfo view{.epoch = epoch,
+                .member_ids = members,
+                .addresses = members,
+                .start_step = start_step};
+  view.plan.algorithm = algorithm;
+  return view;
+}
+
+// Groups as the daemon makes them, minus the transport: "me" is rank r
+// where it appears; an algorithm named "broken" can't run.
+std::shared_ptr<Group> MakeGroup(const ViewInfo& view) {
+  auto group = std::make_shared<Group>();
+  group->view = view;
+  for (int r = 0; r < group->size(); ++r) {
+    if (view.member_ids[r] == "me") group->rank = r;
+  }
+  if (view.plan.algorithm == "broken") {
+    group->error = absl::InvalidArgumentError("no such algorithm");
+  }
+  return group;
+}
+
+class ViewTrackerTest : public ::testing::Test {
+ protected:
+  FakeClock clock_;
+  ViewTracker views_{MakeGroup, &clock_};
+
+  uint64_t EpochFor(std::optional<uint64_t> step) {
+    auto group = views_.Acquire(step, clock_.Now());
+    EXPECT_TRUE(group.ok()) << group.status();
+    return group.ok() ? (*group)->view.epoch : 0;
+  }
+};
+
+TEST_F(ViewTrackerTest, WaitsForTheFirstViewUntilTheDeadline) {
+  EXPECT_TRUE(
+      absl::IsDeadlineExceeded(views_.Acquire(0, clock_.Now()).status()));
+  // A waiter gives up when the clock passes its deadline...
+  std::thread waiter([&] {
+    EXPECT_TRUE(absl::IsDeadlineExceeded(
+        views_.Acquire(0, clock_.Now() + absl::Seconds(5)).status()));
+  });
+  absl::SleepFor(absl::Milliseconds(20));
+  clock_.Advance(absl::Seconds(6));
+  waiter.join();
+  // ...and another is woken by the first view.
+  std::thread woken([&] {
+    auto group = views_.Acquire(0, clock_.Now() + absl::Seconds(5));
+    ASSERT_TRUE(group.ok()) << group.status();
+    EXPECT_EQ((*group)->view.epoch, 3u);
+  });
+  absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(views_.Install(View(3, {"a", "me"})).has_value());
+  woken.join();
+}
+
+TEST_F(ViewTrackerTest, MembershipChangeAppliesAtOnceAndHandsBackTheOld) {
+  auto first = views_.Install(View(1, {"a", "me"}));
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->replaced, nullptr);
+  EXPECT_EQ(EpochFor(7), 1u);
+  auto second = views_.Install(View(2, {"me"}));
+  ASSERT_TRUE(second.has_value());
+  ASSERT_NE(second->replaced, nullptr);
+  EXPECT_EQ(second->replaced->view.epoch, 1u);
+  EXPECT_EQ(EpochFor(8), 2u);
+  EXPECT_EQ((*views_.Acquire(8, clock_.Now()))->rank, 0);
+  // Not newer: ignored.
+  EXPECT_FALSE(views_.Install(View(2, {"a", "me"})).has_value());
+  EXPECT_FALSE(views_.Install(View(1, {"a", "me"})).has_value());
+  EXPECT_EQ(views_.latest_epoch(), 2u);
+}
+
+TEST_F(ViewTrackerTest, PlanChangeAppliesFromItsStartStep) {
+  ASSERT_TRUE(views_.Install(View(1, {"a", "me"})).has_value());
+  EXPECT_EQ(EpochFor(3), 1u);
+  auto change = views_.Install(View(2, {"a", "me"}, /*start_step=*/5));
+  ASSERT_TRUE(change.has_value());
+  EXPECT_FALSE(change->late);
+  EXPECT_EQ(change->replaced, nullptr);  // the same members: nothing aborts
+  EXPECT_EQ(EpochFor(4), 1u);
+  EXPECT_EQ(EpochFor(5), 2u);
+  // A bucket of an earlier step still in flight keeps the old plan.
+  EXPECT_EQ(EpochFor(4), 1u);
+  EXPECT_EQ(EpochFor(6), 2u);
+  EXPECT_EQ(EpochFor(std::nullopt), 2u);
+}
+
+TEST_F(ViewTrackerTest, LatePlanAppliesAtOnce) {
+  ASSERT_TRUE(views_.Install(View(1, {"a", "me"})).has_value());
+  EXPECT_EQ(EpochFor(9), 1u);
+  auto change = views_.Install(View(2, {"a", "me"}, /*start_step=*/9));
+  ASSERT_TRUE(change.has_value());
+  EXPECT_TRUE(change->late);
+  EXPECT_EQ(EpochFor(10), 2u);
+}
+
+TEST_F(ViewTrackerTest, RefusesWhatCannotRun) {
+  ASSERT_TRUE(views_.Install(View(1, {"a", "b"})).has_value());
+  EXPECT_TRUE(absl::IsUnavailable(views_.Acquire(0, clock_.Now()).status()));
+  ASSERT_TRUE(views_.Install(View(2, {"me"}, 0, "broken")).has_value());
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(views_.Acquire(0, clock_.Now()).status()));
+}
+
+TEST_F(ViewTrackerTest, StopFailsWaitersAndReturnsTheGroups) {
+  ASSERT_TRUE(views_.Install(View(1, {"me"})).has_value());
+  ASSERT_TRUE(views_.Install(View(2, {"me"}, 50)).has_value());
+  const auto groups = views_.Stop();
+  EXPECT_EQ(groups.size(), 2u);  // current and pending
+  EXPECT_TRUE(absl::IsUnavailable(
+      views_.Acquire(0, clock_.Now() + absl::Hours(1)).status()));
+  EXPECT_FALSE(views_.Install(View(3, {"me"})).has_value());
+}
+
+}  // namespace
+}  // namespace gradmesh::daemon

@@ -1,0 +1,164 @@
+#include "worker/daemon/coordinator_client.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc/grpc_util.h"
+#include "common/status_macros.h"
+
+namespace gradmesh::daemon {
+
+namespace v1 = ::gradmesh::v1;
+
+namespace {
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+}  // namespace
+
+CoordinatorClient::CoordinatorClient(
+    std::unique_ptr<v1::Coordinator::Stub> stub, v1::NodeInfo node,
+    absl::Duration heartbeat_interval, OnView on_view, Log log)
+    : stub_(std::move(stub)),
+      node_(std::move(node)),
+      heartbeat_interval_(heartbeat_interval),
+      on_view_(std::move(on_view)),
+      log_(std::move(log)) {}
+
+CoordinatorClient::~CoordinatorClient() { Stop(); }
+
+void CoordinatorClient::Start() {
+  watch_thread_ = std::thread([this] { WatchLoop(); });
+  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+absl::Status CoordinatorClient::Join() {
+  v1::JoinRequest request;
+  *request.mutable_node() = node_;
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(5));
+  v1::JoinResponse response;
+  GM_RETURN_IF_ERROR(ToAbsl(stub_->Join(&context, request, &response)));
+  on_view_(response.view());
+  return absl::OkStatus();
+}
+
+void CoordinatorClient::WatchLoop() {
+  while (true) {
+    grpc::ClientContext context;
+    v1::WatchRequest request;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      watch_context_ = &context;
+      request.set_after_epoch(latest_epoch_);
+    }
+    request.set_node_id(node_.node_id());
+    auto reader = stub_->WatchViews(&context, request);
+    v1::View view;
+    while (reader->Read(&view)) {
+      {
+        absl::MutexLock lock(&mu_);
+        latest_epoch_ = std::max(latest_epoch_, view.epoch());
+      }
+      on_view_(view);
+    }
+    reader->Finish();
+    absl::MutexLock lock(&mu_);
+    watch_context_ = nullptr;
+    // Retry after a pause (the coordinator restarts, or is not up yet).
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(300));
+  }
+}
+
+void CoordinatorClient::HeartbeatLoop() {
+  std::string last_problem;
+  while (true) {
+    bool joined;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      joined = joined_;
+    }
+    absl::Status status;
+    if (!joined) {
+      status = Join();
+      absl::MutexLock lock(&mu_);
+      joined_ = status.ok();
+    } else {
+      grpc::ClientContext context;
+      SetDeadline(&context, absl::Seconds(2));
+      v1::HeartbeatRequest request;
+      request.set_node_id(node_.node_id());
+      v1::HeartbeatResponse response;
+      status = ToAbsl(stub_->Heartbeat(&context, request, &response));
+      // NotFound: the coordinator dropped us (a missed heartbeat, or it
+      // restarted); join again.
+      absl::MutexLock lock(&mu_);
+      joined_ = !absl::IsNotFound(status);
+    }
+    const std::string problem = status.ok() ? "" : status.ToString();
+    if (problem != last_problem) {
+      log_(problem.empty() ? "coordinator reachable"
+                           : absl::StrCat("coordinator: ", problem));
+      last_problem = problem;
+    }
+    FlushReports();
+    absl::MutexLock lock(&mu_);
+    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || !reports_.empty();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&wake), heartbeat_interval_);
+  }
+}
+
+void CoordinatorClient::Report(v1::IterationStats report, bool flush) {
+  {
+    absl::MutexLock lock(&mu_);
+    reports_.push_back(std::move(report));
+  }
+  if (flush) FlushReports();
+}
+
+void CoordinatorClient::FlushReports() {
+  absl::MutexLock flush_lock(&flush_mu_);
+  v1::ReportStatsRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    for (v1::IterationStats& r : reports_) {
+      *request.add_iterations() = std::move(r);
+    }
+    reports_.clear();
+  }
+  if (request.iterations().empty()) return;
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(2));
+  v1::ReportStatsResponse response;
+  // Best effort: a lost report only slows autotune down.
+  stub_->ReportStats(&context, request, &response);
+}
+
+void CoordinatorClient::Stop() {
+  bool joined;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    if (watch_context_ != nullptr) watch_context_->TryCancel();
+    joined = joined_;
+  }
+  if (joined) {
+    grpc::ClientContext context;
+    SetDeadline(&context, absl::Seconds(1));
+    v1::LeaveRequest request;
+    request.set_node_id(node_.node_id());
+    v1::LeaveResponse response;
+    stub_->Leave(&context, request, &response);
+  }
+  if (watch_thread_.joinable()) watch_thread_.join();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+}
+
+}  // namespace gradmesh::daemon

@@ -1,0 +1,75 @@
+// CoordinatorClient: this worker's side of membership.
+//
+// It joins the coordinator (retrying until it answers), heartbeats, rejoins
+// when the coordinator has dropped it, follows the stream of views (passing
+// each to `on_view`), and sends iteration reports for autotune.
+//
+//   CoordinatorClient coordinator(stub, {.node_id = id, ...}, on_view, log);
+//   coordinator.Start();
+//   ...
+//   coordinator.Stop();  // leaves, joins its threads
+//
+// Thread-safe. `on_view` and `log` run on the client's threads.
+#ifndef GRADMESH_WORKER_DAEMON_COORDINATOR_CLIENT_H_
+#define GRADMESH_WORKER_DAEMON_COORDINATOR_CLIENT_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gradmesh/v1/coordinator.grpc.pb.h"
+
+namespace gradmesh::daemon {
+
+class CoordinatorClient {
+ public:
+  using OnView = std::function<void(const gradmesh::v1::View&)>;
+  using Log = std::function<void(const std::string&)>;
+
+  CoordinatorClient(std::unique_ptr<gradmesh::v1::Coordinator::Stub> stub,
+                    gradmesh::v1::NodeInfo node,
+                    absl::Duration heartbeat_interval, OnView on_view, Log log);
+  ~CoordinatorClient();  // Stop()
+
+  void Start();
+
+  // Queues a report; with `flush`, sends the queue before returning (while
+  // autotune measures, so that a plan change it triggers starts at a step no
+  // member has reached). Reports are best effort.
+  void Report(gradmesh::v1::IterationStats report, bool flush);
+
+  // Leaves the coordinator (if joined) and joins the threads. Idempotent.
+  void Stop();
+
+ private:
+  absl::Status Join();
+  void WatchLoop();
+  void HeartbeatLoop();
+  void FlushReports();
+
+  const std::unique_ptr<gradmesh::v1::Coordinator::Stub> stub_;
+  const gradmesh::v1::NodeInfo node_;
+  const absl::Duration heartbeat_interval_;
+  const OnView on_view_;
+  const Log log_;
+  std::thread watch_thread_;
+  std::thread heartbeat_thread_;
+
+  absl::Mutex flush_mu_;  // one flush at a time
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t latest_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::deque<gradmesh::v1::IterationStats> reports_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradmesh::daemon
+
+#endif  // GRADMESH_WORKER_DAEMON_COORDINATOR_CLIENT_H_

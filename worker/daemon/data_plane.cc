@@ -1,0 +1,455 @@
+#include "worker/daemon/data_plane.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "worker/collectives/primitives.h"
+#include "worker/daemon/worker_metrics.h"
+
+namespace gradmesh::daemon {
+
+struct DataPlane::Bucket {
+  BucketName name;
+  std::string key;         // "job/bucket": the engine's buffer name
+  std::string descriptor;  // bucket name, tensor names and sizes
+  uint64_t fingerprint = 0;
+  SegmentLayout layout{0};
+  SharedSegment segment;
+  absl::Mutex mu;  // one call at a time
+  std::optional<uint64_t> last_step ABSL_GUARDED_BY(mu);
+
+  absl::Span<float> values() const {
+    return {segment.at<float>(layout.values), layout.n};
+  }
+};
+
+namespace {
+
+constexpr uint64_t kMaxNameBytes = 256;
+
+uint64_t Fnv1a(absl::string_view bytes, uint64_t hash = 14695981039346656037u) {
+  for (unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 1099511628211u;
+  }
+  return hash;
+}
+
+std::string Key(const BucketName& name) {
+  return absl::StrCat(name.job, "/", name.bucket);
+}
+
+absl::Status CheckName(absl::string_view what, absl::string_view name,
+                       bool may_be_empty) {
+  if ((name.empty() && !may_be_empty) || name.size() > kMaxNameBytes ||
+      name.find('/') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad ", what, " name '", name, "': 1 to 256 bytes without '/'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Describe(const BucketName& name,
+                                     const std::vector<TensorSpec>& tensors,
+                                     uint64_t* n) {
+  GM_RETURN_IF_ERROR(CheckName("job", name.job, false));
+  GM_RETURN_IF_ERROR(CheckName("bucket", name.bucket, false));
+  if (tensors.empty()) {
+    return absl::InvalidArgumentError("a tensor set needs a tensor");
+  }
+  absl::flat_hash_set<std::string> seen;
+  std::vector<std::string> parts;
+  *n = 0;
+  for (const TensorSpec& t : tensors) {
+    if (t.name.empty() || t.name.size() > kMaxNameBytes ||
+        !seen.insert(t.name).second || t.size == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "' of bucket '", name.bucket,
+          "': names must be unique and non-empty, sizes positive"));
+    }
+    *n += t.size;
+    if (*n > std::numeric_limits<uint32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bucket '", name.bucket, "' holds over 2^32 - 1 values"));
+    }
+    parts.push_back(absl::StrCat(t.name, ":", t.size));
+  }
+  return absl::StrCat(name.bucket, " [", absl::StrJoin(parts, ","), "]");
+}
+
+// Every member's small payload, by rank (Bruck all-gather, ceil(log2 P)
+// rounds), under its own operation id so that it never mixes with others.
+absl::StatusOr<std::vector<std::string>> GatherSmall(const Group& group,
+                                                     uint64_t operation,
+                                                     std::string mine,
+                                                     absl::Time deadline) {
+  collectives::OpStats stats;
+  const collectives::OpContext context{.transport = group.transport.get(),
+                                       .epoch = group.view.epoch,
+                                       .operation = operation,
+                                       .deadline = deadline};
+  collectives::StepRunner runner(context, &stats);
+  return collectives::AllGather(
+      runner, 0, collectives::Group::World(group.size(), group.rank),
+      std::move(mine), collectives::AllGatherKind::kBruck);
+}
+
+struct AgreeRecord {
+  uint64_t fingerprint = 0;
+  uint64_t values = 0;
+  uint64_t nonfinite = 0;
+};
+
+std::string Encode(const AgreeRecord& r) {
+  std::string bytes(sizeof(r), '\0');
+  std::memcpy(bytes.data(), &r, sizeof(r));
+  return bytes;
+}
+
+Membership MembershipOf(const Group& group) {
+  return {.epoch = group.view.epoch,
+          .rank = group.rank,
+          .world_size = group.size()};
+}
+
+}  // namespace
+
+uint64_t OperationId(absl::string_view kind, const BucketName& name,
+                     uint64_t number) {
+  char tail[sizeof(number)];
+  std::memcpy(tail, &number, sizeof(number));
+  uint64_t hash = Fnv1a(kind);
+  hash = Fnv1a(absl::string_view("\0", 1), hash);
+  hash = Fnv1a(name.job, hash);
+  hash = Fnv1a(absl::string_view("\0", 1), hash);
+  hash = Fnv1a(name.bucket, hash);
+  hash = Fnv1a(absl::string_view("\0", 1), hash);
+  return Fnv1a(absl::string_view(tail, sizeof(tail)), hash);
+}
+
+DataPlane::DataPlane(ViewTracker* views, DataPlaneHooks hooks)
+    : views_(views), hooks_(std::move(hooks)) {}
+
+absl::StatusOr<Membership> DataPlane::Register(
+    const BucketName& name, const std::vector<TensorSpec>& tensors,
+    const std::string& shm_name, absl::Time deadline) {
+  auto bucket = std::make_shared<Bucket>();
+  bucket->name = name;
+  bucket->key = Key(name);
+  uint64_t n = 0;
+  GM_ASSIGN_OR_RETURN(bucket->descriptor, Describe(name, tensors, &n));
+  bucket->fingerprint = Fnv1a(bucket->descriptor);
+  bucket->layout = SegmentLayout(n);
+  GM_ASSIGN_OR_RETURN(bucket->segment,
+                      SharedSegment::Open(shm_name, bucket->layout.bytes));
+  uint64_t ordinal;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!buckets_.try_emplace(bucket->key, bucket).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucket '", name.bucket, "' of job '", name.job,
+                       "' is already registered"));
+    }
+    ordinal = registrations_[name.job]++;
+  }
+  absl::StatusOr<Membership> joined = [&]() -> absl::StatusOr<Membership> {
+    GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
+                        views_->Acquire(std::nullopt, deadline));
+    const uint64_t op = OperationId("register", {name.job, ""}, ordinal);
+    auto all = GatherSmall(*group, op, bucket->descriptor, deadline);
+    if (hooks_.retire) hooks_.retire(group->view.epoch, op);
+    GM_RETURN_IF_ERROR(all.status());
+    for (int r = 0; r < group->size(); ++r) {
+      if ((*all)[r] != bucket->descriptor) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("registration #", ordinal, " of job '", name.job,
+                         "' differs between workers: rank ", group->rank,
+                         " has ", bucket->descriptor, ", rank ", r, " has ",
+                         (*all)[r].substr(0, 512)));
+      }
+    }
+    return MembershipOf(*group);
+  }();
+  if (!joined.ok()) {
+    absl::MutexLock lock(&mu_);
+    buckets_.erase(bucket->key);
+    --registrations_[name.job];
+  }
+  return joined;
+}
+
+absl::Status DataPlane::Unregister(const BucketName& name) {
+  std::shared_ptr<Bucket> bucket;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = buckets_.find(Key(name));
+    if (it == buckets_.end()) {
+      return absl::NotFoundError(absl::StrCat("bucket '", name.bucket,
+                                              "' of job '", name.job,
+                                              "' is not registered"));
+    }
+    bucket = std::move(it->second);
+    buckets_.erase(it);
+  }
+  absl::MutexLock wait_for_idle(&bucket->mu);
+  engine_.Drop(bucket->key);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<DataPlane::Bucket>> DataPlane::Find(
+    const BucketName& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = buckets_.find(Key(name));
+  if (it == buckets_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket '", name.bucket, "' of job '", name.job,
+                     "' is not registered with this worker"));
+  }
+  return it->second;
+}
+
+absl::Status DataPlane::Agree(const Group& group, const Bucket& bucket,
+                              uint64_t op, uint64_t nonfinite,
+                              absl::Time deadline) {
+  const AgreeRecord mine{.fingerprint = bucket.fingerprint,
+                         .values = bucket.layout.n,
+                         .nonfinite = nonfinite};
+  auto all = GatherSmall(group, op, Encode(mine), deadline);
+  if (hooks_.retire) hooks_.retire(group.view.epoch, op);
+  GM_RETURN_IF_ERROR(all.status());
+  std::vector<std::string> bad;
+  for (int r = 0; r < group.size(); ++r) {
+    AgreeRecord theirs;
+    if ((*all)[r].size() != sizeof(theirs)) {
+      return collectives::PeerError(
+          absl::InvalidArgumentError("malformed agreement record"), r);
+    }
+    std::memcpy(&theirs, (*all)[r].data(), sizeof(theirs));
+    if (theirs.fingerprint != mine.fingerprint) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bucket '", bucket.name.bucket, "' differs between workers: rank ",
+          group.rank, " has ", mine.values, " values, rank ", r, " has ",
+          theirs.values, " (tensor names or sizes differ)"));
+    }
+    if (theirs.nonfinite > 0) {
+      bad.push_back(absl::StrCat("rank ", r, ": ", theirs.nonfinite));
+    }
+  }
+  if (!bad.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "non-finite values (NaN or Inf) in the gradient of bucket '",
+        bucket.name.bucket, "' (", absl::StrJoin(bad, ", "),
+        "); the step is skipped on every worker and the finite values stay "
+        "in the residuals"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReduceResult> DataPlane::AllReduce(const ReduceCall& call,
+                                                  absl::Time deadline) {
+  GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(call.name));
+  absl::MutexLock lock(&bucket->mu);
+  absl::Status refused;
+  if (bucket->last_step.has_value() && call.step <= *bucket->last_step) {
+    refused = absl::InvalidArgumentError(
+        absl::StrCat("step ", call.step, " is not after step ",
+                     *bucket->last_step, " of bucket '", call.name.bucket,
+                     "'; the gradient is kept in the "
+                     "residual"));
+    engine_.Keep(bucket->key, bucket->values()).IgnoreError();
+  } else {
+    bucket->last_step = call.step;
+  }
+  absl::StatusOr<ReduceResult> result =
+      refused.ok() ? Run(call, *bucket, deadline) : refused;
+  if (!result.ok() && hooks_.metrics != nullptr) {
+    hooks_.metrics->operations(absl::StatusCodeToString(result.status().code()))
+        .Increment();
+  }
+  return result;
+}
+
+absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
+                                            Bucket& bucket,
+                                            absl::Time deadline) {
+  auto group = views_->Acquire(call.step, deadline);
+  if (!group.ok()) {
+    // Nothing is lost: the next step carries this gradient.
+    engine_.Keep(bucket.key, bucket.values()).IgnoreError();
+    return group.status();
+  }
+  const Group& g = **group;
+  const uint64_t op = OperationId("allreduce", call.name, call.step);
+  const uint64_t agree_op = OperationId("agree", call.name, call.step);
+  engine::Request request{.buffer = bucket.key,
+                          .gradient = bucket.values(),
+                          .operation = op,
+                          .deadline = deadline,
+                          .agree = [&](uint64_t nonfinite) {
+                            return Agree(g, bucket, agree_op, nonfinite,
+                                         deadline);
+                          }};
+  if (call.return_residual) {
+    request.residual_out = [&](absl::Span<const float> residual) {
+      std::memcpy(bucket.segment.at<float>(bucket.layout.residual),
+                  residual.data(), residual.size() * sizeof(float));
+    };
+  }
+  ReduceResult out{.epoch = g.view.epoch,
+                   .rank = g.rank,
+                   .world_size = g.size(),
+                   .plan = g.view.plan,
+                   .step = call.step,
+                   .values = bucket.layout.n};
+  const transport::Counters before = g.transport->counters();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<sparse::SparseBlock> result =
+      engine_.AllReduce(g.config(), request, &out.stats);
+  out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (hooks_.retire) hooks_.retire(g.view.epoch, op);
+  if (!result.ok()) {
+    return absl::Status(
+        result.status().code(),
+        absl::StrCat("step ", call.step, " of bucket '", call.name.bucket,
+                     "': ", result.status().message()));
+  }
+  WriteResult(call, bucket, *result, g.size());
+  out.nonzeros = result->size();
+  Record(out, g, before);
+  if (hooks_.on_success) hooks_.on_success(out);
+  return out;
+}
+
+void DataPlane::WriteResult(const ReduceCall& call, const Bucket& bucket,
+                            const sparse::SparseBlock& result, int world_size) {
+  const float divisor = call.mean ? static_cast<float>(world_size) : 1.0f;
+  if (call.sparse) {
+    std::memcpy(bucket.segment.at<uint32_t>(bucket.layout.indices),
+                result.indices.data(), result.size() * sizeof(uint32_t));
+    float* values = bucket.segment.at<float>(bucket.layout.sparse_values);
+    for (size_t e = 0; e < result.size(); ++e) {
+      values[e] = result.values[e] / divisor;
+    }
+    return;
+  }
+  absl::Span<float> values = bucket.values();
+  std::fill(values.begin(), values.end(), 0.0f);
+  for (size_t e = 0; e < result.size(); ++e) {
+    values[result.indices[e]] = result.values[e] / divisor;
+  }
+}
+
+void DataPlane::Record(const ReduceResult& result, const Group& group,
+                       const transport::Counters& before) {
+  if (hooks_.metrics == nullptr) return;
+  WorkerMetrics& m = *hooks_.metrics;
+  const collectives::OpStats& stats = result.stats;
+  const std::string& algorithm = result.plan.algorithm;
+  m.operations("OK").Increment();
+  m.operation_seconds(algorithm).Observe(result.seconds);
+  m.topk_seconds(algorithm).Observe(stats.topk_seconds);
+  const transport::Counters after = group.transport->counters();
+  for (int p = 0; p < group.size(); ++p) {
+    const std::string& peer = group.view.member_ids[p];
+    m.bytes_sent(peer).Increment(
+        static_cast<double>(after.bytes_sent_to[p] - before.bytes_sent_to[p]));
+    m.bytes_received(peer).Increment(static_cast<double>(
+        after.bytes_received_from[p] - before.bytes_received_from[p]));
+  }
+  for (const char* phase : {"srs", "sag"}) {
+    const int64_t v = stats.detail(absl::StrCat(phase, "_nonzeros"));
+    if (v >= 0) m.nonzeros(phase).Set(static_cast<double>(v));
+  }
+  m.nonzeros("result").Set(static_cast<double>(stats.result_nonzeros));
+  if (stats.detail("bsag_h") >= 0) {
+    m.bsag_h().Set(static_cast<double>(stats.detail("bsag_h")));
+  }
+  m.teams().Set(result.plan.teams);
+  m.rank().Set(group.rank);
+  m.world_size().Set(group.size());
+}
+
+absl::StatusOr<Membership> DataPlane::Broadcast(const BucketName& name,
+                                                uint64_t sequence, int root,
+                                                absl::Time deadline) {
+  if (name.bucket.empty()) {  // a barrier
+    GM_RETURN_IF_ERROR(CheckName("job", name.job, false));
+    GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
+                        views_->Acquire(std::nullopt, deadline));
+    const uint64_t op = OperationId("barrier", name, sequence);
+    auto all = GatherSmall(*group, op, "", deadline);
+    if (hooks_.retire) hooks_.retire(group->view.epoch, op);
+    GM_RETURN_IF_ERROR(all.status());
+    return MembershipOf(*group);
+  }
+  GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(name));
+  absl::MutexLock lock(&bucket->mu);
+  GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
+                      views_->Acquire(std::nullopt, deadline));
+  if (root < 0 || root >= group->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "broadcast root ", root, " is not a rank of ", group->size()));
+  }
+  GM_RETURN_IF_ERROR(Agree(*group, *bucket,
+                           OperationId("broadcast-agree", name, sequence), 0,
+                           deadline));
+  // Flat: the root sends its values to every member directly.
+  const uint64_t op = OperationId("broadcast", name, sequence);
+  collectives::OpStats stats;
+  const collectives::OpContext context{.transport = group->transport.get(),
+                                       .epoch = group->view.epoch,
+                                       .operation = op,
+                                       .deadline = deadline};
+  collectives::StepRunner runner(context, &stats);
+  absl::Span<float> values = bucket->values();
+  const absl::string_view bytes(reinterpret_cast<const char*>(values.data()),
+                                values.size() * sizeof(float));
+  absl::Status status;
+  if (group->rank == root) {
+    for (int p = 0; p < group->size() && status.ok(); ++p) {
+      if (p != root) status = runner.Send(0, p, {std::string(bytes)});
+    }
+  } else {
+    auto received = runner.Receive(0, root, 1);
+    status = received.status();
+    if (status.ok() && (*received)[0].size() != bytes.size()) {
+      status = collectives::PeerError(
+          absl::InvalidArgumentError("broadcast of another size"), root);
+    }
+    if (status.ok()) {
+      std::memcpy(values.data(), (*received)[0].data(), bytes.size());
+    }
+  }
+  if (hooks_.retire) hooks_.retire(group->view.epoch, op);
+  GM_RETURN_IF_ERROR(status);
+  return MembershipOf(*group);
+}
+
+std::vector<std::pair<std::string, double>> DataPlane::ResidualNorms() const {
+  std::vector<std::string> keys;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, bucket] : buckets_) keys.push_back(key);
+  }
+  std::vector<std::pair<std::string, double>> norms;
+  for (const std::string& key : keys) {
+    double norm = 0;
+    const bool read = engine_.ReadResidual(
+        key,
+        [&](absl::Span<const float> residual) {
+          for (float v : residual) norm += double{v} * v;
+        },
+        /*if_idle=*/true);
+    if (read) norms.emplace_back(key, std::sqrt(norm));
+  }
+  return norms;
+}
+
+}  // namespace gradmesh::daemon

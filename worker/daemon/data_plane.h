@@ -1,0 +1,157 @@
+// DataPlane: the daemon's operations on registered tensor sets.
+//
+// A training process registers a tensor set (a bucket of a job): the SDK has
+// created a shared-memory segment for it (common/shm_segment.h) and the data
+// plane maps it. An all-reduce then runs directly on those pages: the engine
+// reads the gradient once (adding it into the residual and checking that it
+// is finite in the same pass), and the result is written back there, dense
+// or sparse. Nothing of the tensor data crosses the control protocol.
+//
+// Names, not arrival order, match operations across workers: an operation is
+// (job, bucket, step), and its id on the wire is a hash of that name, so
+// several buckets of a step may be in flight at once and finish in any
+// order. Residuals belong to (job, bucket); a new job starts with none.
+//
+// Agreement before each all-reduce: the members exchange a small record (the
+// bucket's shape fingerprint and the count of non-finite values), so that
+// tensor sets that differ between workers, or a NaN or Inf on any worker,
+// fail the step with InvalidArgument on every worker instead of a hang or a
+// poisoned sum. Registration does the same for the buckets' names and shapes
+// (every worker registers the same buckets in the same order).
+//
+// Failure keeps the gradient: whatever goes wrong after a step names a
+// registered bucket of the right job (no view, a stale step, a peer gone, a
+// disagreement), the gradient's finite values are in the residual, and the
+// next step carries them. Non-finite values are never kept.
+//
+// Thread-safe: one call per bucket runs at a time (a second waits), calls on
+// distinct buckets run concurrently.
+#ifndef GRADMESH_WORKER_DAEMON_DATA_PLANE_H_
+#define GRADMESH_WORKER_DAEMON_DATA_PLANE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/shm_segment.h"
+#include "worker/collectives/collective.h"
+#include "worker/daemon/view_tracker.h"
+#include "worker/engine/engine.h"
+
+namespace gradmesh::daemon {
+
+class WorkerMetrics;
+
+struct TensorSpec {
+  std::string name;
+  uint64_t size = 0;
+};
+
+struct BucketName {
+  std::string job;
+  std::string bucket;
+};
+
+struct ReduceCall {
+  BucketName name;
+  uint64_t step = 0;
+  bool mean = false;    // divide the sum by the world size
+  bool sparse = false;  // indices + values regions instead of dense values
+  bool return_residual = false;
+};
+
+// What one operation did, for the caller and for autotune's reports.
+struct ReduceResult {
+  uint64_t nonzeros = 0;
+  uint64_t epoch = 0;
+  int rank = 0;
+  int world_size = 0;
+  PlanInfo plan;
+  double seconds = 0;
+  uint64_t step = 0;
+  uint64_t values = 0;  // the bucket's size
+  collectives::OpStats stats;
+};
+
+struct Membership {
+  uint64_t epoch = 0;
+  int rank = 0;
+  int world_size = 0;
+};
+
+struct DataPlaneHooks {
+  // Frees what the transport keeps for a finished operation (may be empty).
+  std::function<void(uint64_t epoch, uint64_t operation)> retire;
+  // After every successful all-reduce.
+  std::function<void(const ReduceResult&)> on_success;
+  WorkerMetrics* metrics = nullptr;  // may be null
+};
+
+class DataPlane {
+ public:
+  DataPlane(ViewTracker* views, DataPlaneHooks hooks);
+  DataPlane(const DataPlane&) = delete;
+  DataPlane& operator=(const DataPlane&) = delete;
+
+  // Maps segment `shm_name` for bucket `name` and checks with every member
+  // that they registered the same bucket as their same-numbered
+  // registration of the job. InvalidArgument for bad specs, a bucket already
+  // registered, a segment of the wrong size, or a disagreement.
+  absl::StatusOr<Membership> Register(const BucketName& name,
+                                      const std::vector<TensorSpec>& tensors,
+                                      const std::string& shm_name,
+                                      absl::Time deadline);
+
+  // Unmaps the bucket and forgets its residual. NotFound if unknown.
+  absl::Status Unregister(const BucketName& name);
+
+  absl::StatusOr<ReduceResult> AllReduce(const ReduceCall& call,
+                                         absl::Time deadline);
+
+  // Copies the bucket's values from `root` to every member (empty bucket: a
+  // barrier). `sequence` numbers the job's broadcasts and barriers.
+  absl::StatusOr<Membership> Broadcast(const BucketName& name,
+                                       uint64_t sequence, int root,
+                                       absl::Time deadline);
+
+  // The residual's L2 norm per bucket ("job/bucket"), skipping busy ones.
+  std::vector<std::pair<std::string, double>> ResidualNorms() const;
+
+ private:
+  struct Bucket;
+
+  absl::StatusOr<std::shared_ptr<Bucket>> Find(const BucketName& name) const;
+  absl::Status Agree(const Group& group, const Bucket& bucket, uint64_t op,
+                     uint64_t nonfinite, absl::Time deadline);
+  absl::StatusOr<ReduceResult> Run(const ReduceCall& call, Bucket& bucket,
+                                   absl::Time deadline);
+  void WriteResult(const ReduceCall& call, const Bucket& bucket,
+                   const sparse::SparseBlock& result, int world_size);
+  void Record(const ReduceResult& result, const Group& group,
+              const transport::Counters& before);
+
+  ViewTracker* const views_;
+  const DataPlaneHooks hooks_;
+  engine::Engine engine_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Bucket>> buckets_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> registrations_
+      ABSL_GUARDED_BY(mu_);  // per job
+};
+
+// The id of operation (kind, job, bucket, number) on the wire: a stable
+// 64-bit hash (FNV-1a), the same in every process.
+uint64_t OperationId(absl::string_view kind, const BucketName& name,
+                     uint64_t number);
+
+}  // namespace gradmesh::daemon
+
+#endif  // GRADMESH_WORKER_DAEMON_DATA_PLANE_H_

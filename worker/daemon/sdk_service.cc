@@ -1,0 +1,117 @@
+#include "worker/daemon/sdk_service.h"
+
+#include <algorithm>
+
+#include "common/grpc/grpc_util.h"
+
+namespace gradmesh::daemon {
+
+namespace v1 = ::gradmesh::v1;
+
+namespace {
+
+void SetPlan(const PlanInfo& plan, v1::Plan* out) {
+  out->set_algorithm(plan.algorithm);
+  out->set_density(plan.density);
+  out->set_teams(plan.teams);
+  out->set_encoding(plan.encoding);
+  out->set_values(plan.values);
+  out->set_chunk_bytes(plan.chunk_bytes);
+  out->set_autotuning(plan.autotuning);
+  out->set_note(plan.note);
+}
+
+}  // namespace
+
+absl::Time SdkService::Deadline(const grpc::ServerContext& context) const {
+  const absl::Time cap = absl::Now() + operation_timeout_;
+  const auto client = context.deadline();
+  // No deadline from the client reads as a far future.
+  if (client >=
+      std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    return cap;
+  }
+  return std::min(cap, absl::FromChrono(client));
+}
+
+grpc::Status SdkService::Register(grpc::ServerContext* context,
+                                  const v1::RegisterRequest* request,
+                                  v1::RegisterResponse* response) {
+  std::vector<TensorSpec> tensors;
+  for (const v1::TensorSpec& t : request->tensors()) {
+    tensors.push_back({.name = t.name(), .size = t.size()});
+  }
+  absl::StatusOr<Membership> joined =
+      plane_->Register({request->job(), request->bucket()}, tensors,
+                       request->shm_name(), Deadline(*context));
+  if (!joined.ok()) return ToGrpc(joined.status());
+  response->set_epoch(joined->epoch);
+  response->set_rank(joined->rank);
+  response->set_world_size(joined->world_size);
+  return grpc::Status::OK;
+}
+
+grpc::Status SdkService::Unregister(grpc::ServerContext* context,
+                                    const v1::UnregisterRequest* request,
+                                    v1::UnregisterResponse* response) {
+  return ToGrpc(plane_->Unregister({request->job(), request->bucket()}));
+}
+
+grpc::Status SdkService::AllReduce(grpc::ServerContext* context,
+                                   const v1::AllReduceRequest* request,
+                                   v1::AllReduceResponse* response) {
+  const ReduceCall call{.name = {request->job(), request->bucket()},
+                        .step = request->step(),
+                        .mean = request->op() == v1::REDUCE_MEAN,
+                        .sparse = request->layout() == v1::RESULT_SPARSE,
+                        .return_residual = request->return_residual()};
+  absl::StatusOr<ReduceResult> result =
+      plane_->AllReduce(call, Deadline(*context));
+  if (!result.ok()) return ToGrpc(result.status());
+  response->set_nonzeros(result->nonzeros);
+  response->set_epoch(result->epoch);
+  response->set_rank(result->rank);
+  response->set_world_size(result->world_size);
+  response->set_algorithm(result->plan.algorithm);
+  response->set_teams(result->plan.teams);
+  response->set_seconds(result->seconds);
+  response->set_rounds(result->stats.rounds);
+  response->set_bytes_sent(result->stats.bytes_sent);
+  response->set_bytes_received(result->stats.bytes_received);
+  return grpc::Status::OK;
+}
+
+grpc::Status SdkService::Broadcast(grpc::ServerContext* context,
+                                   const v1::BroadcastRequest* request,
+                                   v1::BroadcastResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Membership> done = plane_->Broadcast(
+      {request->job(), request->bucket()}, request->sequence(), request->root(),
+      Deadline(*context));
+  if (!done.ok()) return ToGrpc(done.status());
+  response->set_epoch(done->epoch);
+  response->set_rank(done->rank);
+  response->set_world_size(done->world_size);
+  response->set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  return grpc::Status::OK;
+}
+
+grpc::Status SdkService::GetStatus(grpc::ServerContext* context,
+                                   const v1::StatusRequest* request,
+                                   v1::StatusResponse* response) {
+  {
+    absl::MutexLock lock(&mu_);
+    response->set_node_id(node_id_);
+  }
+  response->set_rank(-1);
+  std::shared_ptr<Group> group = views_->current();
+  if (group != nullptr) {
+    response->set_epoch(group->view.epoch);
+    response->set_rank(group->rank);
+    response->set_world_size(group->size());
+    SetPlan(group->view.plan, response->mutable_plan());
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace gradmesh::daemon

@@ -1,0 +1,119 @@
+#include "worker/daemon/view_tracker.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradmesh::daemon {
+namespace {
+
+class SystemClock final : public Clock {
+ public:
+  absl::Time Now() const override { return absl::Now(); }
+  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& condition,
+                         absl::Time deadline) const override {
+    return mu->AwaitWithDeadline(condition, deadline);
+  }
+};
+
+}  // namespace
+
+Clock* RealClock() {
+  static SystemClock* clock = new SystemClock();
+  return clock;
+}
+
+ViewTracker::ViewTracker(GroupFactory make_group, Clock* clock)
+    : make_group_(std::move(make_group)), clock_(clock) {}
+
+std::optional<ViewTracker::Change> ViewTracker::Install(const ViewInfo& view) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_ || view.epoch <= latest_epoch_) return std::nullopt;
+  }
+  // Built outside the lock: it may dial peers.
+  std::shared_ptr<Group> group = make_group_(view);
+  absl::MutexLock lock(&mu_);
+  if (stopped_ || view.epoch <= latest_epoch_) return std::nullopt;
+  latest_epoch_ = view.epoch;
+  Change change{.group = group};
+  const bool same_members =
+      current_ != nullptr && current_->view.member_ids == view.member_ids;
+  change.late =
+      same_members && last_step_.has_value() && view.start_step <= *last_step_;
+  if (same_members && !change.late) {
+    pending_ = group;
+    change.description = absl::StrCat("plan of epoch ", view.epoch,
+                                      " from step ", view.start_step);
+    return change;
+  }
+  change.replaced = same_members ? nullptr : current_;
+  current_ = group;
+  previous_.reset();
+  pending_.reset();
+  change.description =
+      absl::StrCat(change.late ? "late plan" : "membership", " of epoch ",
+                   view.epoch, ", applied at once");
+  return change;
+}
+
+absl::Status ViewTracker::Usable(const Group& group) const {
+  if (group.rank < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("not a member of epoch ", group.view.epoch));
+  }
+  if (!group.error.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the plan of epoch ", group.view.epoch,
+                     " can't run: ", group.error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Group>> ViewTracker::Acquire(
+    std::optional<uint64_t> step, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopped_ || current_ != nullptr;
+  };
+  if (!clock_->AwaitWithDeadline(&mu_, absl::Condition(&ready), deadline)) {
+    return absl::DeadlineExceededError("no view from the coordinator yet");
+  }
+  if (stopped_) return absl::UnavailableError("the worker is shutting down");
+  if (step.has_value()) {
+    if (pending_ != nullptr && *step >= pending_->view.start_step) {
+      previous_ = std::move(current_);
+      current_ = std::move(pending_);
+    }
+    if (!last_step_.has_value() || *step > *last_step_) last_step_ = *step;
+  }
+  std::shared_ptr<Group> group = current_;
+  if (step.has_value() && previous_ != nullptr &&
+      *step < current_->view.start_step) {
+    group = previous_;
+  }
+  if (absl::Status usable = Usable(*group); !usable.ok()) return usable;
+  return group;
+}
+
+std::shared_ptr<Group> ViewTracker::current() const {
+  absl::MutexLock lock(&mu_);
+  return current_;
+}
+
+uint64_t ViewTracker::latest_epoch() const {
+  absl::MutexLock lock(&mu_);
+  return latest_epoch_;
+}
+
+std::vector<std::shared_ptr<Group>> ViewTracker::Stop() {
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
+  std::vector<std::shared_ptr<Group>> groups;
+  for (auto* g : {&current_, &previous_, &pending_}) {
+    if (*g != nullptr) groups.push_back(std::move(*g));
+  }
+  return groups;
+}
+
+}  // namespace gradmesh::daemon
