@@ -5,6 +5,7 @@ set -euo pipefail
 gradmesh=$1
 coordinator=${2:-}
 worker=${3:-}
+example=${4:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -98,5 +99,27 @@ if [[ -n "$coordinator" && -n "$worker" ]]; then
   for _ in $(seq 100); do [[ -s "$work/c.port" ]] && break; sleep 0.1; done
   [[ -s "$work/c.port" ]] || fail "--algo did not win over the environment: $(cat "$work/c.log")"
   kill -TERM $pid; wait $pid || fail "coordinator did not stop cleanly on SIGTERM"
+fi
+# gradmesh run: the user's own program on a local cluster, found by the SDK
+# through the environment; each output line carries its rank.
+if [[ -n "$example" ]]; then
+  help=$("$gradmesh" --help) || true
+  grep -q "run" <<<"$help" || fail "--help does not list run"
+  "$gradmesh" run --workers=3 --work-dir="$work/run" -- "$example" --steps=4 \
+      >"$work/run.out" 2>"$work/run.err" ||
+      fail "run exited $?: $(tail -5 "$work/run.err")"
+  for r in 0 1 2; do
+    grep -q "^\[$r\] rank $r: parameters identical to rank 0's" "$work/run.out" ||
+        fail "run: rank $r did not finish: $(cat "$work/run.out")"
+  done
+  grep -q "^\[1\] step 3: " "$work/run.out" || fail "run: no prefixed steps"
+  # The first failure's exit code; the other commands are stopped.
+  rc=0
+  "$gradmesh" run --workers=2 --work-dir="$work/run2" -- sh -c \
+      'if [ "$GRADMESH_RANK" = 1 ]; then exit 3; fi; sleep 60' \
+      >/dev/null 2>"$work/run2.err" || rc=$?
+  [[ $rc -eq 3 ]] || fail "run: a failing command gave $rc: $(cat "$work/run2.err")"
+  rc=0; "$gradmesh" run --workers=2 >/dev/null 2>&1 || rc=$?
+  [[ $rc -eq 2 ]] || fail "run without a command exited $rc"
 fi
 echo "cli_test: all checks passed"

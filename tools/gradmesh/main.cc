@@ -2,16 +2,21 @@
 //
 //   gradmesh replay --algo=spardl --workers=4 --teams=2 --density=0.01
 //                   --input-dir=IN --output-dir=OUT
+//   gradmesh local --workers=4
+//   gradmesh run --workers=4 -- python3 train.py --epochs=3
 //
 // Flag names take '-' or '_' alike (--input-dir == --input_dir).
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +25,7 @@
 #include "common/grpc/tls_flags.h"
 #include "tools/gradmesh/local.h"
 #include "tools/gradmesh/replay.h"
+#include "tools/gradmesh/run.h"
 #ifdef GRADMESH_HAS_CUDA
 #include "worker/kernels/force_cuda.h"
 #endif
@@ -27,10 +33,12 @@
 ABSL_FLAG(std::string, algo, "spardl",
           "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
           "or gaussiank");
-ABSL_FLAG(int, workers, 4, "number of in-process workers P (1..1024)");
+ABSL_FLAG(int, workers, 4,
+          "number of workers P: in-process for replay (1..1024), processes "
+          "for local and run (1..64)");
 ABSL_FLAG(std::string, teams, "",
           "SparDL team count d, dividing --workers; empty: 1 for replay, "
-          "auto (tuned by the coordinator) for local");
+          "auto (tuned by the coordinator) for local and run");
 ABSL_FLAG(int, oktopk_tau, 64, "Ok-Topk: region re-balancing period");
 ABSL_FLAG(int, oktopk_tau_prime, 32, "Ok-Topk: threshold re-evaluation period");
 ABSL_FLAG(int, quantize_bits, 0,
@@ -54,18 +62,21 @@ ABSL_FLAG(uint64_t, seed, 1,
           "seed of generated gradients and of randomized rounding");
 ABSL_FLAG(int, timeout_s, 600, "per-operation timeout in seconds");
 ABSL_FLAG(std::string, bin_dir, "",
-          "local: where gradmesh-coordinator and gradmesh-worker are (empty: "
-          "next to this program, the build tree, or PATH)");
+          "local, run: where gradmesh-coordinator and gradmesh-worker are "
+          "(empty: next to this program, the build tree, or PATH)");
 ABSL_FLAG(std::string, work_dir, "",
-          "local: directory for the processes' logs (empty: a new temporary "
-          "one)");
+          "local, run: directory for the processes' logs (empty: a new "
+          "temporary one)");
 ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20,
-          "local: largest frame on peer streams (at most 3 MiB)");
+          "local, run: largest frame on peer streams (at most 3 MiB)");
 ABSL_FLAG(int, autotune_window, 5,
-          "local: iterations measured per candidate d when d is auto");
+          "local, run: iterations measured per candidate d when d is auto");
 ABSL_FLAG(bool, verify, true,
           "local: check that every worker gets the same result and that "
           "inputs = result + residuals, every iteration");
+ABSL_FLAG(std::string, job, "",
+          "run: the job name the commands get as GRADMESH_JOB (empty: "
+          "run-<pid>-<unix seconds>)");
 ABSL_FLAG(std::string, topk, "auto",
           "top-k implementation: auto (the CPU for host data), cpu, or cuda "
           "(copies each span to the device; needs a CUDA build and device)");
@@ -82,6 +93,17 @@ constexpr char kUsage[] =
     "  replay   run an all-reduce algorithm on P in-process workers over\n"
     "           gradients from .npy files (or generated ones) and write every\n"
     "           rank's results, residuals and stats.json\n"
+    "  run      the launcher: start a coordinator and P workers on 127.0.0.1,\n"
+    "           then P copies of a command, copy r with GRADMESH_WORKER (its\n"
+    "           worker's address), GRADMESH_JOB, GRADMESH_RANK=r,\n"
+    "           GRADMESH_LOCAL_RANK=r, GRADMESH_WORLD_SIZE=P (and\n"
+    "           GRADMESH_TLS_CA/CERT/KEY with the TLS flags) in its\n"
+    "           environment; their output comes out as \"[r] line\". When one\n"
+    "           fails, or on Ctrl-C, the others get SIGTERM (SIGKILL 10 s\n"
+    "           later); exits with the first failure's status (128 + signal),\n"
+    "           130 on Ctrl-C, else 0. Everything after -- is the command:\n"
+    "             gradmesh run --workers=4 --density=0.01 -- \\\n"
+    "                 python3 train.py --epochs=3\n"
     "\n"
     "`gradmesh <command> --help` lists the command's flags.";
 
@@ -154,6 +176,36 @@ int Replay(int argc, char** argv) {
   return 0;
 }
 
+// The cluster of `gradmesh local` and `gradmesh run`, from the flags.
+absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags() {
+  // The coordinator's --teams: 0 tunes d.
+  const std::string teams_flag = absl::GetFlag(FLAGS_teams);
+  int teams = 0;
+  if (teams_flag != "auto" && !teams_flag.empty() &&
+      (!absl::SimpleAtoi(teams_flag, &teams) || teams < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--teams=", teams_flag, " is not auto or a positive number"));
+  }
+  gradmesh::tools::LocalClusterOptions cluster;
+  cluster.workers = absl::GetFlag(FLAGS_workers);
+  cluster.bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  cluster.work_dir = absl::GetFlag(FLAGS_work_dir);
+  cluster.tls = gradmesh::TlsFilesFromFlags();
+  cluster.coordinator_flags = {
+      {"algo", absl::GetFlag(FLAGS_algo)},
+      {"density", absl::StrCat(absl::GetFlag(FLAGS_density))},
+      {"teams", absl::StrCat(teams)},
+      {"encoding", absl::GetFlag(FLAGS_encoding)},
+      {"values", absl::GetFlag(FLAGS_values)},
+      {"chunk_bytes", absl::StrCat(absl::GetFlag(FLAGS_chunk_bytes))},
+      {"autotune_window", absl::StrCat(absl::GetFlag(FLAGS_autotune_window))},
+      {"heartbeat_timeout_ms", "2000"}};
+  cluster.worker_flags = {
+      {"operation_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_timeout_s))},
+      {"heartbeat_interval_ms", "250"}};
+  return cluster;
+}
+
 // Stops `gradmesh local` after the iteration in flight.
 std::atomic<bool> interrupted{false};
 
@@ -165,34 +217,15 @@ int Local(int argc, char** argv) {
                  positional[1].c_str());
     return 2;
   }
-  // The coordinator's --teams: 0 tunes d.
-  const std::string teams_flag = absl::GetFlag(FLAGS_teams);
-  int teams = 0;
-  if (teams_flag != "auto" && !teams_flag.empty() &&
-      (!absl::SimpleAtoi(teams_flag, &teams) || teams < 1)) {
-    std::fprintf(stderr,
-                 "gradmesh local: --teams=%s is not auto or a positive "
-                 "number\n",
-                 teams_flag.c_str());
+  absl::StatusOr<gradmesh::tools::LocalClusterOptions> cluster =
+      ClusterOptionsFromFlags();
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "gradmesh local: %s\n",
+                 std::string(cluster.status().message()).c_str());
     return 2;
   }
   gradmesh::tools::LocalOptions options;
-  options.cluster.workers = absl::GetFlag(FLAGS_workers);
-  options.cluster.bin_dir = absl::GetFlag(FLAGS_bin_dir);
-  options.cluster.work_dir = absl::GetFlag(FLAGS_work_dir);
-  options.cluster.tls = gradmesh::TlsFilesFromFlags();
-  options.cluster.coordinator_flags = {
-      {"algo", absl::GetFlag(FLAGS_algo)},
-      {"density", absl::StrCat(absl::GetFlag(FLAGS_density))},
-      {"teams", absl::StrCat(teams)},
-      {"encoding", absl::GetFlag(FLAGS_encoding)},
-      {"values", absl::GetFlag(FLAGS_values)},
-      {"chunk_bytes", absl::StrCat(absl::GetFlag(FLAGS_chunk_bytes))},
-      {"autotune_window", absl::StrCat(absl::GetFlag(FLAGS_autotune_window))},
-      {"heartbeat_timeout_ms", "2000"}};
-  options.cluster.worker_flags = {
-      {"operation_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_timeout_s))},
-      {"heartbeat_interval_ms", "250"}};
+  options.cluster = *std::move(cluster);
   options.n = absl::GetFlag(FLAGS_n);
   options.iterations = absl::GetFlag(FLAGS_iterations);
   options.seed = absl::GetFlag(FLAGS_seed);
@@ -212,6 +245,49 @@ int Local(int argc, char** argv) {
   return interrupted ? 130 : 0;
 }
 
+// `gradmesh run [flags] -- CMD [ARGS...]`: argv[0] is "gradmesh run".
+int Run(int argc, char** argv) {
+  // Everything after the first "--" is the command, verbatim.
+  int flags_end = 1;
+  while (flags_end < argc && std::string_view(argv[flags_end]) != "--") {
+    ++flags_end;
+  }
+  std::vector<std::string> command(argv + std::min(flags_end + 1, argc),
+                                   argv + argc);
+  const std::vector<std::string> positional =
+      gradmesh::ParseFlags(flags_end, argv, "GRADMESH_");
+  if (positional.size() > 1) {
+    std::fprintf(stderr,
+                 "gradmesh run: unexpected argument '%s' (the command goes "
+                 "after --)\n",
+                 positional[1].c_str());
+    return 2;
+  }
+  if (command.empty()) {
+    std::fprintf(stderr,
+                 "gradmesh run: no command after --; usage: gradmesh run "
+                 "--workers=P [flags] -- CMD [ARGS...]\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_workers) < 1) {
+    std::fprintf(stderr, "gradmesh run: --workers=%d is not positive\n",
+                 absl::GetFlag(FLAGS_workers));
+    return 2;
+  }
+  absl::StatusOr<gradmesh::tools::LocalClusterOptions> cluster =
+      ClusterOptionsFromFlags();
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "gradmesh run: %s\n",
+                 std::string(cluster.status().message()).c_str());
+    return 2;
+  }
+  gradmesh::tools::RunOptions options;
+  options.cluster = *std::move(cluster);
+  options.job = absl::GetFlag(FLAGS_job);
+  options.command = std::move(command);
+  return gradmesh::tools::RunCommand(options);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -227,6 +303,11 @@ int main(int argc, char** argv) {
     std::string name = absl::StrCat(argv[0], " local");
     argv[1] = name.data();
     gradmesh::ExitAfterShutdown(Local(argc - 1, argv + 1));
+  }
+  if (command == "run") {
+    std::string name = absl::StrCat(argv[0], " run");
+    argv[1] = name.data();
+    gradmesh::ExitAfterShutdown(Run(argc - 1, argv + 1));
   }
   if (command.empty() || command == "--help" || command == "-h" ||
       command == "help") {
