@@ -13,8 +13,10 @@ namespace gradmesh::transport {
 
 // The outgoing stream to one peer. Invariant: a write is in flight exactly
 // when queue_ is non-empty and the stream is not broken; its frame is
-// queue_.front(). The reactor keeps itself alive (self_) until OnDone has
-// returned, so the transport may drop its reference as soon as done_ is set.
+// queue_.front(). The transport owns its streams and destroys them after
+// done_ is set, on its own thread: a stream may hold the last reference to
+// its channel, and releasing that on a gRPC callback thread tears down the
+// completion queue that thread is still polling (a crash in gRPC).
 class GrpcTransport::Stream final
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -23,7 +25,6 @@ class GrpcTransport::Stream final
                                       int peer) {
     std::shared_ptr<Stream> stream(
         new Stream(std::move(channel), service, epoch, peer));
-    stream->self_ = stream;
     stream->stub_->PrepareBidiStreamingCall(&stream->context_, kExchangeMethod,
                                             grpc::StubOptions(), stream.get());
     stream->StartRead(&stream->signal_);
@@ -154,10 +155,11 @@ class GrpcTransport::Stream final
         broken = absl::UnavailableError(absl::StrCat(
             "the stream to peer ", peer_, " failed: ", status.error_message()));
       }
-      done_ = true;
     }
     if (!broken.ok()) service_->MarkPeerGone(epoch_, peer_, broken);
-    std::shared_ptr<Stream> self = std::move(self_);  // may delete this
+    // Last: once done_ is set the transport may destroy this.
+    absl::MutexLock lock(&mu_);
+    done_ = true;
   }
 
  private:
@@ -183,7 +185,6 @@ class GrpcTransport::Stream final
   const int peer_;
   grpc::ClientContext context_;
   grpc::ByteBuffer signal_;  // the receiver sends nothing yet
-  std::shared_ptr<Stream> self_;
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
@@ -234,6 +235,7 @@ GrpcTransport::~GrpcTransport() {
       s->WaitDone(absl::InfiniteFuture());
     }
   }
+  // The streams, and with them perhaps the channels, are destroyed here.
 }
 
 absl::Status GrpcTransport::Send(int peer, const Tag& tag,
