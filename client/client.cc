@@ -4,9 +4,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -40,7 +41,9 @@ struct Client::Impl {
   int rank ABSL_GUARDED_BY(mu) = -1;
   int size ABSL_GUARDED_BY(mu) = 0;
   uint64_t next_sequence ABSL_GUARDED_BY(mu) = 0;
-  absl::flat_hash_set<grpc::ClientContext*> in_flight ABSL_GUARDED_BY(mu);
+  // Calls in flight, each kept alive here until its callback has run.
+  absl::flat_hash_map<grpc::ClientContext*, std::shared_ptr<void>> in_flight
+      ABSL_GUARDED_BY(mu);
 
   void Prepare(grpc::ClientContext* context) const {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -165,8 +168,15 @@ absl::StatusOr<ReduceInfo> Handle::Wait() {
 Client::Client(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
+  absl::flat_hash_map<grpc::ClientContext*, std::shared_ptr<void>> calls;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    calls = impl_->in_flight;
+  }
+  // Outside the lock: a cancelled call's callback may run inline and take it.
+  for (const auto& [context, call] : calls) context->TryCancel();
+  calls.clear();
   absl::MutexLock lock(&impl_->mu);
-  for (grpc::ClientContext* context : impl_->in_flight) context->TryCancel();
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mu) {
     return impl_->in_flight.empty();
   };
@@ -255,7 +265,12 @@ absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
     spec->set_name(t.name);
     spec->set_size(t.size);
   }
-  // The daemon checks names and sizes; an absurd size fails here first.
+  // The daemon checks names and sizes; a size that would not even map
+  // fails here first.
+  if (state->offsets.back() > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket '", bucket, "' holds over 2^32 - 1 values"));
+  }
   state->layout = SegmentLayout(state->offsets.back());
   const std::string name = SharedSegment::UniqueName(bucket);
   GM_ASSIGN_OR_RETURN(state->segment,
@@ -289,7 +304,7 @@ Handle Client::AllReduceAsync(TensorSet& set, uint64_t step,
   impl_->Prepare(&call->context);
   {
     absl::MutexLock lock(&impl_->mu);
-    impl_->in_flight.insert(&call->context);
+    impl_->in_flight.emplace(&call->context, call);
   }
   // The callback holds the call (and so the connection) until it has run.
   impl_->stub->async()->AllReduce(

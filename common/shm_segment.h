@@ -51,9 +51,9 @@ class SharedSegment {
   static absl::StatusOr<SharedSegment> Create(const std::string& name,
                                               uint64_t bytes);
 
-  // Maps existing object `name`, which must be exactly `bytes` long and owned
-  // by this user (InvalidArgument otherwise: the size comes from another
-  // process); NotFound if it does not exist.
+  // Maps existing object `name`, which must be exactly `bytes` long
+  // (InvalidArgument otherwise: the size comes from another process) and
+  // this user's alone (PermissionDenied); NotFound if it does not exist.
   static absl::StatusOr<SharedSegment> Open(const std::string& name,
                                             uint64_t bytes);
 

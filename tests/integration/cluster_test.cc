@@ -283,6 +283,10 @@ TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
         << series << " missing from\n"
         << worker;
   }
+  // An unregistered bucket's series goes (job names are new every run).
+  trainers.clear();
+  EXPECT_FALSE(absl::StrContains(FetchMetrics(cluster_->worker_metrics_port(1)),
+                                 "residual_norm{buffer=\"test/g\"}"));
 }
 
 // The SDK against real daemons: buckets in flight finish in any order and

@@ -60,11 +60,13 @@ absl::StatusOr<std::string> FindBinary(const std::string& name,
   if (!error) {
     const fs::path dir = self.parent_path();
     candidates.push_back(dir / name);
-    // The build tree: build/tools/gradmesh/gradmesh next to
-    // build/worker/daemon/gradmesh-worker and build/server/....
-    const fs::path root = dir.parent_path().parent_path();
-    candidates.push_back(root / "worker" / "daemon" / name);
-    candidates.push_back(root / "server" / name);
+    // The build tree: build/tools/gradmesh/gradmesh or build/bench/...
+    // next to build/worker/daemon/gradmesh-worker and build/server/....
+    for (const fs::path& root :
+         {dir.parent_path().parent_path(), dir.parent_path()}) {
+      candidates.push_back(root / "worker" / "daemon" / name);
+      candidates.push_back(root / "server" / name);
+    }
   }
   if (const char* path = std::getenv("PATH")) {
     for (absl::string_view dir : absl::StrSplit(path, ':')) {

@@ -297,9 +297,7 @@ void Daemon::Report(const ReduceResult& result) {
 }
 
 void Daemon::Refresh() {
-  for (const auto& [bucket, norm] : plane_->ResidualNorms()) {
-    metrics_->residual_norm(bucket).Set(norm);
-  }
+  metrics_->SetResidualNorms(plane_->ResidualNorms());
   const transport::PeerService::Stats now = peers_.stats();
   absl::MutexLock lock(&mu_);
   metrics_->frames_dropped("old_epoch")

@@ -5,8 +5,10 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -15,9 +17,19 @@
 
 namespace gradmesh::daemon {
 
+// What the members exchange before an operation.
+struct DataPlane::AgreeRecord {
+  uint64_t fingerprint = 0;
+  uint64_t values = 0;
+  uint64_t nonfinite = 0;
+  int64_t root = -1;  // a broadcast's root; -1 for an all-reduce
+};
+
 struct DataPlane::Bucket {
   BucketName name;
-  std::string key;         // "job/bucket": the engine's buffer name
+  std::string key;         // "job/bucket"
+  uint64_t id = 0;         // this registration's, agreed by the members
+  std::string buffer;      // the engine's buffer: key and id
   std::string descriptor;  // bucket name, tensor names and sizes
   uint64_t fingerprint = 0;
   SegmentLayout layout{0};
@@ -84,35 +96,6 @@ absl::StatusOr<std::string> Describe(const BucketName& name,
   return absl::StrCat(name.bucket, " [", absl::StrJoin(parts, ","), "]");
 }
 
-// Every member's small payload, by rank (Bruck all-gather, ceil(log2 P)
-// rounds), under its own operation id so that it never mixes with others.
-absl::StatusOr<std::vector<std::string>> GatherSmall(const Group& group,
-                                                     uint64_t operation,
-                                                     std::string mine,
-                                                     absl::Time deadline) {
-  collectives::OpStats stats;
-  const collectives::OpContext context{.transport = group.transport.get(),
-                                       .epoch = group.view.epoch,
-                                       .operation = operation,
-                                       .deadline = deadline};
-  collectives::StepRunner runner(context, &stats);
-  return collectives::AllGather(
-      runner, 0, collectives::Group::World(group.size(), group.rank),
-      std::move(mine), collectives::AllGatherKind::kBruck);
-}
-
-struct AgreeRecord {
-  uint64_t fingerprint = 0;
-  uint64_t values = 0;
-  uint64_t nonfinite = 0;
-};
-
-std::string Encode(const AgreeRecord& r) {
-  std::string bytes(sizeof(r), '\0');
-  std::memcpy(bytes.data(), &r, sizeof(r));
-  return bytes;
-}
-
 Membership MembershipOf(const Group& group) {
   return {.epoch = group.view.epoch,
           .rank = group.rank,
@@ -121,16 +104,15 @@ Membership MembershipOf(const Group& group) {
 
 }  // namespace
 
-uint64_t OperationId(absl::string_view kind, const BucketName& name,
+uint64_t OperationId(absl::string_view kind, absl::string_view scope,
                      uint64_t number) {
   char tail[sizeof(number)];
   std::memcpy(tail, &number, sizeof(number));
+  const absl::string_view zero("\0", 1);
   uint64_t hash = Fnv1a(kind);
-  hash = Fnv1a(absl::string_view("\0", 1), hash);
-  hash = Fnv1a(name.job, hash);
-  hash = Fnv1a(absl::string_view("\0", 1), hash);
-  hash = Fnv1a(name.bucket, hash);
-  hash = Fnv1a(absl::string_view("\0", 1), hash);
+  hash = Fnv1a(zero, hash);
+  hash = Fnv1a(scope, hash);
+  hash = Fnv1a(zero, hash);
   return Fnv1a(absl::string_view(tail, sizeof(tail)), hash);
 }
 
@@ -149,40 +131,52 @@ absl::StatusOr<Membership> DataPlane::Register(
   bucket->layout = SegmentLayout(n);
   GM_ASSIGN_OR_RETURN(bucket->segment,
                       SharedSegment::Open(shm_name, bucket->layout.bytes));
+  // Mapped: the name can go, so a client killed now leaves nothing behind.
+  SharedSegment::Unlink(shm_name).IgnoreError();
   uint64_t ordinal;
   {
     absl::MutexLock lock(&mu_);
-    if (!buckets_.try_emplace(bucket->key, bucket).second) {
+    ordinal = registrations_[name.job]++;  // never reused, even on failure
+  }
+  GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
+                      views_->Acquire(std::nullopt, deadline));
+  // Each member proposes a random id; rank 0's names the registration, so
+  // that a bucket registered again (a new process, a new run of the job)
+  // never reuses the operation ids of the one before.
+  std::string mine = bucket->descriptor;
+  const uint64_t nonce = absl::Uniform<uint64_t>(bitgen_);
+  mine.append(reinterpret_cast<const char*>(&nonce), sizeof(nonce));
+  const uint64_t op = OperationId("register", name.job, ordinal);
+  GM_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                      GatherSmall(*group, op, std::move(mine), deadline));
+  for (int r = 0; r < group->size(); ++r) {
+    const absl::string_view theirs = all[r];
+    if (theirs.size() < sizeof(nonce) ||
+        theirs.substr(0, theirs.size() - sizeof(nonce)) != bucket->descriptor) {
       return absl::InvalidArgumentError(
-          absl::StrCat("bucket '", name.bucket, "' of job '", name.job,
-                       "' is already registered"));
+          absl::StrCat("registration #", ordinal, " of job '", name.job,
+                       "' differs between workers: rank ", group->rank, " has ",
+                       bucket->descriptor, ", rank ", r, " has ",
+                       theirs.substr(0, std::min<size_t>(512, theirs.size()))));
     }
-    ordinal = registrations_[name.job]++;
   }
-  absl::StatusOr<Membership> joined = [&]() -> absl::StatusOr<Membership> {
-    GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
-                        views_->Acquire(std::nullopt, deadline));
-    const uint64_t op = OperationId("register", {name.job, ""}, ordinal);
-    auto all = GatherSmall(*group, op, bucket->descriptor, deadline);
-    if (hooks_.retire) hooks_.retire(group->view.epoch, op);
-    GM_RETURN_IF_ERROR(all.status());
-    for (int r = 0; r < group->size(); ++r) {
-      if ((*all)[r] != bucket->descriptor) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("registration #", ordinal, " of job '", name.job,
-                         "' differs between workers: rank ", group->rank,
-                         " has ", bucket->descriptor, ", rank ", r, " has ",
-                         (*all)[r].substr(0, 512)));
-      }
-    }
-    return MembershipOf(*group);
-  }();
-  if (!joined.ok()) {
+  std::memcpy(&bucket->id, all[0].data() + all[0].size() - sizeof(nonce),
+              sizeof(nonce));
+  bucket->buffer = absl::StrCat(bucket->key, "#", absl::Hex(bucket->id));
+  std::shared_ptr<Bucket> replaced;
+  {
     absl::MutexLock lock(&mu_);
-    buckets_.erase(bucket->key);
-    --registrations_[name.job];
+    std::shared_ptr<Bucket>& slot = buckets_[bucket->key];
+    replaced = std::exchange(slot, bucket);
   }
-  return joined;
+  // The same bucket registered again: its process is gone or starts over.
+  if (replaced != nullptr) Forget(*replaced);
+  return MembershipOf(*group);
+}
+
+void DataPlane::Forget(Bucket& bucket) {
+  absl::MutexLock wait_for_idle(&bucket.mu);
+  engine_.Drop(bucket.buffer);
 }
 
 absl::Status DataPlane::Unregister(const BucketName& name) {
@@ -198,9 +192,30 @@ absl::Status DataPlane::Unregister(const BucketName& name) {
     bucket = std::move(it->second);
     buckets_.erase(it);
   }
-  absl::MutexLock wait_for_idle(&bucket->mu);
-  engine_.Drop(bucket->key);
+  Forget(*bucket);
   return absl::OkStatus();
+}
+
+// Every member's small payload, by rank (Bruck all-gather, ceil(log2 P)
+// rounds), under its own operation id so that it never mixes with others.
+absl::StatusOr<std::vector<std::string>> DataPlane::GatherSmall(
+    const Group& group, uint64_t operation, std::string mine,
+    absl::Time deadline) {
+  collectives::OpStats stats;
+  const collectives::OpContext context{.transport = group.transport.get(),
+                                       .epoch = group.view.epoch,
+                                       .operation = operation,
+                                       .deadline = deadline};
+  collectives::StepRunner runner(context, &stats);
+  auto all = collectives::AllGather(
+      runner, 0, collectives::Group::World(group.size(), group.rank),
+      std::move(mine), collectives::AllGatherKind::kBruck);
+  if (!all.ok()) Retire(group, operation);
+  return all;
+}
+
+void DataPlane::Retire(const Group& group, uint64_t operation) {
+  if (hooks_.retire) hooks_.retire(group.view.epoch, operation);
 }
 
 absl::StatusOr<std::shared_ptr<DataPlane::Bucket>> DataPlane::Find(
@@ -216,36 +231,35 @@ absl::StatusOr<std::shared_ptr<DataPlane::Bucket>> DataPlane::Find(
 }
 
 absl::Status DataPlane::Agree(const Group& group, const Bucket& bucket,
-                              uint64_t op, uint64_t nonfinite,
+                              uint64_t op, const AgreeRecord& mine,
                               absl::Time deadline) {
-  const AgreeRecord mine{.fingerprint = bucket.fingerprint,
-                         .values = bucket.layout.n,
-                         .nonfinite = nonfinite};
-  auto all = GatherSmall(group, op, Encode(mine), deadline);
-  if (hooks_.retire) hooks_.retire(group.view.epoch, op);
-  GM_RETURN_IF_ERROR(all.status());
-  std::vector<std::string> bad;
+  std::string bytes(sizeof(mine), '\0');
+  std::memcpy(bytes.data(), &mine, sizeof(mine));
+  GM_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                      GatherSmall(group, op, std::move(bytes), deadline));
+  std::vector<std::string> nonfinite;
   for (int r = 0; r < group.size(); ++r) {
     AgreeRecord theirs;
-    if ((*all)[r].size() != sizeof(theirs)) {
+    if (all[r].size() != sizeof(theirs)) {
       return collectives::PeerError(
           absl::InvalidArgumentError("malformed agreement record"), r);
     }
-    std::memcpy(&theirs, (*all)[r].data(), sizeof(theirs));
-    if (theirs.fingerprint != mine.fingerprint) {
+    std::memcpy(&theirs, all[r].data(), sizeof(theirs));
+    if (theirs.fingerprint != mine.fingerprint || theirs.root != mine.root) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bucket '", bucket.name.bucket, "' differs between workers: rank ",
-          group.rank, " has ", mine.values, " values, rank ", r, " has ",
-          theirs.values, " (tensor names or sizes differ)"));
+          group.rank, " has ", mine.values, " values (root ", mine.root,
+          "), rank ", r, " has ", theirs.values, " (root ", theirs.root,
+          "): tensor names, sizes or the broadcast root differ"));
     }
     if (theirs.nonfinite > 0) {
-      bad.push_back(absl::StrCat("rank ", r, ": ", theirs.nonfinite));
+      nonfinite.push_back(absl::StrCat("rank ", r, ": ", theirs.nonfinite));
     }
   }
-  if (!bad.empty()) {
+  if (!nonfinite.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "non-finite values (NaN or Inf) in the gradient of bucket '",
-        bucket.name.bucket, "' (", absl::StrJoin(bad, ", "),
+        bucket.name.bucket, "' (", absl::StrJoin(nonfinite, ", "),
         "); the step is skipped on every worker and the finite values stay "
         "in the residuals"));
   }
@@ -256,19 +270,7 @@ absl::StatusOr<ReduceResult> DataPlane::AllReduce(const ReduceCall& call,
                                                   absl::Time deadline) {
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(call.name));
   absl::MutexLock lock(&bucket->mu);
-  absl::Status refused;
-  if (bucket->last_step.has_value() && call.step <= *bucket->last_step) {
-    refused = absl::InvalidArgumentError(
-        absl::StrCat("step ", call.step, " is not after step ",
-                     *bucket->last_step, " of bucket '", call.name.bucket,
-                     "'; the gradient is kept in the "
-                     "residual"));
-    engine_.Keep(bucket->key, bucket->values()).IgnoreError();
-  } else {
-    bucket->last_step = call.step;
-  }
-  absl::StatusOr<ReduceResult> result =
-      refused.ok() ? Run(call, *bucket, deadline) : refused;
+  absl::StatusOr<ReduceResult> result = Run(call, *bucket, deadline);
   if (!result.ok() && hooks_.metrics != nullptr) {
     hooks_.metrics->operations(absl::StatusCodeToString(result.status().code()))
         .Increment();
@@ -279,22 +281,35 @@ absl::StatusOr<ReduceResult> DataPlane::AllReduce(const ReduceCall& call,
 absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
                                             Bucket& bucket,
                                             absl::Time deadline) {
-  auto group = views_->Acquire(call.step, deadline);
+  absl::Status refused;
+  if (bucket.last_step.has_value() && call.step <= *bucket.last_step) {
+    refused = absl::InvalidArgumentError(
+        absl::StrCat("step ", call.step, " is not after step ",
+                     *bucket.last_step, " of bucket '", call.name.bucket,
+                     "'; the gradient is kept in the residual"));
+  }
+  // A step number is used once per registration, so that no operation id
+  // is ever reused (a failed operation's id is retired).
+  bucket.last_step = std::max(call.step, bucket.last_step.value_or(0));
+  absl::StatusOr<std::shared_ptr<Group>> group =
+      refused.ok() ? views_->Acquire(call.step, deadline) : refused;
   if (!group.ok()) {
     // Nothing is lost: the next step carries this gradient.
-    engine_.Keep(bucket.key, bucket.values()).IgnoreError();
+    engine_.Keep(bucket.buffer, bucket.values()).IgnoreError();
     return group.status();
   }
   const Group& g = **group;
-  const uint64_t op = OperationId("allreduce", call.name, call.step);
-  const uint64_t agree_op = OperationId("agree", call.name, call.step);
-  engine::Request request{.buffer = bucket.key,
+  const uint64_t op = OperationId("allreduce", bucket.buffer, call.step);
+  const uint64_t agree_op = OperationId("agree", bucket.buffer, call.step);
+  AgreeRecord record{.fingerprint = bucket.fingerprint,
+                     .values = bucket.layout.n};
+  engine::Request request{.buffer = bucket.buffer,
                           .gradient = bucket.values(),
                           .operation = op,
                           .deadline = deadline,
                           .agree = [&](uint64_t nonfinite) {
-                            return Agree(g, bucket, agree_op, nonfinite,
-                                         deadline);
+                            record.nonfinite = nonfinite;
+                            return Agree(g, bucket, agree_op, record, deadline);
                           }};
   if (call.return_residual) {
     request.residual_out = [&](absl::Span<const float> residual) {
@@ -313,12 +328,18 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   absl::StatusOr<sparse::SparseBlock> result =
       engine_.AllReduce(g.config(), request, &out.stats);
   out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  if (hooks_.retire) hooks_.retire(g.view.epoch, op);
   if (!result.ok()) {
+    Retire(g, op);
     return absl::Status(
         result.status().code(),
         absl::StrCat("step ", call.step, " of bucket '", call.name.bucket,
                      "': ", result.status().message()));
+  }
+  // The client gave up (deadline, cancel): its memory is its own again.
+  if (call.cancelled != nullptr && call.cancelled()) {
+    return absl::CancelledError(absl::StrCat(
+        "step ", call.step, " of bucket '", call.name.bucket,
+        "' completed after the client gave up; the result was not written"));
   }
   WriteResult(call, bucket, *result, g.size());
   out.nonzeros = result->size();
@@ -383,10 +404,10 @@ absl::StatusOr<Membership> DataPlane::Broadcast(const BucketName& name,
     GM_RETURN_IF_ERROR(CheckName("job", name.job, false));
     GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
                         views_->Acquire(std::nullopt, deadline));
-    const uint64_t op = OperationId("barrier", name, sequence);
-    auto all = GatherSmall(*group, op, "", deadline);
-    if (hooks_.retire) hooks_.retire(group->view.epoch, op);
-    GM_RETURN_IF_ERROR(all.status());
+    GM_RETURN_IF_ERROR(GatherSmall(*group,
+                                   OperationId("barrier", name.job, sequence),
+                                   "", deadline)
+                           .status());
     return MembershipOf(*group);
   }
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(name));
@@ -397,11 +418,14 @@ absl::StatusOr<Membership> DataPlane::Broadcast(const BucketName& name,
     return absl::InvalidArgumentError(absl::StrCat(
         "broadcast root ", root, " is not a rank of ", group->size()));
   }
-  GM_RETURN_IF_ERROR(Agree(*group, *bucket,
-                           OperationId("broadcast-agree", name, sequence), 0,
-                           deadline));
+  GM_RETURN_IF_ERROR(Agree(
+      *group, *bucket, OperationId("broadcast-agree", bucket->buffer, sequence),
+      {.fingerprint = bucket->fingerprint,
+       .values = bucket->layout.n,
+       .root = root},
+      deadline));
   // Flat: the root sends its values to every member directly.
-  const uint64_t op = OperationId("broadcast", name, sequence);
+  const uint64_t op = OperationId("broadcast", bucket->buffer, sequence);
   collectives::OpStats stats;
   const collectives::OpContext context{.transport = group->transport.get(),
                                        .epoch = group->view.epoch,
@@ -427,27 +451,29 @@ absl::StatusOr<Membership> DataPlane::Broadcast(const BucketName& name,
       std::memcpy(values.data(), (*received)[0].data(), bytes.size());
     }
   }
-  if (hooks_.retire) hooks_.retire(group->view.epoch, op);
+  if (!status.ok()) Retire(*group, op);
   GM_RETURN_IF_ERROR(status);
   return MembershipOf(*group);
 }
 
 std::vector<std::pair<std::string, double>> DataPlane::ResidualNorms() const {
-  std::vector<std::string> keys;
+  std::vector<std::pair<std::string, std::string>> keys;  // key, buffer
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [key, bucket] : buckets_) keys.push_back(key);
+    for (const auto& [key, bucket] : buckets_) {
+      keys.emplace_back(key, bucket->buffer);
+    }
   }
   std::vector<std::pair<std::string, double>> norms;
-  for (const std::string& key : keys) {
+  for (const auto& [key, buffer] : keys) {
     double norm = 0;
     const bool read = engine_.ReadResidual(
-        key,
+        buffer,
         [&](absl::Span<const float> residual) {
           for (float v : residual) norm += double{v} * v;
         },
         /*if_idle=*/true);
-    if (read) norms.emplace_back(key, std::sqrt(norm));
+    norms.emplace_back(key, read ? std::sqrt(norm) : -1.0);
   }
   return norms;
 }

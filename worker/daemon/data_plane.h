@@ -37,6 +37,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -65,6 +66,8 @@ struct ReduceCall {
   bool mean = false;    // divide the sum by the world size
   bool sparse = false;  // indices + values regions instead of dense values
   bool return_residual = false;
+  // Whether the caller has given up; checked before the result is written.
+  std::function<bool()> cancelled;
 };
 
 // What one operation did, for the caller and for autotune's reports.
@@ -87,7 +90,7 @@ struct Membership {
 };
 
 struct DataPlaneHooks {
-  // Frees what the transport keeps for a finished operation (may be empty).
+  // Frees what the transport keeps for a failed operation (may be empty).
   std::function<void(uint64_t epoch, uint64_t operation)> retire;
   // After every successful all-reduce.
   std::function<void(const ReduceResult&)> on_success;
@@ -100,10 +103,13 @@ class DataPlane {
   DataPlane(const DataPlane&) = delete;
   DataPlane& operator=(const DataPlane&) = delete;
 
-  // Maps segment `shm_name` for bucket `name` and checks with every member
-  // that they registered the same bucket as their same-numbered
-  // registration of the job. InvalidArgument for bad specs, a bucket already
-  // registered, a segment of the wrong size, or a disagreement.
+  // Maps segment `shm_name` for bucket `name` (and unlinks the name), and
+  // checks with every member that they registered the same bucket as their
+  // same-numbered registration of the job. A bucket registered again
+  // replaces the old registration (its process is gone or starts over) and
+  // starts with no residual. InvalidArgument for bad specs, a segment of the
+  // wrong size, or a disagreement; PermissionDenied for a segment that is not
+  // this user's alone.
   absl::StatusOr<Membership> Register(const BucketName& name,
                                       const std::vector<TensorSpec>& tensors,
                                       const std::string& shm_name,
@@ -121,15 +127,26 @@ class DataPlane {
                                        uint64_t sequence, int root,
                                        absl::Time deadline);
 
-  // The residual's L2 norm per bucket ("job/bucket"), skipping busy ones.
+  // The residual's L2 norm per bucket ("job/bucket"); -1 for a bucket busy
+  // with an operation (not waited for).
   std::vector<std::pair<std::string, double>> ResidualNorms() const;
 
  private:
   struct Bucket;
 
+  struct AgreeRecord;
+
   absl::StatusOr<std::shared_ptr<Bucket>> Find(const BucketName& name) const;
+  // Waits for an operation in flight on `bucket`, then drops its residual.
+  void Forget(Bucket& bucket);
+  absl::StatusOr<std::vector<std::string>> GatherSmall(const Group& group,
+                                                       uint64_t operation,
+                                                       std::string mine,
+                                                       absl::Time deadline);
+  // Frees what the transport keeps for a failed operation.
+  void Retire(const Group& group, uint64_t operation);
   absl::Status Agree(const Group& group, const Bucket& bucket, uint64_t op,
-                     uint64_t nonfinite, absl::Time deadline);
+                     const AgreeRecord& mine, absl::Time deadline);
   absl::StatusOr<ReduceResult> Run(const ReduceCall& call, Bucket& bucket,
                                    absl::Time deadline);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
@@ -140,6 +157,7 @@ class DataPlane {
   ViewTracker* const views_;
   const DataPlaneHooks hooks_;
   engine::Engine engine_;
+  absl::BitGen bitgen_;  // thread-safe
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Bucket>> buckets_
       ABSL_GUARDED_BY(mu_);
@@ -147,9 +165,11 @@ class DataPlane {
       ABSL_GUARDED_BY(mu_);  // per job
 };
 
-// The id of operation (kind, job, bucket, number) on the wire: a stable
-// 64-bit hash (FNV-1a), the same in every process.
-uint64_t OperationId(absl::string_view kind, const BucketName& name,
+// The id of operation (kind, scope, number) on the wire: a stable 64-bit
+// hash (FNV-1a), the same in every process. The scope of a bucket's
+// operations names its registration (job, bucket and the id the members
+// agreed on at Register), so a new registration never reuses an id.
+uint64_t OperationId(absl::string_view kind, absl::string_view scope,
                      uint64_t number);
 
 }  // namespace gradmesh::daemon

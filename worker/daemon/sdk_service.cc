@@ -60,11 +60,13 @@ grpc::Status SdkService::Unregister(grpc::ServerContext* context,
 grpc::Status SdkService::AllReduce(grpc::ServerContext* context,
                                    const v1::AllReduceRequest* request,
                                    v1::AllReduceResponse* response) {
-  const ReduceCall call{.name = {request->job(), request->bucket()},
-                        .step = request->step(),
-                        .mean = request->op() == v1::REDUCE_MEAN,
-                        .sparse = request->layout() == v1::RESULT_SPARSE,
-                        .return_residual = request->return_residual()};
+  const ReduceCall call{
+      .name = {request->job(), request->bucket()},
+      .step = request->step(),
+      .mean = request->op() == v1::REDUCE_MEAN,
+      .sparse = request->layout() == v1::RESULT_SPARSE,
+      .return_residual = request->return_residual(),
+      .cancelled = [context] { return context->IsCancelled(); }};
   absl::StatusOr<ReduceResult> result =
       plane_->AllReduce(call, Deadline(*context));
   if (!result.ok()) return ToGrpc(result.status());

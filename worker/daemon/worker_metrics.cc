@@ -1,5 +1,6 @@
 #include "worker/daemon/worker_metrics.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -118,6 +119,22 @@ prometheus::Gauge& WorkerMetrics::nonzeros(const std::string& phase) {
 prometheus::Gauge& WorkerMetrics::residual_norm(const std::string& buffer) {
   return residual_norm_->Add({{"buffer", buffer}});
 }
+void WorkerMetrics::SetResidualNorms(
+    const std::vector<std::pair<std::string, double>>& norms) {
+  absl::MutexLock lock(&norms_mu_);
+  std::vector<std::string> now;
+  for (const auto& [buffer, norm] : norms) {
+    if (norm >= 0) residual_norm(buffer).Set(norm);
+    now.push_back(buffer);
+  }
+  for (const std::string& old : norm_buffers_) {
+    if (std::find(now.begin(), now.end(), old) == now.end()) {
+      residual_norm_->Remove(&residual_norm(old));
+    }
+  }
+  norm_buffers_ = std::move(now);
+}
+
 prometheus::Counter& WorkerMetrics::operations(const std::string& code) {
   return operations_->Add({{"code", code}});
 }

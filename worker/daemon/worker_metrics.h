@@ -19,8 +19,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics/metrics_endpoint.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -47,6 +50,11 @@ class WorkerMetrics {
   prometheus::Counter& bytes_received(const std::string& peer);
   prometheus::Gauge& nonzeros(const std::string& phase);
   prometheus::Gauge& residual_norm(const std::string& buffer);
+  // Sets the residual norms of the buckets registered now (a negative norm:
+  // busy, keep the last figure); buckets gone since the last call lose
+  // their series.
+  void SetResidualNorms(
+      const std::vector<std::pair<std::string, double>>& norms);
   prometheus::Counter& operations(const std::string& code);
   prometheus::Counter& frames_dropped(const std::string& reason);
   prometheus::Gauge& bsag_h() { return *bsag_h_; }
@@ -75,6 +83,8 @@ class WorkerMetrics {
   prometheus::Gauge* rank_;
   prometheus::Gauge* world_size_;
   prometheus::Counter* late_views_;
+  absl::Mutex norms_mu_;
+  std::vector<std::string> norm_buffers_ ABSL_GUARDED_BY(norms_mu_);
 };
 
 }  // namespace gradmesh::daemon

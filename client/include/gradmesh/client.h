@@ -27,23 +27,33 @@
 //     increase. Residuals (error feedback) belong to (job, bucket); a new job
 //     name on live workers starts with none.
 //   - Every process registers the same buckets (names, tensor names and
-//     sizes) in the same order; Register returns when all have.
+//     sizes) in the same order; Register returns when all have. Registering
+//     a bucket again (a restarted process, the same job run again) starts it
+//     over: no residual, steps from 0.
 //   - The result is the SUM of the selected gradient values over the workers
 //     (kMean divides it by the world size), identical on every worker. Dense:
 //     written over values() (zeros where nothing was selected). Sparse: the
 //     indices (into values(), ascending) and values, nonzeros entries long.
 //
 // Errors (absl::Status codes, by what the caller should do):
-//   - Aborted: membership changed during the step; retry it on the new view.
+//   - Aborted: membership changed during the step; nothing was applied.
+//     Go on with the next step on the new view (rank() and size() may have
+//     changed): the failed step's gradient is in the residual already.
 //   - Unavailable: the worker or a peer is gone or shutting down.
-//   - DeadlineExceeded: ClientOptions::timeout passed.
+//   - DeadlineExceeded: ClientOptions::timeout passed. Cancelled: the client
+//     was destroyed with the call in flight. After either, the worker may
+//     still finish the step; it never writes a result for a call its client
+//     has given up on (a small window remains between its check and its
+//     write).
 //   - InvalidArgument: bad names or sizes; buckets that differ between
-//     workers (reported on every worker, without a hang); a step not after
-//     the bucket's last; NaN or Inf in any worker's gradient (policy: the
-//     step is skipped on every worker, non-finite values are dropped and the
-//     finite ones kept in the residual).
-//   Whenever a step fails, its gradient stays in the worker's residual and
-//   the next step carries it: nothing is lost.
+//     workers (reported on every worker, without a hang); NaN or Inf in any
+//     worker's gradient (policy: the step is skipped on every worker,
+//     non-finite values are dropped and the finite ones kept in the
+//     residual); a step number not after the bucket's last (each number is
+//     used once: after a failure, continue with the next one).
+//   Whenever a step fails, the gradient pushed with it stays in the worker's
+//   residual and the next step carries it: nothing is lost. (So a step
+//   pushed twice under one number counts twice.)
 //
 // Thread safety: a Client may be used from several threads. A TensorSet's
 // memory belongs to the daemon from AllReduceAsync until its Handle is

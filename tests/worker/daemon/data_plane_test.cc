@@ -405,14 +405,67 @@ TEST(DataPlaneTest, BroadcastsFromTheRootAndBarriers) {
 }
 
 TEST(DataPlaneTest, OperationIdsAreStableAndDistinct) {
-  EXPECT_EQ(OperationId("allreduce", {"j", "b"}, 3),
-            OperationId("allreduce", {"j", "b"}, 3));
-  EXPECT_NE(OperationId("allreduce", {"j", "b"}, 3),
-            OperationId("allreduce", {"j", "b"}, 4));
-  EXPECT_NE(OperationId("allreduce", {"j", "b"}, 3),
-            OperationId("allreduce", {"jb", ""}, 3));
-  EXPECT_NE(OperationId("allreduce", {"j", "b"}, 3),
-            OperationId("agree", {"j", "b"}, 3));
+  EXPECT_EQ(OperationId("allreduce", "j/b#1", 3),
+            OperationId("allreduce", "j/b#1", 3));
+  EXPECT_NE(OperationId("allreduce", "j/b#1", 3),
+            OperationId("allreduce", "j/b#1", 4));
+  EXPECT_NE(OperationId("allreduce", "j/b#1", 3),
+            OperationId("allreduce", "j/b#2", 3));
+  EXPECT_NE(OperationId("allreduce", "j/b#1", 3),
+            OperationId("agree", "j/b#1", 3));
+}
+
+// A bucket registered again (a new process, or the same job run again)
+// replaces the old registration: no residual carried over, and its steps
+// start from 0 again without meeting the ids of the old one's failed steps.
+TEST(DataPlaneTest, RegisteringAgainStartsOver) {
+  constexpr uint64_t kN = 100;
+  Workers w(2, {.algorithm = "spardl", .density = 0.1, .teams = 1});
+  w.Start();
+  auto old = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  for (int r = 0; r < 2; ++r) {
+    auto g = RandomVector(kN, r);
+    std::memcpy(Values(old[r], kN).data(), g.data(), kN * 4);
+  }
+  Values(old[1], kN)[3] = std::nanf("");  // step 0 fails everywhere
+  for (const auto& result :
+       AllReduceAll(w, {.name = {"job", "b"}, .step = 0})) {
+    EXPECT_TRUE(absl::IsInvalidArgument(result.status())) << result.status();
+  }
+  auto again = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  std::vector<std::vector<float>> inputs;
+  for (int r = 0; r < 2; ++r) {
+    inputs.push_back(RandomVector(kN, 10 + r));
+    std::memcpy(Values(again[r], kN).data(), inputs[r].data(), kN * 4);
+  }
+  const testing::MassBalance balance(
+      inputs, std::vector<std::vector<float>>(2, std::vector<float>(kN, 0)));
+  auto results = AllReduceAll(w, {.name = {"job", "b"},
+                                  .step = 0,
+                                  .sparse = true,
+                                  .return_residual = true});
+  std::vector<std::vector<float>> residuals;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].status();
+    residuals.push_back(Residual(again[r], kN));
+  }
+  EXPECT_TRUE(
+      balance.Holds(Sparse(again[0], kN, results[0]->nonzeros), residuals));
+}
+
+// A result the client no longer waits for is not written into its memory.
+TEST(DataPlaneTest, DoesNotWriteForAClientThatGaveUp) {
+  constexpr uint64_t kN = 50;
+  Workers w(1, {.algorithm = "dense", .density = 1.0, .teams = 1});
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  std::fill(Values(segments[0], kN).begin(), Values(segments[0], kN).end(),
+            2.0f);
+  auto result = w.plane(0).AllReduce(
+      {.name = {"job", "b"}, .mean = true, .cancelled = [] { return true; }},
+      Soon());
+  EXPECT_TRUE(absl::IsCancelled(result.status())) << result.status();
+  for (float v : Values(segments[0], kN)) EXPECT_EQ(v, 2.0f);
 }
 
 }  // namespace
