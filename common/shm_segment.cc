@@ -73,7 +73,7 @@ absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name,
   if (fstat(fd, &st) != 0) {
     data = Errno("fstat", name);
   } else if (st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
-    data = absl::InvalidArgumentError(
+    data = absl::PermissionDeniedError(
         absl::StrCat(name, " is not private to this user (owner ", st.st_uid,
                      ", mode ", absl::Hex(st.st_mode & 0777), ")"));
   } else if (static_cast<uint64_t>(st.st_size) != bytes) {
