@@ -132,6 +132,35 @@ std::vector<absl::StatusOr<ReduceResult>> AllReduceAll(Workers& w,
   return out;
 }
 
+// Step `step` of `name` from fresh gradients on every rank; checks that the
+// residuals before it held `carried` (zeros if empty): inputs = result +
+// residuals.
+void ExpectConservedStep(Workers& w, std::vector<SharedSegment>& segments,
+                         const BucketName& name, uint64_t n, uint64_t step,
+                         uint64_t seed,
+                         std::vector<std::vector<float>> carried = {}) {
+  std::vector<std::vector<float>> inputs;
+  for (int r = 0; r < w.size(); ++r) {
+    inputs.push_back(RandomVector(n, seed + r));
+    std::memcpy(Values(segments[r], n).data(), inputs[r].data(), n * 4);
+    if (!carried.empty()) {
+      for (uint64_t i = 0; i < n; ++i) inputs[r][i] += carried[r][i];
+    }
+  }
+  const testing::MassBalance balance(
+      inputs,
+      std::vector<std::vector<float>>(w.size(), std::vector<float>(n, 0)));
+  auto results = AllReduceAll(
+      w, {.name = name, .step = step, .sparse = true, .return_residual = true});
+  std::vector<std::vector<float>> residuals;
+  for (int r = 0; r < w.size(); ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].status();
+    residuals.push_back(Residual(segments[r], n));
+  }
+  EXPECT_TRUE(
+      balance.Holds(Sparse(segments[0], n, results[0]->nonzeros), residuals));
+}
+
 // Sparse results identical everywhere and inputs = result + residuals, over
 // three steps, with two tensors fused in one bucket.
 TEST(DataPlaneTest, SumsIdenticallyAndConservesMass) {
@@ -266,25 +295,7 @@ TEST(DataPlaneTest, NonFiniteGradientFailsEverywhereAndKeepsTheRest) {
     EXPECT_THAT(std::string(failed[r].status().message()),
                 ::testing::HasSubstr("rank 2: 1"));
   }
-  std::vector<std::vector<float>> inputs(3);
-  for (int r = 0; r < 3; ++r) {
-    const auto g = RandomVector(kN, 50 + r);
-    std::memcpy(Values(segments[r], kN).data(), g.data(), kN * 4);
-    for (uint64_t i = 0; i < kN; ++i) inputs[r].push_back(g[i] + kept[r][i]);
-  }
-  const testing::MassBalance balance(
-      inputs, std::vector<std::vector<float>>(3, std::vector<float>(kN, 0)));
-  auto next = AllReduceAll(w, {.name = {"job", "b"},
-                               .step = 1,
-                               .sparse = true,
-                               .return_residual = true});
-  std::vector<std::vector<float>> residuals;
-  for (int r = 0; r < 3; ++r) {
-    ASSERT_TRUE(next[r].ok()) << next[r].status();
-    residuals.push_back(Residual(segments[r], kN));
-  }
-  EXPECT_TRUE(
-      balance.Holds(Sparse(segments[0], kN, next[0]->nonzeros), residuals));
+  ExpectConservedStep(w, segments, {"job", "b"}, kN, 1, 50, kept);
 }
 
 // A stale step, and a step with no view yet, are refused without losing the
@@ -356,24 +367,7 @@ TEST(DataPlaneTest, SecondJobStartsClean) {
     ASSERT_TRUE(w.plane(r).Unregister({"job-a", "b"}).ok());
   }
   auto second = w.RegisterAll({"job-b", "b"}, {{"t", kN}});
-  std::vector<std::vector<float>> inputs;
-  for (int r = 0; r < 2; ++r) {
-    inputs.push_back(RandomVector(kN, 90 + r));
-    std::memcpy(Values(second[r], kN).data(), inputs[r].data(), kN * 4);
-  }
-  const testing::MassBalance balance(
-      inputs, std::vector<std::vector<float>>(2, std::vector<float>(kN, 0)));
-  auto results = AllReduceAll(w, {.name = {"job-b", "b"},
-                                  .step = 0,
-                                  .sparse = true,
-                                  .return_residual = true});
-  std::vector<std::vector<float>> residuals;
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(results[r].ok()) << results[r].status();
-    residuals.push_back(Residual(second[r], kN));
-  }
-  EXPECT_TRUE(
-      balance.Holds(Sparse(second[0], kN, results[0]->nonzeros), residuals));
+  ExpectConservedStep(w, second, {"job-b", "b"}, kN, 0, 90);
 }
 
 TEST(DataPlaneTest, BroadcastsFromTheRootAndBarriers) {
@@ -433,24 +427,7 @@ TEST(DataPlaneTest, RegisteringAgainStartsOver) {
     EXPECT_TRUE(absl::IsInvalidArgument(result.status())) << result.status();
   }
   auto again = w.RegisterAll({"job", "b"}, {{"t", kN}});
-  std::vector<std::vector<float>> inputs;
-  for (int r = 0; r < 2; ++r) {
-    inputs.push_back(RandomVector(kN, 10 + r));
-    std::memcpy(Values(again[r], kN).data(), inputs[r].data(), kN * 4);
-  }
-  const testing::MassBalance balance(
-      inputs, std::vector<std::vector<float>>(2, std::vector<float>(kN, 0)));
-  auto results = AllReduceAll(w, {.name = {"job", "b"},
-                                  .step = 0,
-                                  .sparse = true,
-                                  .return_residual = true});
-  std::vector<std::vector<float>> residuals;
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(results[r].ok()) << results[r].status();
-    residuals.push_back(Residual(again[r], kN));
-  }
-  EXPECT_TRUE(
-      balance.Holds(Sparse(again[0], kN, results[0]->nonzeros), residuals));
+  ExpectConservedStep(w, again, {"job", "b"}, kN, 0, 10);
 }
 
 // A result the client no longer waits for is not written into its memory.
