@@ -133,10 +133,11 @@ absl::StatusOr<Membership> DataPlane::Register(
                       SharedSegment::Open(shm_name, bucket->layout.bytes));
   // Mapped: the name can go, so a client killed now leaves nothing behind.
   SharedSegment::Unlink(shm_name).IgnoreError();
-  uint64_t ordinal;
+  uint64_t ordinal, nonce;
   {
     absl::MutexLock lock(&mu_);
     ordinal = registrations_[name.job]++;  // never reused, even on failure
+    nonce = absl::Uniform<uint64_t>(bitgen_);
   }
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
                       views_->Acquire(std::nullopt, deadline));
@@ -144,7 +145,6 @@ absl::StatusOr<Membership> DataPlane::Register(
   // that a bucket registered again (a new process, a new run of the job)
   // never reuses the operation ids of the one before.
   std::string mine = bucket->descriptor;
-  const uint64_t nonce = absl::Uniform<uint64_t>(bitgen_);
   mine.append(reinterpret_cast<const char*>(&nonce), sizeof(nonce));
   const uint64_t op = OperationId("register", name.job, ordinal);
   GM_ASSIGN_OR_RETURN(std::vector<std::string> all,
@@ -323,7 +323,6 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
                    .plan = g.view.plan,
                    .step = call.step,
                    .values = bucket.layout.n};
-  const transport::Counters before = g.transport->counters();
   const absl::Time start = absl::Now();
   absl::StatusOr<sparse::SparseBlock> result =
       engine_.AllReduce(g.config(), request, &out.stats);
@@ -343,7 +342,7 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   }
   WriteResult(call, bucket, *result, g.size());
   out.nonzeros = result->size();
-  Record(out, g, before);
+  Record(out, g);
   if (hooks_.on_success) hooks_.on_success(out);
   return out;
 }
@@ -367,8 +366,7 @@ void DataPlane::WriteResult(const ReduceCall& call, const Bucket& bucket,
   }
 }
 
-void DataPlane::Record(const ReduceResult& result, const Group& group,
-                       const transport::Counters& before) {
+void DataPlane::Record(const ReduceResult& result, const Group& group) {
   if (hooks_.metrics == nullptr) return;
   WorkerMetrics& m = *hooks_.metrics;
   const collectives::OpStats& stats = result.stats;
@@ -376,13 +374,25 @@ void DataPlane::Record(const ReduceResult& result, const Group& group,
   m.operations("OK").Increment();
   m.operation_seconds(algorithm).Observe(result.seconds);
   m.topk_seconds(algorithm).Observe(stats.topk_seconds);
-  const transport::Counters after = group.transport->counters();
-  for (int p = 0; p < group.size(); ++p) {
-    const std::string& peer = group.view.member_ids[p];
-    m.bytes_sent(peer).Increment(
-        static_cast<double>(after.bytes_sent_to[p] - before.bytes_sent_to[p]));
-    m.bytes_received(peer).Increment(static_cast<double>(
-        after.bytes_received_from[p] - before.bytes_received_from[p]));
+  {
+    // Bytes per peer: what the group's transport counted since the last
+    // record, so that buckets running at once are not counted twice.
+    absl::MutexLock lock(&counted_mu_);
+    if (counted_epoch_ != group.view.epoch) {
+      counted_epoch_ = group.view.epoch;
+      counted_ = transport::Counters{};
+      counted_.bytes_sent_to.assign(group.size(), 0);
+      counted_.bytes_received_from.assign(group.size(), 0);
+    }
+    const transport::Counters now = group.transport->counters();
+    for (int p = 0; p < group.size(); ++p) {
+      const std::string& peer = group.view.member_ids[p];
+      m.bytes_sent(peer).Increment(static_cast<double>(
+          now.bytes_sent_to[p] - counted_.bytes_sent_to[p]));
+      m.bytes_received(peer).Increment(static_cast<double>(
+          now.bytes_received_from[p] - counted_.bytes_received_from[p]));
+    }
+    counted_ = now;
   }
   for (const char* phase : {"srs", "sag"}) {
     const int64_t v = stats.detail(absl::StrCat(phase, "_nonzeros"));

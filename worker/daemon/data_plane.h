@@ -151,18 +151,20 @@ class DataPlane {
                                    absl::Time deadline);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
                    const sparse::SparseBlock& result, int world_size);
-  void Record(const ReduceResult& result, const Group& group,
-              const transport::Counters& before);
+  void Record(const ReduceResult& result, const Group& group);
 
   ViewTracker* const views_;
   const DataPlaneHooks hooks_;
   engine::Engine engine_;
-  absl::BitGen bitgen_;  // thread-safe
+  absl::Mutex counted_mu_;
+  uint64_t counted_epoch_ ABSL_GUARDED_BY(counted_mu_) = 0;
+  transport::Counters counted_ ABSL_GUARDED_BY(counted_mu_);  // recorded
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Bucket>> buckets_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> registrations_
       ABSL_GUARDED_BY(mu_);  // per job
+  absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };
 
 // The id of operation (kind, scope, number) on the wire: a stable 64-bit
