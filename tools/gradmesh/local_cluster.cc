@@ -226,7 +226,7 @@ absl::Status LocalCluster::AwaitPortFile(Process* process,
 absl::StatusOr<gradmesh::Plan> LocalCluster::GetPlan(int worker) {
   Process& p = workers_[worker];
   if (p.client == nullptr) {
-    // Connect waits for membership; status only needs the connection.
+    // Connect waits up to 2 s for membership; WaitForView asks again.
     auto client = gradmesh::Client::Connect(
         {.worker = p.sdk_address, .job = "local", .timeout = absl::Seconds(2)});
     if (!client.ok()) return client.status();
