@@ -8,8 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "worker/collectives/registry.h"
-#include "worker/collectives/wire.h"
+#include "worker/collectives/plan.h"
 #include "worker/transport/transport.h"
 
 namespace gradmesh::server {

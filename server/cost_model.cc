@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "common/status_macros.h"
-#include "worker/collectives/collective.h"
+#include "worker/collectives/plan.h"
 #include "worker/collectives/schedule.h"
 
 namespace gradmesh::server {

@@ -18,12 +18,6 @@ void Accumulate(absl::Span<const float> gradient, absl::Span<float> residual) {
 
 }  // namespace
 
-uint64_t SelectionSize(uint64_t n, double density) {
-  if (n == 0) return 0;
-  const long long k = std::llround(density * static_cast<double>(n));
-  return std::clamp<uint64_t>(static_cast<uint64_t>(std::max(k, 1LL)), 1, n);
-}
-
 StepRunner::StepRunner(const OpContext& context, OpStats* stats)
     : context_(context), stats_(stats) {
   GM_CHECK(context_.transport != nullptr);

@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "worker/collectives/plan.h"
 #include "worker/sparse/sparse_block.h"
 #include "worker/transport/transport.h"
 
@@ -92,9 +93,6 @@ class Collective {
       absl::Span<const float> gradient, absl::Span<float> residual,
       const OpContext& context, OpStats* stats) = 0;
 };
-
-// k for a density: round(density * n), at least 1 when n > 0, at most n.
-uint64_t SelectionSize(uint64_t n, double density);
 
 // Runs the steps of one operation over its transport and accounts for them.
 // Each call is one round, under the tag (epoch, operation, step): Exchange

@@ -25,11 +25,6 @@ absl::StatusOr<std::unique_ptr<Collective>> Upcast(
 
 }  // namespace
 
-std::vector<std::string> AlgorithmNames() {
-  return {"spardl", "dense",  "topka",    "topkdsa",
-          "gtopk",  "oktopk", "gaussiank"};
-}
-
 absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     const AlgorithmOptions& options, int world_size, int rank, uint64_t n) {
   const std::string& name = options.algorithm;

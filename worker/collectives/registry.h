@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/collectives/collective.h"
+#include "worker/collectives/plan.h"
 #include "worker/collectives/wire.h"
 
 namespace gradmesh::collectives {
@@ -25,8 +26,6 @@ struct AlgorithmOptions {
 };
 
 // The names CreateCollective accepts.
-std::vector<std::string> AlgorithmNames();
-
 // InvalidArgument for an unknown name or options the algorithm rejects.
 absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     const AlgorithmOptions& options, int world_size, int rank, uint64_t n);

@@ -20,24 +20,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "worker/collectives/plan.h"
 #include "worker/sparse/codec.h"
 #include "worker/sparse/sparse_block.h"
 
 namespace gradmesh::collectives {
 
 struct OpStats;
-
-struct WireFormat {
-  bool tagged = false;                    // false: plain COO
-  std::optional<sparse::Encoding> fixed;  // tagged: this one, or auto
-  sparse::ValueType values = sparse::ValueType::kFloat32;
-
-  // encoding: coo (plain), auto, coo-tagged, delta, runs, bitmap, dense;
-  // values: fp32, fp16, bf16. InvalidArgument for anything else, and for
-  // 16-bit values with plain COO.
-  static absl::StatusOr<WireFormat> Parse(absl::string_view encoding,
-                                          absl::string_view values);
-};
 
 class BlockCodec {
  public:
