@@ -364,6 +364,36 @@ TEST_F(SdkClusterTest, BucketsInFlightFinishInAnyOrderMatchedByName) {
   }
 }
 
+// What the SDK reports and refuses on a live worker.
+TEST_F(SdkClusterTest, ReportsRankAndPlanAndRefusesBadInput) {
+  std::vector<Trainer> trainers =
+      ConnectAll(*cluster_, "surface", 1000, absl::Seconds(20));
+  for (int w = 0; w < 3; ++w) {
+    Client& c = *trainers[w].client;
+    EXPECT_EQ(c.rank(), w);  // worker-0w sorts w-th
+    EXPECT_EQ(c.size(), 3);
+    EXPECT_EQ(c.job(), "surface");
+    auto plan = c.GetPlan();
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->algorithm, "spardl");
+    EXPECT_EQ(plan->world_size, 3);
+  }
+  TensorSet& set = *trainers[0].set;
+  EXPECT_EQ(set.size(), 1000u);
+  EXPECT_EQ(set.tensor(0).size(), 1000u);
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(set.CopyFrom(std::vector<float>(999, 1.0f))));
+  ASSERT_TRUE(set.CopyFrom(std::vector<float>(1000, 1.0f)).ok());
+  EXPECT_EQ(set.values()[999], 1.0f);
+  Client& c = *trainers[0].client;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      c.Register("huge", {{"a", 1ull << 31}, {"b", 1ull << 31}}).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(c.Register("bad/name", {{"a", 10}}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      c.Register("dup", {{"a", 10}, {"a", 10}}).status()));
+}
+
 TEST_F(SdkClusterTest, SecondJobOnLiveDaemonsStartsClean) {
   for (const char* job : {"first", "second"}) {
     std::vector<Trainer> trainers =
