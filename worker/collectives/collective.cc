@@ -9,14 +9,7 @@
 #include "worker/kernels/topk.h"
 
 namespace gradmesh::collectives {
-namespace {
-
-void Accumulate(absl::Span<const float> gradient, absl::Span<float> residual) {
-  GM_CHECK(gradient.size() == residual.size());
-  for (size_t i = 0; i < residual.size(); ++i) residual[i] += gradient[i];
-}
-
-}  // namespace
+namespace {}  // namespace
 
 StepRunner::StepRunner(const OpContext& context, OpStats* stats)
     : context_(context), stats_(stats) {
@@ -128,7 +121,7 @@ absl::Status ValidateCommon(int world_size, int rank, uint64_t n,
 absl::Status ValidateSizes(absl::string_view algorithm, uint64_t n,
                            absl::Span<const float> gradient,
                            absl::Span<const float> residual) {
-  if ((!gradient.empty() && gradient.size() != n) || residual.size() != n) {
+  if (gradient.size() != n || residual.size() != n) {
     return absl::InvalidArgumentError(
         absl::StrCat(algorithm, " expects ", n, " values, got a gradient of ",
                      gradient.size(), " and a residual of ", residual.size()));
@@ -141,14 +134,32 @@ absl::Status PeerError(const absl::Status& status, int peer) {
                                                   ": ", status.message()));
 }
 
+uint64_t AccumulateFinite(absl::Span<const float> gradient,
+                          absl::Span<float> residual) {
+  GM_CHECK(gradient.size() == residual.size());
+  uint64_t nonfinite = 0;
+  for (size_t i = 0; i < residual.size(); ++i) {
+    const float v = gradient[i];
+    const bool finite = std::isfinite(v);
+    residual[i] += finite ? v : 0.0f;
+    nonfinite += finite ? 0 : 1;
+  }
+  return nonfinite;
+}
+
+absl::Status Accumulated(const OpContext& context, uint64_t nonfinite) {
+  return context.accumulated == nullptr ? absl::OkStatus()
+                                        : context.accumulated(nonfinite);
+}
+
 absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,
                             absl::Span<const float> gradient,
-                            absl::Span<float> residual, OpStats* stats) {
+                            absl::Span<float> residual,
+                            const OpContext& context, OpStats* stats) {
   GM_CHECK(stats != nullptr);
   GM_RETURN_IF_ERROR(ValidateSizes(algorithm, n, gradient, residual));
-  if (!gradient.empty()) Accumulate(gradient, residual);
   *stats = OpStats{};
-  return absl::OkStatus();
+  return Accumulated(context, AccumulateFinite(gradient, residual));
 }
 
 void LeaveSelected(const sparse::SparseBlock& sent,

@@ -9,7 +9,8 @@
 //     residual there. Summed over workers, inputs = result + residuals (up to
 //     float rounding).
 //   - On error nothing is lost: `residual` then holds old residual + gradient
-//     (the whole input is fed back next time) and the status says why, with
+//     (the whole input is fed back next time; non-finite values are never
+//     added, see AllReduce) and the status says why, with
 //     codes chosen for the caller: Unavailable (peer gone), DeadlineExceeded,
 //     Aborted, InvalidArgument (bad size or a malformed peer message).
 //     The caller decides whether to Abort the transport.
@@ -21,6 +22,7 @@
 #define GRADMESH_WORKER_COLLECTIVES_COLLECTIVE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,10 @@ struct OpContext {
   uint64_t epoch = 0;
   uint64_t operation = 0;
   absl::Time deadline = absl::InfiniteFuture();
+  // Called once the gradient is in the residual (non-finite values left
+  // out), with their count; a non-OK status ends the operation with it
+  // before anything is sent, the gradient kept. May be empty.
+  std::function<absl::Status(uint64_t nonfinite)> accumulated;
 };
 
 // What one operation cost this worker and what it produced.
@@ -87,8 +93,10 @@ class Collective {
   virtual ~Collective() = default;
 
   // Runs one all-reduce and fills `stats` (not null). gradient.size() and
-  // residual.size() must equal the n the instance was created for; an empty
-  // `gradient` says that the caller has already added it into `residual`.
+  // residual.size() must equal the n the instance was created for. The
+  // gradient is read once, in the pass that adds its finite values into the
+  // residual; non-finite values never enter it (OpContext::accumulated
+  // hears how many there were).
   virtual absl::StatusOr<sparse::SparseBlock> AllReduce(
       absl::Span<const float> gradient, absl::Span<float> residual,
       const OpContext& context, OpStats* stats) = 0;
@@ -138,8 +146,7 @@ inline constexpr int kMaxWorldSize = 4096;
 absl::Status ValidateCommon(int world_size, int rank, uint64_t n,
                             double density);
 
-// InvalidArgument unless residual holds n values and gradient n or none
-// (already accumulated).
+// InvalidArgument unless gradient and residual both hold n values.
 absl::Status ValidateSizes(absl::string_view algorithm, uint64_t n,
                            absl::Span<const float> gradient,
                            absl::Span<const float> residual);
@@ -148,14 +155,24 @@ absl::Status ValidateSizes(absl::string_view algorithm, uint64_t n,
 // what a peer sent.
 absl::Status PeerError(const absl::Status& status, int peer);
 
+// residual += gradient where gradient is finite, in one pass; returns how
+// many values were not finite (left out).
+uint64_t AccumulateFinite(absl::Span<const float> gradient,
+                          absl::Span<float> residual);
+
+// The end of the accumulation pass: tells context.accumulated (if any).
+absl::Status Accumulated(const OpContext& context, uint64_t nonfinite);
+
 // The common start of an AllReduce: checks the sizes (InvalidArgument, and
 // nothing changes), accumulates the gradient into the residual (error
-// feedback's first step) and resets `stats` (not null). The residual then
-// holds the accumulator and must stay untouched until the operation has
-// succeeded, so that a failed operation loses nothing.
+// feedback's first step; AccumulateFinite, then Accumulated) and resets
+// `stats` (not null). The residual then holds the accumulator and must stay
+// untouched until the operation has succeeded, so that a failed operation
+// loses nothing.
 absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,
                             absl::Span<const float> gradient,
-                            absl::Span<float> residual, OpStats* stats);
+                            absl::Span<float> residual,
+                            const OpContext& context, OpStats* stats);
 
 // A locally selected block left, as rounded for the wire (wire.h): the
 // residual becomes 0 at its entries, plus what rounding took off (`loss`).

@@ -24,7 +24,8 @@ absl::StatusOr<std::unique_ptr<DenseRing>> DenseRing::Create(int world_size,
 absl::StatusOr<sparse::SparseBlock> DenseRing::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
-  GM_RETURN_IF_ERROR(BeginAllReduce("dense", n_, gradient, residual, stats));
+  GM_RETURN_IF_ERROR(
+      BeginAllReduce("dense", n_, gradient, residual, context, stats));
   std::copy(residual.begin(), residual.end(), sum_.begin());
   StepRunner runner(context, stats);
   const int p = world_size_;

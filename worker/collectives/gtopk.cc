@@ -25,7 +25,8 @@ absl::StatusOr<std::unique_ptr<GTopk>> GTopk::Create(int world_size, int rank,
 absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
-  GM_RETURN_IF_ERROR(BeginAllReduce("gTopk", n_, gradient, residual, stats));
+  GM_RETURN_IF_ERROR(
+      BeginAllReduce("gTopk", n_, gradient, residual, context, stats));
   sparse::SparseBlock selected = TimedTopKAbs(residual, k_, stats);
   const sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);

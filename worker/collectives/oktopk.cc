@@ -90,7 +90,8 @@ OkTopk::OkTopk(int world_size, int rank, uint64_t n,
 absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
-  GM_RETURN_IF_ERROR(BeginAllReduce("Ok-Topk", n_, gradient, residual, stats));
+  GM_RETURN_IF_ERROR(
+      BeginAllReduce("Ok-Topk", n_, gradient, residual, context, stats));
   StepRunner runner(context, stats);
   // Every call counts, failed or not, so that ranks whose calls ended
   // differently still agree on the periods of the next one.

@@ -98,12 +98,18 @@ absl::StatusOr<sparse::SparseBlock> SparDl::AllReduce(
     const OpContext& context, OpStats* stats) {
   GM_CHECK(stats != nullptr);
   GM_RETURN_IF_ERROR(ValidateSizes("SparDL", n_, gradient, residual));
-  // Step 1: acc = gradient + residual, in place, and its working copy.
-  if (!gradient.empty()) {
-    for (uint64_t i = 0; i < n_; ++i) residual[i] += gradient[i];
+  // Step 1: acc = gradient + residual, in place, and its working copy, in
+  // one pass (non-finite values left out, as AccumulateFinite does).
+  uint64_t nonfinite = 0;
+  for (uint64_t i = 0; i < n_; ++i) {
+    const float v = gradient[i];
+    const bool finite = std::isfinite(v);
+    residual[i] += finite ? v : 0.0f;
+    nonfinite += finite ? 0 : 1;
+    work_[i] = residual[i];
   }
-  std::copy(residual.begin(), residual.end(), work_.begin());
   *stats = OpStats{};
+  GM_RETURN_IF_ERROR(Accumulated(context, nonfinite));
   StepRunner runner(context, stats);
   GM_ASSIGN_OR_RETURN(sparse::SparseBlock result, Run(runner, stats));
   // Step 5: xi (and SAG shares) where the result has an entry.

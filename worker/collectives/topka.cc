@@ -92,7 +92,8 @@ absl::StatusOr<std::unique_ptr<TopkAllGather>> TopkAllGather::Create(
 absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
-  GM_RETURN_IF_ERROR(BeginAllReduce("TopkA", n_, gradient, residual, stats));
+  GM_RETURN_IF_ERROR(
+      BeginAllReduce("TopkA", n_, gradient, residual, context, stats));
   sparse::SparseBlock selected;
   {
     ScopedTimer timer(&stats->topk_seconds);

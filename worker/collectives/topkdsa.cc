@@ -134,7 +134,8 @@ absl::StatusOr<std::unique_ptr<TopkDsa>> TopkDsa::Create(
 absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
-  GM_RETURN_IF_ERROR(BeginAllReduce("TopkDSA", n_, gradient, residual, stats));
+  GM_RETURN_IF_ERROR(
+      BeginAllReduce("TopkDSA", n_, gradient, residual, context, stats));
   sparse::SparseBlock selected = TimedTopKAbs(residual, k_, stats);
   const sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);

@@ -16,19 +16,6 @@ absl::Status CheckOptions(const GroupConfig& group) {
       .status();
 }
 
-uint64_t AccumulateFinite(absl::Span<const float> gradient,
-                          absl::Span<float> residual) {
-  GM_CHECK(gradient.size() == residual.size());
-  uint64_t nonfinite = 0;
-  for (size_t i = 0; i < residual.size(); ++i) {
-    const float v = gradient[i];
-    const bool finite = std::isfinite(v);
-    residual[i] += finite ? v : 0.0f;
-    nonfinite += finite ? 0 : 1;
-  }
-  return nonfinite;
-}
-
 absl::StatusOr<std::shared_ptr<Engine::Buffer>> Engine::FindOrCreate(
     absl::string_view name, uint64_t n) {
   absl::MutexLock lock(&mu_);
@@ -55,18 +42,19 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
                       FindOrCreate(request.buffer, request.gradient.size()));
   absl::MutexLock lock(&buffer->mu);
   absl::Span<float> residual = absl::MakeSpan(buffer->residual);
-  const uint64_t nonfinite = AccumulateFinite(request.gradient, residual);
   auto run = [&]() -> absl::StatusOr<sparse::SparseBlock> {
-    if (request.agree != nullptr) {
-      GM_RETURN_IF_ERROR(request.agree(nonfinite));
-    }
     if (buffer->collective == nullptr ||
         buffer->collective_epoch != group.options.epoch) {
       buffer->collective.reset();
-      GM_ASSIGN_OR_RETURN(buffer->collective,
-                          collectives::CreateCollective(
-                              group.options.algorithm, group.transport->size(),
-                              group.transport->rank(), residual.size()));
+      auto collective = collectives::CreateCollective(
+          group.options.algorithm, group.transport->size(),
+          group.transport->rank(), residual.size());
+      if (!collective.ok()) {
+        // The promise of collective.h: the gradient is not lost.
+        collectives::AccumulateFinite(request.gradient, residual);
+        return collective.status();
+      }
+      buffer->collective = *std::move(collective);
       buffer->collective_epoch = group.options.epoch;
     }
     const collectives::OpContext context{
@@ -74,9 +62,10 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
         .epoch = group.options.epoch,
         .operation = request.operation,
         .deadline =
-            std::min(request.deadline, absl::Now() + group.options.timeout)};
-    // The gradient is in the residual already: an empty span says so.
-    return buffer->collective->AllReduce({}, residual, context, stats);
+            std::min(request.deadline, absl::Now() + group.options.timeout),
+        .accumulated = request.agree};
+    return buffer->collective->AllReduce(request.gradient, residual, context,
+                                         stats);
   };
   absl::StatusOr<sparse::SparseBlock> result = run();
   if (request.residual_out != nullptr) request.residual_out(residual);
@@ -88,7 +77,7 @@ absl::Status Engine::Keep(absl::string_view name,
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
                       FindOrCreate(name, gradient.size()));
   absl::MutexLock lock(&buffer->mu);
-  AccumulateFinite(gradient, absl::MakeSpan(buffer->residual));
+  collectives::AccumulateFinite(gradient, absl::MakeSpan(buffer->residual));
   return absl::OkStatus();
 }
 

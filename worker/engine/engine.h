@@ -18,8 +18,9 @@
 // daemon derives it from the operation's name: job, step, bucket), and the id
 // must be unique among the operations of an epoch.
 //
-// The gradient is read once: one pass adds it into the residual and counts
-// its non-finite values, which are left out (they never enter the residual).
+// The gradient is read once: the collective's first pass adds it into the
+// residual and counts its non-finite values, which are left out (they never
+// enter the residual).
 //
 // Thread-safe. The transports must outlive the calls that use them.
 #ifndef GRADMESH_WORKER_ENGINE_ENGINE_H_
@@ -127,11 +128,6 @@ class Engine {
   absl::flat_hash_map<std::string, std::shared_ptr<Buffer>> buffers_
       ABSL_GUARDED_BY(mu_);
 };
-
-// residual += gradient where gradient is finite, in one pass; returns how
-// many values were not finite (left out).
-uint64_t AccumulateFinite(absl::Span<const float> gradient,
-                          absl::Span<float> residual);
 
 }  // namespace gradmesh::engine
 
