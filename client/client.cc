@@ -40,7 +40,8 @@ struct Client::Impl {
   absl::Mutex mu;
   int rank ABSL_GUARDED_BY(mu) = -1;
   int size ABSL_GUARDED_BY(mu) = 0;
-  uint64_t next_sequence ABSL_GUARDED_BY(mu) = 0;
+  uint64_t next_sequence ABSL_GUARDED_BY(mu) = 0;      // broadcasts, barriers
+  uint64_t next_registration ABSL_GUARDED_BY(mu) = 0;  // every attempt
   // Calls in flight, each kept alive here until its callback has run.
   absl::flat_hash_map<grpc::ClientContext*, std::shared_ptr<void>> in_flight
       ABSL_GUARDED_BY(mu);
@@ -276,6 +277,10 @@ absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
   GM_ASSIGN_OR_RETURN(state->segment,
                       SharedSegment::Create(name, state->layout.bytes));
   request.set_shm_name(name);
+  {
+    absl::MutexLock lock(&impl_->mu);
+    request.set_index(impl_->next_registration++);
+  }
   grpc::ClientContext context;
   impl_->Prepare(&context);
   v1::RegisterResponse response;

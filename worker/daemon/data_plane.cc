@@ -36,6 +36,7 @@ struct DataPlane::Bucket {
   SharedSegment segment;
   absl::Mutex mu;  // one call at a time
   std::optional<uint64_t> last_step ABSL_GUARDED_BY(mu);
+  bool forgotten ABSL_GUARDED_BY(mu) = false;  // unregistered or replaced
 
   absl::Span<float> values() const {
     return {segment.at<float>(layout.values), layout.n};
@@ -121,7 +122,7 @@ DataPlane::DataPlane(ViewTracker* views, DataPlaneHooks hooks)
 
 absl::StatusOr<Membership> DataPlane::Register(
     const BucketName& name, const std::vector<TensorSpec>& tensors,
-    const std::string& shm_name, absl::Time deadline) {
+    const std::string& shm_name, uint64_t index, absl::Time deadline) {
   auto bucket = std::make_shared<Bucket>();
   bucket->name = name;
   bucket->key = Key(name);
@@ -133,10 +134,9 @@ absl::StatusOr<Membership> DataPlane::Register(
                       SharedSegment::Open(shm_name, bucket->layout.bytes));
   // Mapped: the name can go, so a client killed now leaves nothing behind.
   SharedSegment::Unlink(shm_name).IgnoreError();
-  uint64_t ordinal, nonce;
+  uint64_t nonce;
   {
     absl::MutexLock lock(&mu_);
-    ordinal = registrations_[name.job]++;  // never reused, even on failure
     nonce = absl::Uniform<uint64_t>(bitgen_);
   }
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
@@ -146,18 +146,19 @@ absl::StatusOr<Membership> DataPlane::Register(
   // never reuses the operation ids of the one before.
   std::string mine = bucket->descriptor;
   mine.append(reinterpret_cast<const char*>(&nonce), sizeof(nonce));
-  const uint64_t op = OperationId("register", name.job, ordinal);
+  const uint64_t op = OperationId("register", name.job, index);
   GM_ASSIGN_OR_RETURN(std::vector<std::string> all,
                       GatherSmall(*group, op, std::move(mine), deadline));
   for (int r = 0; r < group->size(); ++r) {
     const absl::string_view theirs = all[r];
     if (theirs.size() < sizeof(nonce) ||
         theirs.substr(0, theirs.size() - sizeof(nonce)) != bucket->descriptor) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("registration #", ordinal, " of job '", name.job,
-                       "' differs between workers: rank ", group->rank, " has ",
-                       bucket->descriptor, ", rank ", r, " has ",
-                       theirs.substr(0, std::min<size_t>(512, theirs.size()))));
+      const size_t shown = std::min<size_t>(
+          512, theirs.size() - std::min(theirs.size(), sizeof(nonce)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "registration #", index, " of job '", name.job,
+          "' differs between workers: rank ", group->rank, " has ",
+          bucket->descriptor, ", rank ", r, " has ", theirs.substr(0, shown)));
     }
   }
   std::memcpy(&bucket->id, all[0].data() + all[0].size() - sizeof(nonce),
@@ -176,7 +177,22 @@ absl::StatusOr<Membership> DataPlane::Register(
 
 void DataPlane::Forget(Bucket& bucket) {
   absl::MutexLock wait_for_idle(&bucket.mu);
+  bucket.forgotten = true;  // calls that found it before see this
   engine_.Drop(bucket.buffer);
+}
+
+absl::Status DataPlane::Usable(const Bucket& bucket,
+                               const std::function<bool()>& cancelled) const {
+  if (bucket.forgotten) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket '", bucket.name.bucket, "' of job '", bucket.name.job,
+        "' was unregistered or registered again"));
+  }
+  // The client gave up while this call waited: its memory is its own again.
+  if (cancelled != nullptr && cancelled()) {
+    return absl::CancelledError("the client gave up before the call started");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DataPlane::Unregister(const BucketName& name) {
@@ -270,7 +286,10 @@ absl::StatusOr<ReduceResult> DataPlane::AllReduce(const ReduceCall& call,
                                                   absl::Time deadline) {
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(call.name));
   absl::MutexLock lock(&bucket->mu);
-  absl::StatusOr<ReduceResult> result = Run(call, *bucket, deadline);
+  const absl::Status usable = Usable(*bucket, call.cancelled);
+  absl::StatusOr<ReduceResult> result =
+      usable.ok() ? Run(call, *bucket, deadline)
+                  : absl::StatusOr<ReduceResult>(usable);
   if (!result.ok() && hooks_.metrics != nullptr) {
     hooks_.metrics->operations(absl::StatusCodeToString(result.status().code()))
         .Increment();
@@ -422,6 +441,7 @@ absl::StatusOr<Membership> DataPlane::Broadcast(const BucketName& name,
   }
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(name));
   absl::MutexLock lock(&bucket->mu);
+  GM_RETURN_IF_ERROR(Usable(*bucket, nullptr));
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
                       views_->Acquire(std::nullopt, deadline));
   if (root < 0 || root >= group->size()) {

@@ -110,10 +110,13 @@ class DataPlane {
   // starts with no residual. InvalidArgument for bad specs, a segment of the
   // wrong size, or a disagreement; PermissionDenied for a segment that is not
   // this user's alone.
+  // `index` numbers the caller's registrations in the job (0, 1, ... for
+  // every attempt): the members' registrations with equal numbers are
+  // compared.
   absl::StatusOr<Membership> Register(const BucketName& name,
                                       const std::vector<TensorSpec>& tensors,
                                       const std::string& shm_name,
-                                      absl::Time deadline);
+                                      uint64_t index, absl::Time deadline);
 
   // Unmaps the bucket and forgets its residual. NotFound if unknown.
   absl::Status Unregister(const BucketName& name);
@@ -139,6 +142,10 @@ class DataPlane {
   absl::StatusOr<std::shared_ptr<Bucket>> Find(const BucketName& name) const;
   // Waits for an operation in flight on `bucket`, then drops its residual.
   void Forget(Bucket& bucket);
+  // With bucket.mu held: an error if it was forgotten, or if the caller has
+  // given up (its memory must not be read).
+  absl::Status Usable(const Bucket& bucket,
+                      const std::function<bool()>& cancelled) const;
   absl::StatusOr<std::vector<std::string>> GatherSmall(const Group& group,
                                                        uint64_t operation,
                                                        std::string mine,
@@ -162,8 +169,6 @@ class DataPlane {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Bucket>> buckets_
       ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, uint64_t> registrations_
-      ABSL_GUARDED_BY(mu_);  // per job
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -41,9 +41,9 @@ grpc::Status SdkService::Register(grpc::ServerContext* context,
   for (const v1::TensorSpec& t : request->tensors()) {
     tensors.push_back({.name = t.name(), .size = t.size()});
   }
-  absl::StatusOr<Membership> joined =
-      plane_->Register({request->job(), request->bucket()}, tensors,
-                       request->shm_name(), Deadline(*context));
+  absl::StatusOr<Membership> joined = plane_->Register(
+      {request->job(), request->bucket()}, tensors, request->shm_name(),
+      request->index(), Deadline(*context));
   if (!joined.ok()) return ToGrpc(joined.status());
   response->set_epoch(joined->epoch);
   response->set_rank(joined->rank);

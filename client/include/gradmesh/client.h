@@ -41,17 +41,19 @@
 //     changed): the failed step's gradient is in the residual already.
 //   - Unavailable: the worker or a peer is gone or shutting down.
 //   - DeadlineExceeded: ClientOptions::timeout passed. Cancelled: the client
-//     was destroyed with the call in flight. After either, the worker may
-//     still finish the step; it never writes a result for a call its client
-//     has given up on (a small window remains between its check and its
-//     write).
+//     was destroyed with the call in flight. After either, the memory is the
+//     caller's again: a worker that had not started the step drops it
+//     without reading the gradient (it is not kept); one that had started
+//     it may finish it, but writes no result for a call its client has given
+//     up on (a small window remains between its check and its write).
 //   - InvalidArgument: bad names or sizes; buckets that differ between
 //     workers (reported on every worker, without a hang); NaN or Inf in any
 //     worker's gradient (policy: the step is skipped on every worker,
 //     non-finite values are dropped and the finite ones kept in the
 //     residual); a step number not after the bucket's last (each number is
 //     used once: after a failure, continue with the next one).
-//   Whenever a step fails, the gradient pushed with it stays in the worker's
+//   Whenever a step fails (other than by the client giving up before the
+//   worker started it), the gradient pushed with it stays in the worker's
 //   residual and the next step carries it: nothing is lost. (So a step
 //   pushed twice under one number counts twice.)
 //

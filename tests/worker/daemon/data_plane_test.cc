@@ -57,7 +57,7 @@ class Workers {
     const std::string shm = SharedSegment::UniqueName(name.bucket);
     auto segment = SharedSegment::Create(shm, SegmentLayout(n).bytes);
     if (!segment.ok()) return segment.status();
-    auto joined = planes_[r]->Register(name, t, shm, Soon());
+    auto joined = planes_[r]->Register(name, t, shm, next_index_[r]++, Soon());
     EXPECT_TRUE(SharedSegment::Unlink(shm).ok());
     if (!joined.ok()) return joined.status();
     return segment;
@@ -95,6 +95,7 @@ class Workers {
   }
 
   transport::LoopbackNetwork net_;
+  std::vector<uint64_t> next_index_ = std::vector<uint64_t>(64, 0);
   ViewInfo view_;
   std::vector<std::unique_ptr<ViewTracker>> views_;
   std::vector<std::unique_ptr<DataPlane>> planes_;
@@ -309,7 +310,7 @@ TEST(DataPlaneTest, RefusedStepsKeepTheGradient) {
   ASSERT_TRUE(early.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(
       w.plane(0)
-          .Register({"job", "b"}, {{"t", kN}}, shm,
+          .Register({"job", "b"}, {{"t", kN}}, shm, /*index=*/99,
                     absl::Now() + absl::Milliseconds(50))
           .status()));
   ASSERT_TRUE(SharedSegment::Unlink(shm).ok());
