@@ -90,12 +90,14 @@ OkTopk::OkTopk(int world_size, int rank, uint64_t n,
 absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
     absl::Span<const float> gradient, absl::Span<float> residual,
     const OpContext& context, OpStats* stats) {
+  GM_RETURN_IF_ERROR(ValidateSizes("Ok-Topk", n_, gradient, residual));
+  // Every call counts, failed or not (in the agreement of
+  // OpContext::accumulated too), so that ranks whose calls ended
+  // differently still agree on the periods of the next one.
+  const uint64_t t = iteration_++;
   GM_RETURN_IF_ERROR(
       BeginAllReduce("Ok-Topk", n_, gradient, residual, context, stats));
   StepRunner runner(context, stats);
-  // Every call counts, failed or not, so that ranks whose calls ended
-  // differently still agree on the periods of the next one.
-  const uint64_t t = iteration_++;
   const bool evaluate = t % options_.tau_prime == 0;
   const bool repartition = t % options_.tau == 0;
 

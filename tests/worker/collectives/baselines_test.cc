@@ -438,6 +438,40 @@ TEST_P(BaselineCostTest, TopkDsaAndOkTopkMeetTableOne) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, BaselineCostTest, ::testing::Range(1, 17));
 
+// A call that fails in the caller's agreement (OpContext::accumulated)
+// still counts toward Ok-Topk's periods, so that a rank whose agreement
+// failed stays in step with one whose call failed later; the gradient stays
+// in the residual.
+TEST(OkTopkTest, CallsFailedInTheAgreementCountTowardThePeriods) {
+  constexpr uint64_t kN = 200;
+  transport::LoopbackNetwork network(1);
+  auto instance = *CreateCollective({.algorithm = "oktopk",
+                                     .density = 0.05,
+                                     .oktopk_tau = 100,
+                                     .oktopk_tau_prime = 2},
+                                    1, 0, kN);
+  std::vector<float> residual(kN, 0.0f);
+  const std::vector<float> gradient = RandomVector(kN, 3);
+  std::vector<int64_t> evaluated;
+  for (int call = 0; call < 3; ++call) {
+    OpContext context{.transport = network.endpoint(0),
+                      .operation = static_cast<uint64_t>(call)};
+    if (call == 1) {
+      context.accumulated = [](uint64_t) {
+        return absl::InvalidArgumentError("refused");
+      };
+    }
+    OpStats stats;
+    auto result = instance->AllReduce(gradient, absl::MakeSpan(residual),
+                                      context, &stats);
+    EXPECT_EQ(result.ok(), call != 1) << result.status();
+    evaluated.push_back(stats.detail("thresholds_evaluated"));
+  }
+  // Calls 0 and 2 re-evaluate (period 2); the failed call 1 was counted.
+  EXPECT_EQ(evaluated[0], 1);
+  EXPECT_EQ(evaluated[2], 1);
+}
+
 // TopkDSA switches a partition to dense exactly when |H1| + |H2| passes
 // delta = N/2: with N = 40 per partition (delta = 20) and every worker
 // putting k/P values into each partition, at indices no other worker uses,
