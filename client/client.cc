@@ -161,7 +161,9 @@ absl::StatusOr<ReduceInfo> Handle::Wait() {
                     .seconds = r.seconds(),
                     .rounds = r.rounds(),
                     .bytes_sent = r.bytes_sent(),
-                    .bytes_received = r.bytes_received()};
+                    .bytes_received = r.bytes_received(),
+                    .tensors = r.tensors(),
+                    .tensors_missing = r.tensors_missing()};
 }
 
 // ------------------------------------------------------------------- Client
@@ -251,7 +253,8 @@ int Client::size() const {
 const std::string& Client::job() const { return impl_->job; }
 
 absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
-    const std::string& bucket, const std::vector<TensorSpec>& tensors) {
+    const std::string& bucket, const std::vector<TensorSpec>& tensors,
+    const RegisterOptions& options) {
   auto state = std::make_unique<TensorSet::State>();
   state->client = impl_;
   state->bucket = bucket;
@@ -260,6 +263,9 @@ absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
   v1::RegisterRequest request;
   request.set_job(impl_->job);
   request.set_bucket(bucket);
+  request.set_fusion(options.fusion == Fusion::kAfterFusion
+                         ? v1::FUSION_AFTER_FUSION
+                         : v1::FUSION_PER_TENSOR_QUOTA);
   for (const TensorSpec& t : tensors) {
     state->offsets.push_back(state->offsets.back() + t.size);
     v1::TensorSpec* spec = request.add_tensors();

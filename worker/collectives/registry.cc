@@ -32,7 +32,8 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     return Upcast(SparDl::Create(world_size, rank, n,
                                  {.density = options.density,
                                   .teams = options.teams,
-                                  .wire = options.wire}));
+                                  .wire = options.wire,
+                                  .tensor_starts = options.tensor_starts}));
   }
   // Only SparDL has teams; d = 1 is the one value the others accept.
   if (options.teams != 1 &&
@@ -51,7 +52,7 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
                                         name == "topka"
                                             ? LocalSelection::kExactTopK
                                             : LocalSelection::kGaussian,
-                                        options.wire));
+                                        options.wire, options.tensor_starts));
   }
   if (name == "topkdsa") {
     return Upcast(TopkDsa::Create(world_size, rank, n, options.density,

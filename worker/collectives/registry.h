@@ -23,6 +23,11 @@ struct AlgorithmOptions {
   int quantize_bits = 0;      // TopkDSA's dense phase: 0 (off), 2, 4 or 8
   uint64_t seed = 1;          // seeds randomized rounding
   WireFormat wire;            // how sparse blocks travel (wire.h)
+  // The first index of each tensor fused in the buffer, for the algorithms
+  // that split every selection's quota per tensor (SparDL, TopkA:
+  // tensor_quota.h); the others select over the whole buffer. Empty: one
+  // vector.
+  std::vector<uint64_t> tensor_starts;
 };
 
 // The names CreateCollective accepts.

@@ -83,6 +83,7 @@ SparDl::SparDl(int world_size, int rank, uint64_t n,
       n_(n),
       k_(SelectionSize(n, options.density)),
       codec_(options.wire),
+      tensors_(options.tensor_starts),
       work_(n),
       h_controller_(0, 1) {
   const int p = layout_.team_size();
@@ -169,7 +170,7 @@ absl::Status SparDl::RecursiveSag(StepRunner& runner) {
     const sparse::SparseBlock sum = team_ < partners[t]
                                         ? sparse::Add(own_, *received)
                                         : sparse::Add(*received, own_);
-    kernels::SplitTopKAbs(sum, quotas_[position_], &own_, &dropped);
+    tensors_.SplitTopK(sum, quotas_[position_], range, &own_, &dropped);
     // 2^(t+1) workers now hold this identical discard, and round own_ alike.
     const float share = std::ldexp(1.0f, -static_cast<int>(t + 1));
     KeepShare(codec_.Round(&own_, &dropped), share);
@@ -184,7 +185,7 @@ absl::Status SparDl::BruckSag(StepRunner& runner, OpStats* stats) {
   const uint64_t h = h_controller_.h();
   std::vector<sparse::SparseBlock> team_blocks(d);
   sparse::SparseBlock dropped;
-  kernels::SplitTopKAbs(own_, h, &team_blocks[team_], &dropped);
+  tensors_.SplitTopK(own_, h, range, &team_blocks[team_], &dropped);
   KeepShare(dropped, 1.0f);
 
   Group teams;
@@ -202,7 +203,7 @@ absl::Status SparDl::BruckSag(StepRunner& runner, OpStats* stats) {
     team_blocks[t] = *std::move(block);
   }
   const sparse::SparseBlock sum = SumInOrder(std::move(team_blocks));
-  kernels::SplitTopKAbs(sum, quotas_[position_], &own_, &dropped);
+  tensors_.SplitTopK(sum, quotas_[position_], range, &own_, &dropped);
   const float share = 1.0f / static_cast<float>(d);
   KeepShare(codec_.Round(&own_, &dropped), share);
   KeepShare(dropped, share);
@@ -264,8 +265,7 @@ sparse::SparseBlock SparDl::CutBlock(int b, OpStats* stats) {
   sparse::SparseBlock kept;
   {
     ScopedTimer timer(&stats->topk_seconds);
-    kept =
-        kernels::TopKAbs(block, quotas_[b], static_cast<uint32_t>(range.begin));
+    kept = tensors_.TopK(block, quotas_[b], range.begin);
   }
   for (uint32_t i : kept.indices) work_[i] = 0.0f;
   // What wire rounding takes off, or drops, stays here like any discard.

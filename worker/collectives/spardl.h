@@ -57,6 +57,7 @@
 #include "absl/status/statusor.h"
 #include "worker/collectives/collective.h"
 #include "worker/collectives/schedule.h"
+#include "worker/collectives/tensor_quota.h"
 #include "worker/collectives/wire.h"
 
 namespace gradmesh::collectives {
@@ -65,6 +66,9 @@ struct SparDlOptions {
   double density = 0.01;  // k / n, in (0, 1]
   int teams = 1;          // d, must divide the world size
   WireFormat wire;        // how blocks travel (wire.h)
+  // The first index of each tensor fused in the buffer: every selection
+  // splits its quota per tensor (tensor_quota.h). Empty: one vector.
+  std::vector<uint64_t> tensor_starts;
 };
 
 // Algorithm 2 of the paper: the compression-ratio (h) adjustment of B-SAG for
@@ -126,6 +130,7 @@ class SparDl : public Collective {
   const uint64_t n_;
   const uint64_t k_;
   const BlockCodec codec_;
+  const TensorQuotas tensors_;  // how each selection splits its quota
   std::vector<sparse::IndexRange> ranges_;  // the p blocks
   std::vector<uint64_t> quotas_;
   std::vector<float> work_;

@@ -3,6 +3,7 @@
 #include <cfloat>
 #include <cmath>
 #include <numbers>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -83,10 +84,12 @@ sparse::SparseBlock GaussianSelect(absl::Span<const float> x, uint64_t k) {
 
 absl::StatusOr<std::unique_ptr<TopkAllGather>> TopkAllGather::Create(
     int world_size, int rank, uint64_t n, double density,
-    LocalSelection selection, const WireFormat& wire) {
+    LocalSelection selection, const WireFormat& wire,
+    std::vector<uint64_t> tensor_starts) {
   GM_RETURN_IF_ERROR(ValidateCommon(world_size, rank, n, density));
-  return std::unique_ptr<TopkAllGather>(new TopkAllGather(
-      world_size, rank, n, SelectionSize(n, density), selection, wire));
+  return std::unique_ptr<TopkAllGather>(
+      new TopkAllGather(world_size, rank, n, SelectionSize(n, density),
+                        selection, wire, std::move(tensor_starts)));
 }
 
 absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
@@ -98,7 +101,7 @@ absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
   {
     ScopedTimer timer(&stats->topk_seconds);
     selected = selection_ == LocalSelection::kExactTopK
-                   ? kernels::TopKAbs(residual, k_, 0)
+                   ? tensors_.TopK(residual, k_, 0)
                    : GaussianSelect(residual, k_);
   }
   stats->SetDetail("selected", static_cast<int64_t>(selected.size()));

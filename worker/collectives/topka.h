@@ -24,6 +24,7 @@
 #include <memory>
 
 #include "worker/collectives/collective.h"
+#include "worker/collectives/tensor_quota.h"
 #include "worker/collectives/wire.h"
 
 namespace gradmesh::collectives {
@@ -34,7 +35,8 @@ class TopkAllGather : public Collective {
  public:
   static absl::StatusOr<std::unique_ptr<TopkAllGather>> Create(
       int world_size, int rank, uint64_t n, double density,
-      LocalSelection selection, const WireFormat& wire = {});
+      LocalSelection selection, const WireFormat& wire = {},
+      std::vector<uint64_t> tensor_starts = {});
 
   absl::StatusOr<sparse::SparseBlock> AllReduce(
       absl::Span<const float> gradient, absl::Span<float> residual,
@@ -42,13 +44,15 @@ class TopkAllGather : public Collective {
 
  private:
   TopkAllGather(int world_size, int rank, uint64_t n, uint64_t k,
-                LocalSelection selection, const WireFormat& wire)
+                LocalSelection selection, const WireFormat& wire,
+                std::vector<uint64_t> tensor_starts)
       : world_size_(world_size),
         rank_(rank),
         n_(n),
         k_(k),
         selection_(selection),
-        codec_(wire) {}
+        codec_(wire),
+        tensors_(std::move(tensor_starts)) {}
 
   const int world_size_;
   const int rank_;
@@ -56,6 +60,8 @@ class TopkAllGather : public Collective {
   const uint64_t k_;
   const LocalSelection selection_;
   const BlockCodec codec_;
+  // kExactTopK's quota per tensor (tensor_quota.h); kGaussian ignores it.
+  const TensorQuotas tensors_;
 };
 
 // The standard normal percent-point function (inverse CDF) for p in (0, 1),

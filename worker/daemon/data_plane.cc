@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "worker/collectives/primitives.h"
+#include "worker/collectives/tensor_quota.h"
 #include "worker/daemon/worker_metrics.h"
 
 namespace gradmesh::daemon {
@@ -30,8 +31,10 @@ struct DataPlane::Bucket {
   std::string key;         // "job/bucket"
   uint64_t id = 0;         // this registration's, agreed by the members
   std::string buffer;      // the engine's buffer: key and id
-  std::string descriptor;  // bucket name, tensor names and sizes
+  std::string descriptor;  // bucket name, tensor names and sizes, options
   uint64_t fingerprint = 0;
+  std::vector<uint64_t> tensor_starts;  // each tensor's first index
+  bool per_tensor_quota = true;
   SegmentLayout layout{0};
   SharedSegment segment;
   absl::Mutex mu;  // one call at a time
@@ -122,12 +125,21 @@ DataPlane::DataPlane(ViewTracker* views, DataPlaneHooks hooks)
 
 absl::StatusOr<Membership> DataPlane::Register(
     const BucketName& name, const std::vector<TensorSpec>& tensors,
-    const std::string& shm_name, uint64_t index, absl::Time deadline) {
+    const std::string& shm_name, uint64_t index, absl::Time deadline,
+    const BucketOptions& options) {
   auto bucket = std::make_shared<Bucket>();
   bucket->name = name;
   bucket->key = Key(name);
   uint64_t n = 0;
   GM_ASSIGN_OR_RETURN(bucket->descriptor, Describe(name, tensors, &n));
+  if (!options.per_tensor_quota) {
+    absl::StrAppend(&bucket->descriptor, " after-fusion");
+  }
+  bucket->per_tensor_quota = options.per_tensor_quota;
+  for (uint64_t start = 0; const TensorSpec& t : tensors) {
+    bucket->tensor_starts.push_back(start);
+    start += t.size;
+  }
   bucket->fingerprint = Fnv1a(bucket->descriptor);
   bucket->layout = SegmentLayout(n);
   GM_ASSIGN_OR_RETURN(bucket->segment,
@@ -330,6 +342,7 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
                             record.nonfinite = nonfinite;
                             return Agree(g, bucket, agree_op, record, deadline);
                           }};
+  if (bucket.per_tensor_quota) request.tensor_starts = bucket.tensor_starts;
   if (call.return_residual) {
     request.residual_out = [&](absl::Span<const float> residual) {
       std::memcpy(bucket.segment.at<float>(bucket.layout.residual),
@@ -361,7 +374,10 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   }
   WriteResult(call, bucket, *result, g.size());
   out.nonzeros = result->size();
-  Record(out, g);
+  out.tensors = bucket.tensor_starts.size();
+  out.tensors_missing = collectives::CountMissingTensors(
+      bucket.tensor_starts, bucket.layout.n, *result);
+  Record(out, g, bucket.per_tensor_quota);
   if (hooks_.on_success) hooks_.on_success(out);
   return out;
 }
@@ -385,9 +401,14 @@ void DataPlane::WriteResult(const ReduceCall& call, const Bucket& bucket,
   }
 }
 
-void DataPlane::Record(const ReduceResult& result, const Group& group) {
+void DataPlane::Record(const ReduceResult& result, const Group& group,
+                       bool per_tensor_quota) {
   if (hooks_.metrics == nullptr) return;
   WorkerMetrics& m = *hooks_.metrics;
+  const std::string fusion = per_tensor_quota ? "per_tensor" : "after_fusion";
+  m.tensors_reduced(fusion).Increment(static_cast<double>(result.tensors));
+  m.tensors_missing(fusion).Increment(
+      static_cast<double>(result.tensors_missing));
   const collectives::OpStats& stats = result.stats;
   const std::string& algorithm = result.plan.algorithm;
   m.operations("OK").Increment();

@@ -55,6 +55,13 @@ struct TensorSpec {
   uint64_t size = 0;
 };
 
+// How a bucket's selections treat its tensors (the SDK's Fusion).
+struct BucketOptions {
+  // Split every selection's quota per tensor (SAFusion), rather than one
+  // top-k over the fused bucket.
+  bool per_tensor_quota = true;
+};
+
 struct BucketName {
   std::string job;
   std::string bucket;
@@ -80,6 +87,8 @@ struct ReduceResult {
   double seconds = 0;
   uint64_t step = 0;
   uint64_t values = 0;  // the bucket's size
+  uint64_t tensors = 0;
+  uint64_t tensors_missing = 0;  // with no entry in the result
   collectives::OpStats stats;
 };
 
@@ -112,11 +121,12 @@ class DataPlane {
   // this user's alone.
   // `index` numbers the caller's registrations in the job (0, 1, ... for
   // every attempt): the members' registrations with equal numbers are
-  // compared.
+  // compared. `options` are part of what must agree.
   absl::StatusOr<Membership> Register(const BucketName& name,
                                       const std::vector<TensorSpec>& tensors,
                                       const std::string& shm_name,
-                                      uint64_t index, absl::Time deadline);
+                                      uint64_t index, absl::Time deadline,
+                                      const BucketOptions& options = {});
 
   // Unmaps the bucket and forgets its residual. NotFound if unknown.
   absl::Status Unregister(const BucketName& name);
@@ -158,7 +168,8 @@ class DataPlane {
                                    absl::Time deadline);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
                    const sparse::SparseBlock& result, int world_size);
-  void Record(const ReduceResult& result, const Group& group);
+  void Record(const ReduceResult& result, const Group& group,
+              bool per_tensor_quota);
 
   ViewTracker* const views_;
   const DataPlaneHooks hooks_;

@@ -43,7 +43,8 @@ grpc::Status SdkService::Register(grpc::ServerContext* context,
   }
   absl::StatusOr<Membership> joined = plane_->Register(
       {request->job(), request->bucket()}, tensors, request->shm_name(),
-      request->index(), Deadline(*context));
+      request->index(), Deadline(*context),
+      {.per_tensor_quota = request->fusion() != v1::FUSION_AFTER_FUSION});
   if (!joined.ok()) return ToGrpc(joined.status());
   response->set_epoch(joined->epoch);
   response->set_rank(joined->rank);
@@ -80,6 +81,8 @@ grpc::Status SdkService::AllReduce(grpc::ServerContext* context,
   response->set_rounds(result->stats.rounds);
   response->set_bytes_sent(result->stats.bytes_sent);
   response->set_bytes_received(result->stats.bytes_received);
+  response->set_tensors(result->tensors);
+  response->set_tensors_missing(result->tensors_missing);
   return grpc::Status::OK;
 }
 

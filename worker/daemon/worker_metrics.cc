@@ -56,6 +56,18 @@ WorkerMetrics::WorkerMetrics()
                          .Name("gradmesh_worker_frames_dropped_total")
                          .Help("Peer frames dropped, by reason")
                          .Register(r);
+  tensors_reduced_ = &BuildCounter()
+                          .Name("gradmesh_worker_tensors_reduced_total")
+                          .Help(
+                              "Tensors in the buckets of successful "
+                              "all-reduces, by fusion mode")
+                          .Register(r);
+  tensors_missing_ = &BuildCounter()
+                          .Name("gradmesh_worker_tensors_missing_total")
+                          .Help(
+                              "Tensors with no entry in an all-reduce's "
+                              "result, by fusion mode")
+                          .Register(r);
   bsag_h_ = &BuildGauge()
                  .Name("gradmesh_worker_bsag_h")
                  .Help("h of SparDL's B-SAG in the last all-reduce")
@@ -140,6 +152,12 @@ prometheus::Counter& WorkerMetrics::operations(const std::string& code) {
 }
 prometheus::Counter& WorkerMetrics::frames_dropped(const std::string& reason) {
   return frames_dropped_->Add({{"reason", reason}});
+}
+prometheus::Counter& WorkerMetrics::tensors_reduced(const std::string& fusion) {
+  return tensors_reduced_->Add({{"fusion", fusion}});
+}
+prometheus::Counter& WorkerMetrics::tensors_missing(const std::string& fusion) {
+  return tensors_missing_->Add({{"fusion", fusion}});
 }
 
 }  // namespace gradmesh::daemon

@@ -11,6 +11,10 @@
 //   gradmesh_worker_operations_total{code}              counter (OK or error)
 //   gradmesh_worker_frames_dropped_total{reason}        counter
 //   gradmesh_worker_late_views_total                    counter
+//   gradmesh_worker_tensors_reduced_total{fusion}       counter: tensors in
+//   gradmesh_worker_tensors_missing_total{fusion}       counter: with no entry
+//       in the result (fusion: per_tensor or after_fusion); the
+//       tensor-missing rate is rate(missing) / rate(reduced)
 //
 // Thread-safe (prometheus-cpp's metrics are).
 #ifndef GRADMESH_WORKER_DAEMON_WORKER_METRICS_H_
@@ -57,6 +61,8 @@ class WorkerMetrics {
       const std::vector<std::pair<std::string, double>>& norms);
   prometheus::Counter& operations(const std::string& code);
   prometheus::Counter& frames_dropped(const std::string& reason);
+  prometheus::Counter& tensors_reduced(const std::string& fusion);
+  prometheus::Counter& tensors_missing(const std::string& fusion);
   prometheus::Gauge& bsag_h() { return *bsag_h_; }
   prometheus::Gauge& teams() { return *teams_; }
   prometheus::Gauge& epoch() { return *epoch_; }
@@ -77,6 +83,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>* residual_norm_;
   prometheus::Family<prometheus::Counter>* operations_;
   prometheus::Family<prometheus::Counter>* frames_dropped_;
+  prometheus::Family<prometheus::Counter>* tensors_reduced_;
+  prometheus::Family<prometheus::Counter>* tensors_missing_;
   prometheus::Gauge* bsag_h_;
   prometheus::Gauge* teams_;
   prometheus::Gauge* epoch_;

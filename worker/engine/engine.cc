@@ -46,9 +46,12 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
     if (buffer->collective == nullptr ||
         buffer->collective_epoch != group.options.epoch) {
       buffer->collective.reset();
+      collectives::AlgorithmOptions options = group.options.algorithm;
+      options.tensor_starts.assign(request.tensor_starts.begin(),
+                                   request.tensor_starts.end());
       auto collective = collectives::CreateCollective(
-          group.options.algorithm, group.transport->size(),
-          group.transport->rank(), residual.size());
+          options, group.transport->size(), group.transport->rank(),
+          residual.size());
       if (!collective.ok()) {
         // The promise of collective.h: the gradient is not lost.
         collectives::AccumulateFinite(request.gradient, residual);

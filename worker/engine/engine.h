@@ -73,6 +73,11 @@ struct Request {
   // Called last, success or failure, still holding the buffer: sees the
   // residual the operation left.
   std::function<void(absl::Span<const float> residual)> residual_out;
+  // The first index of each tensor fused in the buffer, for selections that
+  // split their quota per tensor (AlgorithmOptions::tensor_starts). Read
+  // when the buffer's collective is built (its first call in an epoch); a
+  // buffer keeps its tensors for life. Empty: one vector.
+  absl::Span<const uint64_t> tensor_starts;
 };
 
 class Engine {

@@ -83,6 +83,25 @@ struct TensorSpec {
 enum class ReduceOp { kSum, kMean };
 enum class ResultLayout { kDense, kSparse };
 
+// How a bucket's top-k selections treat its tensors.
+//   kPerTensorQuota (SAFusion's sparsification ahead of fusion): every
+//     selection the algorithm makes over a range of the bucket splits its
+//     quota over the tensors in that range in proportion to their share of
+//     it, at least one value each while the quota has one per tensor, and
+//     selects each tensor's top values within its own part; so a tensor of
+//     small gradients beside one of large gradients is not left out. Applies
+//     to SparDL and TopkA; gTopk, TopkDSA, Ok-Topk and Gaussiank select over
+//     the whole bucket (as kAfterFusion) whatever the setting, and dense
+//     needs no selection.
+//   kAfterFusion: the fused bucket is one vector and its top-k is global (the
+//     usual sparsify-after-fusion); ReduceInfo::tensors_missing shows what
+//     that costs.
+enum class Fusion { kPerTensorQuota, kAfterFusion };
+
+struct RegisterOptions {
+  Fusion fusion = Fusion::kPerTensorQuota;
+};
+
 struct ClientOptions {
   // The worker: "unix:/path" or "host:port". Empty: $GRADMESH_WORKER.
   std::string worker;
@@ -121,6 +140,8 @@ struct ReduceInfo {
   int rounds = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  uint64_t tensors = 0;          // in the bucket
+  uint64_t tensors_missing = 0;  // tensors with no entry in the result
 };
 
 struct AllReduceOptions {
@@ -205,9 +226,10 @@ class Client {
 
   // Registers bucket `bucket` of this job: creates its shared memory,
   // has the worker map it, and checks with every worker that they register
-  // the same bucket.
+  // the same bucket (its options included).
   absl::StatusOr<std::unique_ptr<TensorSet>> Register(
-      const std::string& bucket, const std::vector<TensorSpec>& tensors);
+      const std::string& bucket, const std::vector<TensorSpec>& tensors,
+      const RegisterOptions& options = {});
 
   // Starts summing `set` across the workers for `step`; returns at once.
   Handle AllReduceAsync(TensorSet& set, uint64_t step,
