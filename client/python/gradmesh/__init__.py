@@ -1,0 +1,269 @@
+"""gradmesh for Python: sum gradients across workers through the node's daemon.
+
+Horovod's conventions, over gradmesh's C++ SDK (the extension _gradmesh):
+
+    import gradmesh
+    gradmesh.init()                      # from the env `gradmesh run` sets
+    print(gradmesh.rank(), gradmesh.size())
+    total = gradmesh.allreduce(tensor, name="grad", op=gradmesh.Sum)
+    h = gradmesh.allreduce_async(tensor, name="other")
+    ...
+    mean = gradmesh.synchronize(h)
+    gradmesh.broadcast_parameters(model.state_dict(), root_rank=0)
+
+For PyTorch training, gradmesh.torch has DistributedOptimizer and a DDP
+communication hook.
+
+Tensors are float32 numpy arrays or CPU torch tensors. Each named tensor is
+a bucket of the job in shared memory with the worker: the values go in with
+one copy and the result comes back with one (none for a tensor from
+gradmesh.buffer(), which already lives there). The sum is of the values the
+cluster's algorithm selects (SparDL at 1% by default); what is not selected
+stays in the worker's residual and joins a later step (error feedback), so
+nothing is lost. Errors from the cluster raise GradmeshError, whose .code is
+the status code's name: "ABORTED" (membership changed: go on with the next
+step), "UNAVAILABLE", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT" (bad input,
+buckets that differ between processes, NaN or Inf in a gradient).
+"""
+
+import os
+import threading
+
+import numpy as np
+
+from gradmesh._gradmesh import (  # noqa: F401  (re-exported)
+    Client,
+    GradmeshError,
+    Handle,
+    Plan,
+    ReduceInfo,
+    TensorSet,
+)
+
+Sum = "sum"
+Average = "mean"
+
+_lock = threading.Lock()
+_client = None
+_buckets = {}  # name -> _Bucket
+_broadcasts = 0
+
+
+class _Bucket:
+    """A registered tensor set and the next step number of its name."""
+
+    def __init__(self, tensor_set):
+        self.set = tensor_set
+        self.values = tensor_set.values()
+        self.step = 0
+
+    def next_step(self):
+        step = self.step
+        self.step += 1
+        return step
+
+
+def init(worker=None, job=None, timeout=300.0):
+    """Connects to this node's worker and waits until it is in a view.
+
+    worker and job default to $GRADMESH_WORKER and $GRADMESH_JOB, which
+    `gradmesh run` sets. Calling init again is a no-op.
+    """
+    global _client
+    with _lock:
+        if _client is None:
+            _client = Client.connect(worker or "", job or "", timeout)
+    return _client
+
+
+def shutdown():
+    """Forgets every bucket (their residuals too) and disconnects."""
+    global _client
+    with _lock:
+        _buckets.clear()
+        _client = None
+
+
+def _the_client():
+    if _client is None:
+        raise GradmeshError("gradmesh.init() has not been called")
+    return _client
+
+
+def is_initialized():
+    return _client is not None
+
+
+def rank():
+    """This process's rank in the worker group (as of the latest call)."""
+    return _the_client().rank
+
+
+def size():
+    """The number of workers."""
+    return _the_client().size
+
+
+def local_rank():
+    """The rank among this node's processes ($GRADMESH_LOCAL_RANK)."""
+    return int(os.environ.get("GRADMESH_LOCAL_RANK", "0"))
+
+
+def plan():
+    """The worker's current view and plan (algorithm, density, d, ...)."""
+    return _the_client().plan()
+
+
+def barrier():
+    """Returns when every process has called barrier()."""
+    _the_client().barrier()
+
+
+def register(name, tensors, fusion="per_tensor"):
+    """Registers bucket `name` of [(tensor_name, size), ...] float32 tensors.
+
+    fusion: "per_tensor" (each top-k selection gives every tensor its own
+    quota, so none goes missing) or "after_fusion" (one top-k over the fused
+    bucket). Every process registers the same buckets in the same order.
+    Returns the TensorSet; gradmesh.torch uses this directly.
+    """
+    return _the_client().register(name, list(tensors), fusion)
+
+
+def _as_array(tensor):
+    """A float32 numpy view of a numpy array or CPU torch tensor."""
+    if isinstance(tensor, np.ndarray):
+        array = tensor
+    elif hasattr(tensor, "numpy") and hasattr(tensor, "is_cuda"):
+        if tensor.is_cuda:
+            raise TypeError("gradmesh: CUDA tensors are not supported yet; "
+                            "pass tensor.cpu()")
+        array = tensor.detach().numpy()
+    else:
+        raise TypeError("gradmesh: expected a numpy array or a torch tensor, "
+                        f"not {type(tensor).__name__}")
+    if array.dtype != np.float32:
+        raise TypeError(f"gradmesh: tensors must be float32, not {array.dtype}")
+    return array
+
+
+def _bucket_for(name, size):
+    if not name:
+        raise ValueError("gradmesh: every tensor needs a name=, the same on "
+                         "every process")
+    with _lock:
+        bucket = _buckets.get(name)
+        if bucket is not None and bucket.set.size != size:
+            raise ValueError(f"gradmesh: tensor '{name}' had {bucket.set.size} "
+                             f"values, now {size}")
+    if bucket is None:
+        bucket = _Bucket(register(name, [(name, size)]))
+        with _lock:
+            _buckets[name] = bucket
+    return bucket
+
+
+def buffer(name, shape):
+    """A torch tensor (or numpy array without torch) in the shared memory of
+    bucket `name`: write a gradient into it and allreduce it with no copy."""
+    count = int(np.prod(shape))
+    values = _bucket_for(name, count).values.reshape(shape)
+    try:
+        import torch
+        return torch.from_numpy(values)
+    except ImportError:
+        return values
+
+
+class _Pending:
+    """What synchronize() needs: the handle, the bucket and the output."""
+
+    def __init__(self, handle, bucket, output):
+        self.handle = handle
+        self.bucket = bucket
+        self.output = output
+        self.info = None  # the ReduceInfo, once synchronized
+
+
+def allreduce_async(tensor, name=None, op=Average):
+    """Starts summing (op=gradmesh.Sum) or averaging `tensor` across the
+    workers under `name`; returns a handle for synchronize(). The tensor is
+    read now; it is not changed."""
+    array = _as_array(tensor)
+    bucket = _bucket_for(name, array.size)
+    flat = bucket.values
+    if not np.shares_memory(array, flat):
+        np.copyto(flat, array.reshape(-1))
+    handle = _the_client().allreduce_async(bucket.set, bucket.next_step(), op)
+    return _Pending(handle, bucket, tensor)
+
+
+def synchronize(pending):
+    """Waits for an allreduce_async and returns the result, a new tensor of
+    the input's type and shape (the shared buffer itself for a tensor from
+    gradmesh.buffer()); the handle's .info then holds the ReduceInfo (bytes,
+    algorithm, ...). Raises GradmeshError if the step failed."""
+    pending.info = pending.handle.wait()
+    flat = pending.bucket.values
+    array = _as_array(pending.output)
+    if np.shares_memory(array, flat):
+        return pending.output
+    result = flat.reshape(array.shape).copy()
+    if isinstance(pending.output, np.ndarray):
+        return result
+    import torch
+    return torch.from_numpy(result)
+
+
+def allreduce(tensor, name=None, op=Average):
+    """allreduce_async + synchronize."""
+    return synchronize(allreduce_async(tensor, name=name, op=op))
+
+
+def _broadcast_arrays(arrays, root_rank):
+    """Copies the arrays' bytes from root_rank to every process, in place."""
+    global _broadcasts
+    client = _the_client()
+    byte_views = [a.reshape(-1).view(np.uint8) for a in arrays]
+    total = sum(v.size for v in byte_views)
+    if total == 0:
+        return
+    with _lock:
+        number = _broadcasts
+        _broadcasts += 1
+    # A float32 bucket carries any dtype's bytes: a broadcast copies bits.
+    words = (total + 3) // 4
+    tensor_set = client.register(f"broadcast.{number}", [("bytes", words)],
+                                 "per_tensor")
+    raw = tensor_set.values().view(np.uint8)
+    offset = 0
+    for v in byte_views:
+        raw[offset:offset + v.size] = v
+        offset += v.size
+    client.broadcast(tensor_set, root_rank)
+    offset = 0
+    for v in byte_views:
+        v[:] = raw[offset:offset + v.size]
+        offset += v.size
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Overwrites `params` (a state_dict, or (name, tensor) pairs such as
+    model.named_parameters()) with root_rank's values, in place, every dtype.
+    Call it on every process, with the same names."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    else:
+        items = sorted(list(params), key=lambda item: item[0])
+    arrays = []
+    for _, p in items:
+        if hasattr(p, "is_cuda") and p.is_cuda:
+            raise TypeError("gradmesh: CUDA tensors are not supported yet")
+        data = p.data if hasattr(p, "data") and not isinstance(
+            p, np.ndarray) else p
+        array = data.numpy() if hasattr(data, "numpy") else data
+        if not array.flags["C_CONTIGUOUS"]:
+            raise ValueError("gradmesh: broadcast_parameters needs contiguous "
+                             "tensors")
+        arrays.append(array)
+    _broadcast_arrays(arrays, root_rank)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The main job, shortened to 2 epochs: the Fashion-MNIST CNN trained through
+# `gradmesh run` with 4 processes, SparDL at 1% density and dense all-reduce,
+# same seed and data split. Passes when SparDL's final test accuracy is within
+# 3 points of dense's and every run's 4 processes hold bitwise identical
+# parameters (main_report.py checks the hashes).
+#   main_job_test.sh GRADMESH_BINARY PYTHON_PACKAGE_DIR SOURCE_DIR
+set -euo pipefail
+gradmesh=$1 package_dir=$2 source_dir=$3
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+export PYTHONPATH=$package_dir
+for algo in spardl dense; do
+  "$gradmesh" run --workers=4 --algo="$algo" --density=0.01 -- \
+      /usr/bin/python3 "$source_dir/client/python/examples/fashion_mnist.py" \
+      --epochs=2 --label="$algo" --out="$out/$algo.json" 2>&1 |
+      grep -E "test accuracy|bytes sent|exited|error|Error" || true
+  test -s "$out/$algo.json" || { echo "FAIL: $algo run wrote no figures"; exit 1; }
+done
+/usr/bin/python3 "$source_dir/client/python/examples/main_report.py" "$out" \
+    "$out/spardl.json" "$out/dense.json"
+/usr/bin/python3 - "$out/summary.json" <<'PY'
+import json, sys
+runs = {r["label"]: r for r in json.load(open(sys.argv[1]))["runs"]}
+sparse, dense = (100 * runs[k]["test_accuracy"][-1] for k in ("spardl", "dense"))
+print(f"spardl {sparse:.2f}% vs dense {dense:.2f}%: gap {dense - sparse:.2f} points")
+assert all(len(r["test_accuracy"]) == 2 for r in runs.values()), "2 epochs each"
+assert all(r["ranks_identical"] for r in runs.values()), "ranks differ"
+assert dense - sparse <= 3.0, "SparDL is more than 3 points below dense"
+print("PASS")
+PY

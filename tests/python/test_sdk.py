@@ -1,0 +1,203 @@
+"""The Python binding, run by every process of a dense-plan cluster:
+
+    gradmesh run --workers=3 --algo=dense -- python3 -m pytest tests/python/test_sdk.py
+
+Every test is collective (all ranks run it, in the same order), so the dense
+plan makes sums exact and the results checkable against plain arithmetic.
+"""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import gradmesh
+import gradmesh.torch
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cluster():
+    gradmesh.init(timeout=60)
+    yield
+    gradmesh.barrier()
+
+
+def rank_data(rank, shape, seed):
+    generator = torch.Generator().manual_seed(seed * 1000 + rank)
+    return torch.randn(shape, generator=generator)
+
+
+def test_rank_and_size_come_from_the_launcher():
+    assert gradmesh.rank() == int(os.environ["GRADMESH_RANK"])
+    assert gradmesh.size() == int(os.environ["GRADMESH_WORLD_SIZE"])
+    assert gradmesh.plan().algorithm == "dense"
+
+
+def test_allreduce_sums_exactly_under_the_dense_plan():
+    r, p = gradmesh.rank(), gradmesh.size()
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (r + 1)
+    total = gradmesh.allreduce(x, name="exact", op=gradmesh.Sum)
+    assert isinstance(total, torch.Tensor) and total.shape == (3, 4)
+    expected = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (
+        p * (p + 1) // 2)
+    assert torch.equal(total, expected)
+    assert torch.equal(x, torch.arange(12, dtype=torch.float32).reshape(3, 4)
+                       * (r + 1)), "the input is not changed"
+    mean = gradmesh.allreduce(np.full(5, float(r), np.float32), name="mean")
+    assert isinstance(mean, np.ndarray)
+    np.testing.assert_array_equal(mean, np.full(5, (p - 1) / 2, np.float32))
+
+
+def test_async_handles_finish_in_any_order():
+    r = gradmesh.rank()
+    handles = [gradmesh.allreduce_async(torch.full((100 + i,), float(r + i)),
+                                        name=f"async.{i}", op=gradmesh.Sum)
+               for i in range(3)]
+    p = gradmesh.size()
+    for i in reversed(range(3)):
+        result = gradmesh.synchronize(handles[i])
+        assert torch.equal(result, torch.full((100 + i,),
+                                              float(sum(range(p)) + p * i)))
+        assert handles[i].info.algorithm == "dense"
+        assert handles[i].info.world_size == p
+
+
+def test_buffer_from_the_sdk_needs_no_copy():
+    r, p = gradmesh.rank(), gradmesh.size()
+    buf = gradmesh.buffer("zero-copy", (4, 2))
+    for step in range(3):
+        buf.fill_(float(r + step))
+        out = gradmesh.allreduce(buf, name="zero-copy", op=gradmesh.Sum)
+        assert out.data_ptr() == buf.data_ptr()
+        assert torch.equal(out, torch.full((4, 2),
+                                           float(sum(range(p)) + p * step)))
+
+
+def test_bad_input_is_refused_before_anything_is_sent():
+    with pytest.raises(TypeError, match="float32"):
+        gradmesh.allreduce(torch.zeros(3, dtype=torch.float64), name="f64")
+    with pytest.raises(ValueError, match="name"):
+        gradmesh.allreduce(torch.zeros(3))
+    with pytest.raises(TypeError):
+        gradmesh.allreduce([1.0, 2.0], name="list")
+
+
+def test_cluster_errors_carry_the_status_code():
+    x = torch.ones(8)
+    if gradmesh.rank() == 1:
+        x[3] = float("nan")
+    with pytest.raises(gradmesh.GradmeshError) as error:
+        gradmesh.allreduce(x, name="poisoned")
+    assert error.value.code == "INVALID_ARGUMENT"
+    # The bucket goes on; the NaN was dropped, the finite values kept in the
+    # residual and summed with the next step (dense keeps no residual
+    # otherwise: everything is sent).
+    again = gradmesh.allreduce(torch.ones(8), name="poisoned",
+                               op=gradmesh.Sum)
+    p = gradmesh.size()
+    expected = torch.full((8,), 2.0 * p)
+    expected[3] = 2.0 * p - 1
+    assert torch.equal(again, expected)
+
+
+def test_broadcast_parameters_copies_every_dtype_from_the_root():
+    r = gradmesh.rank()
+    model = nn.Sequential(nn.Linear(5, 3), nn.BatchNorm1d(3))
+    torch.manual_seed(100 + r)  # a different model on every rank
+    for p in model.parameters():
+        nn.init.normal_(p)
+    model.state_dict()["1.num_batches_tracked"].fill_(10 + r)
+    root = gradmesh.size() - 1
+    gradmesh.broadcast_parameters(model.state_dict(), root_rank=root)
+    reference = nn.Sequential(nn.Linear(5, 3), nn.BatchNorm1d(3))
+    torch.manual_seed(100 + root)
+    for p in reference.parameters():
+        nn.init.normal_(p)
+    for name, value in model.state_dict().items():
+        if name == "1.num_batches_tracked":
+            assert int(value) == 10 + root
+        else:
+            assert torch.equal(value, reference.state_dict()[name]), name
+
+
+def reference_step(model, lr, batches):
+    """One SGD step on the mean of every rank's gradient, in one process."""
+    grads = None
+    for x, y in batches:
+        model.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        g = [p.grad.clone() for p in model.parameters()]
+        grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+    with torch.no_grad():
+        for p, g in zip(model.parameters(), grads):
+            p -= lr * g / len(batches)
+
+
+def make_model():
+    torch.manual_seed(5)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+
+
+def all_batches(step):
+    return [(rank_data(q, (8, 6), step), rank_data(q, (8, 2), step + 50))
+            for q in range(gradmesh.size())]
+
+
+def assert_identical_on_every_rank(model):
+    for name, p in model.named_parameters():
+        theirs = p.detach().clone()
+        gradmesh.broadcast_parameters([(name, theirs)], root_rank=0)
+        assert torch.equal(theirs, p.detach()), name
+
+
+@pytest.mark.parametrize("num_buckets", [1, 2])
+def test_distributed_optimizer_averages_like_one_process(num_buckets):
+    r = gradmesh.rank()
+    model, reference = make_model(), make_model()
+    optimizer = gradmesh.torch.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(), num_buckets=num_buckets)
+    assert isinstance(optimizer, torch.optim.SGD)
+    for step in range(3):
+        batches = all_batches(step)
+        x, y = batches[r]
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        assert len(optimizer.last_infos) == num_buckets
+        reference_step(reference, 0.1, batches)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert_identical_on_every_rank(model)
+
+
+def test_ddp_communication_hook_returns_the_average():
+    r, p = gradmesh.rank(), gradmesh.size()
+    path = os.path.join(tempfile.gettempdir(),
+                        f"gradmesh-{os.environ['GRADMESH_JOB']}.ddp")
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=r,
+                            world_size=p)
+    try:
+        model, reference = make_model(), make_model()
+        ddp = nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(gradmesh.torch.HookState(),
+                               gradmesh.torch.allreduce_hook)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(3):
+            batches = all_batches(step + 10)
+            x, y = batches[r]
+            optimizer.zero_grad()
+            nn.functional.mse_loss(ddp(x), y).backward()
+            optimizer.step()
+            reference_step(reference, 0.1, batches)
+        for a, b in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert_identical_on_every_rank(model)
+    finally:
+        dist.destroy_process_group()
+        if r == 0 and os.path.exists(path):
+            os.remove(path)
