@@ -9,6 +9,8 @@ packages=(
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   prometheus-cpp-dev libssl-dev zlib1g-dev
   clang clang-format libclang-rt-14-dev python3 openssl curl
+  python3-dev pybind11-dev python3-numpy python3-torch python3-matplotlib
+  python3-pytest dataset-fashion-mnist
 )
 
 missing=()

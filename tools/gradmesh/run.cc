@@ -484,6 +484,15 @@ int Supervise(const RunOptions& options, const std::string& program,
                "of: %s\n",
                cluster.work_dir().c_str(), copies,
                absl::StrJoin(options.command, " ").c_str());
+  std::vector<std::string> workers;
+  for (int w = 0; w < copies; ++w) {
+    workers.push_back(absl::StrCat(cluster.worker_metrics_port(w)));
+  }
+  std::fprintf(stderr,
+               "gradmesh run: /metrics at http://127.0.0.1:%d/metrics "
+               "(coordinator), workers on ports %s\n",
+               cluster.coordinator_metrics_port(),
+               absl::StrJoin(workers, ", ").c_str());
   const std::string job = options.job.empty()
                               ? absl::StrCat("run-", getpid(), "-",
                                              absl::ToUnixSeconds(absl::Now()))
