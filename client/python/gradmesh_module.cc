@@ -11,6 +11,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,8 +78,23 @@ struct PyTensorSet {
 
 struct PyHandle {
   std::shared_ptr<PyTensorSet> set;
+  std::mutex mu;  // one wait() at a time
   Handle handle;
 };
+
+// Deletes `object` without holding the GIL: the SDK's destructors block
+// (a TensorSet unregisters, a Client waits for its calls in flight).
+template <typename T>
+std::shared_ptr<T> ReleasingGil(T* object) {
+  return std::shared_ptr<T>(object, [](T* p) {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      delete p;
+    } else {
+      delete p;
+    }
+  });
+}
 
 void BindTypes(py::module_& m) {
   py::class_<ReduceInfo>(m, "ReduceInfo",
@@ -176,6 +192,7 @@ void BindHandle(py::module_& m) {
             absl::StatusOr<ReduceInfo> info;
             {
               py::gil_scoped_release release;
+              std::lock_guard<std::mutex> lock(h.mu);
               info = h.handle.Wait();
             }
             return ValueOrThrow(std::move(info));
@@ -199,7 +216,7 @@ void BindClient(py::module_& m) {
               py::gil_scoped_release release;
               client = Client::Connect(options);
             }
-            return ClientPtr(ValueOrThrow(std::move(client)));
+            return ReleasingGil(ValueOrThrow(std::move(client)).release());
           },
           py::arg("worker") = "", py::arg("job") = "",
           py::arg("timeout") = 300.0,
@@ -220,8 +237,8 @@ void BindClient(py::module_& m) {
               py::gil_scoped_release release;
               set = client->Register(bucket, specs, options);
             }
-            return std::make_shared<PyTensorSet>(
-                PyTensorSet{client, ValueOrThrow(std::move(set))});
+            return ReleasingGil(
+                new PyTensorSet{client, ValueOrThrow(std::move(set))});
           },
           py::arg("bucket"), py::arg("tensors"),
           py::arg("fusion") = "per_tensor",

@@ -13,9 +13,9 @@ export PYTHONPATH=$package_dir
 for algo in spardl dense; do
   "$gradmesh" run --workers=4 --algo="$algo" --density=0.01 -- \
       /usr/bin/python3 "$source_dir/client/python/examples/fashion_mnist.py" \
-      --epochs=2 --label="$algo" --out="$out/$algo.json" 2>&1 |
-      grep -E "test accuracy|bytes sent|exited|error|Error" || true
-  test -s "$out/$algo.json" || { echo "FAIL: $algo run wrote no figures"; exit 1; }
+      --epochs=2 --label="$algo" --out="$out/$algo.json" >"$out/$algo.log" 2>&1 ||
+      { tail -30 "$out/$algo.log"; echo "FAIL: the $algo run failed"; exit 1; }
+  grep -E "test accuracy|bytes sent|exited" "$out/$algo.log"
 done
 /usr/bin/python3 "$source_dir/client/python/examples/main_report.py" "$out" \
     "$out/spardl.json" "$out/dense.json"

@@ -201,3 +201,41 @@ def test_ddp_communication_hook_returns_the_average():
         dist.destroy_process_group()
         if r == 0 and os.path.exists(path):
             os.remove(path)
+
+
+def test_a_name_in_flight_is_not_overwritten_and_names_are_checked():
+    pending = gradmesh.allreduce_async(torch.ones(4), name="in-flight")
+    with pytest.raises(RuntimeError, match="in flight"):
+        gradmesh.allreduce_async(torch.ones(4), name="in-flight")
+    gradmesh.synchronize(pending)
+    with pytest.raises(ValueError, match="gradmesh's own"):
+        gradmesh.allreduce(torch.ones(4), name="gradmesh.optimizer0.0")
+
+
+def test_broadcast_parameters_handles_bfloat16_and_strided_tensors():
+    r = gradmesh.rank()
+    half = torch.full((3,), float(r), dtype=torch.bfloat16)
+    strided = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (r + 1)
+    gradmesh.broadcast_parameters({"half": half, "strided": strided,
+                                   "step": 5}, root_rank=0)
+    assert torch.equal(half, torch.zeros(3, dtype=torch.bfloat16))
+    assert torch.equal(strided,
+                       torch.arange(12, dtype=torch.float32).reshape(3, 4).t())
+
+
+def test_synchronize_then_step_applies_the_gradient_once():
+    r = gradmesh.rank()
+    model, reference = make_model(), make_model()
+    optimizer = gradmesh.torch.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters())
+    batches = all_batches(30)
+    x, y = batches[r]
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    optimizer.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    optimizer.step()
+    reference_step(reference, 0.1, batches)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

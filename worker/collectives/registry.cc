@@ -25,6 +25,10 @@ absl::StatusOr<std::unique_ptr<Collective>> Upcast(
 
 }  // namespace
 
+bool AppliesTensorQuotas(const std::string& algorithm) {
+  return algorithm == "spardl" || algorithm == "topka";
+}
+
 absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     const AlgorithmOptions& options, int world_size, int rank, uint64_t n) {
   const std::string& name = options.algorithm;

@@ -32,6 +32,10 @@ struct AlgorithmOptions {
 
 // The names CreateCollective accepts.
 // InvalidArgument for an unknown name or options the algorithm rejects.
+// Whether `algorithm` splits its selections per tensor when given
+// AlgorithmOptions::tensor_starts (SparDL and TopkA).
+bool AppliesTensorQuotas(const std::string& algorithm);
+
 absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     const AlgorithmOptions& options, int world_size, int rank, uint64_t n);
 

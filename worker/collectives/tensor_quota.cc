@@ -115,6 +115,9 @@ void TensorQuotas::SplitTopK(const sparse::SparseBlock& block, uint64_t k,
     kernels::SplitTopKAbs(block, k, kept, dropped);
     return;
   }
+  GM_CHECK(block.size() == 0 || (range.Contains(block.indices.front()) &&
+                                 range.Contains(block.indices.back())))
+      << "block entries outside the selection's range";
   *kept = {};
   *dropped = {};
   for (const Part& part : Split(k, range)) {

@@ -57,8 +57,9 @@ class TensorQuotas {
   sparse::SparseBlock TopK(absl::Span<const float> x, uint64_t k,
                            uint64_t begin) const;
 
-  // Splits `block` (entries within `range`, sorted) into its per-tensor top
-  // k (`kept`) and the rest (`dropped`); kept + dropped == block.
+  // Splits `block` (entries within `range`, checked; sorted) into its
+  // per-tensor top k (`kept`) and the rest (`dropped`); kept + dropped ==
+  // block.
   void SplitTopK(const sparse::SparseBlock& block, uint64_t k,
                  sparse::IndexRange range, sparse::SparseBlock* kept,
                  sparse::SparseBlock* dropped) const;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "worker/collectives/primitives.h"
+#include "worker/collectives/registry.h"
 #include "worker/collectives/tensor_quota.h"
 #include "worker/daemon/worker_metrics.h"
 
@@ -377,7 +378,9 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   out.tensors = bucket.tensor_starts.size();
   out.tensors_missing = collectives::CountMissingTensors(
       bucket.tensor_starts, bucket.layout.n, *result);
-  Record(out, g, bucket.per_tensor_quota);
+  Record(out, g,
+         bucket.per_tensor_quota &&
+             collectives::AppliesTensorQuotas(out.plan.algorithm));
   if (hooks_.on_success) hooks_.on_success(out);
   return out;
 }

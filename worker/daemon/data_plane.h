@@ -168,6 +168,7 @@ class DataPlane {
                                    absl::Time deadline);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
                    const sparse::SparseBlock& result, int world_size);
+  // `per_tensor_quota`: whether the selections were split per tensor.
   void Record(const ReduceResult& result, const Group& group,
               bool per_tensor_quota);
 

@@ -13,7 +13,8 @@
 //   gradmesh_worker_late_views_total                    counter
 //   gradmesh_worker_tensors_reduced_total{fusion}       counter: tensors in
 //   gradmesh_worker_tensors_missing_total{fusion}       counter: with no entry
-//       in the result (fusion: per_tensor or after_fusion); the
+//       in the result (fusion: per_tensor where the algorithm split its
+//       selections per tensor, else after_fusion); the
 //       tensor-missing rate is rate(missing) / rate(reduced)
 //
 // Thread-safe (prometheus-cpp's metrics are).

@@ -49,13 +49,20 @@ _buckets = {}  # name -> _Bucket
 _broadcasts = 0
 
 
+# Buckets gradmesh itself registers (broadcasts, optimizers, DDP hooks) are
+# named under this prefix, which user tensor names may not use.
+_RESERVED = "gradmesh."
+
+
 class _Bucket:
-    """A registered tensor set and the next step number of its name."""
+    """A registered tensor set, the next step number of its name and the
+    operation in flight on it (its memory is the worker's until waited)."""
 
     def __init__(self, tensor_set):
         self.set = tensor_set
         self.values = tensor_set.values()
         self.step = 0
+        self.pending = None
 
     def next_step(self):
         step = self.step
@@ -151,15 +158,17 @@ def _bucket_for(name, size):
     if not name:
         raise ValueError("gradmesh: every tensor needs a name=, the same on "
                          "every process")
-    with _lock:
+    if name.startswith(_RESERVED):
+        raise ValueError(f"gradmesh: names starting with '{_RESERVED}' are "
+                         "gradmesh's own")
+    with _lock:  # held through registration: one bucket per name
         bucket = _buckets.get(name)
-        if bucket is not None and bucket.set.size != size:
-            raise ValueError(f"gradmesh: tensor '{name}' had {bucket.set.size} "
-                             f"values, now {size}")
-    if bucket is None:
-        bucket = _Bucket(register(name, [(name, size)]))
-        with _lock:
+        if bucket is None:
+            bucket = _Bucket(register(name, [(name, size)]))
             _buckets[name] = bucket
+    if bucket.set.size != size:
+        raise ValueError(f"gradmesh: tensor '{name}' had {bucket.set.size} "
+                         f"values, now {size}")
     return bucket
 
 
@@ -191,11 +200,15 @@ def allreduce_async(tensor, name=None, op=Average):
     read now; it is not changed."""
     array = _as_array(tensor)
     bucket = _bucket_for(name, array.size)
+    if bucket.pending is not None:
+        raise RuntimeError(f"gradmesh: an allreduce of '{name}' is still in "
+                           "flight; synchronize() it first")
     flat = bucket.values
     if not np.shares_memory(array, flat):
         np.copyto(flat, array.reshape(-1))
     handle = _the_client().allreduce_async(bucket.set, bucket.next_step(), op)
-    return _Pending(handle, bucket, tensor)
+    bucket.pending = _Pending(handle, bucket, tensor)
+    return bucket.pending
 
 
 def synchronize(pending):
@@ -203,7 +216,10 @@ def synchronize(pending):
     the input's type and shape (the shared buffer itself for a tensor from
     gradmesh.buffer()); the handle's .info then holds the ReduceInfo (bytes,
     algorithm, ...). Raises GradmeshError if the step failed."""
-    pending.info = pending.handle.wait()
+    try:
+        pending.info = pending.handle.wait()
+    finally:
+        pending.bucket.pending = None
     flat = pending.bucket.values
     array = _as_array(pending.output)
     if np.shares_memory(array, flat):
@@ -220,50 +236,57 @@ def allreduce(tensor, name=None, op=Average):
     return synchronize(allreduce_async(tensor, name=name, op=op))
 
 
-def _broadcast_arrays(arrays, root_rank):
-    """Copies the arrays' bytes from root_rank to every process, in place."""
+def _broadcast_bytes(views, root_rank):
+    """Copies the uint8 arrays `views` from root_rank to every process, in
+    place, through one float32 bucket (a broadcast copies bits)."""
     global _broadcasts
     client = _the_client()
-    byte_views = [a.reshape(-1).view(np.uint8) for a in arrays]
-    total = sum(v.size for v in byte_views)
+    total = sum(v.size for v in views)
     if total == 0:
         return
     with _lock:
         number = _broadcasts
         _broadcasts += 1
-    # A float32 bucket carries any dtype's bytes: a broadcast copies bits.
     words = (total + 3) // 4
-    tensor_set = client.register(f"broadcast.{number}", [("bytes", words)],
-                                 "per_tensor")
+    tensor_set = client.register(f"{_RESERVED}broadcast.{number}",
+                                 [("bytes", words)], "per_tensor")
     raw = tensor_set.values().view(np.uint8)
     offset = 0
-    for v in byte_views:
+    for v in views:
         raw[offset:offset + v.size] = v
         offset += v.size
     client.broadcast(tensor_set, root_rank)
     offset = 0
-    for v in byte_views:
+    for v in views:
         v[:] = raw[offset:offset + v.size]
         offset += v.size
 
 
 def broadcast_parameters(params, root_rank=0):
     """Overwrites `params` (a state_dict, or (name, tensor) pairs such as
-    model.named_parameters()) with root_rank's values, in place, every dtype.
-    Call it on every process, with the same names."""
+    model.named_parameters()) with root_rank's values, in place: torch
+    tensors of any dtype and layout and numpy arrays; other entries (not
+    tensors) are left alone. Call it on every process, with the same names."""
     if isinstance(params, dict):
         items = sorted(params.items())
     else:
         items = sorted(list(params), key=lambda item: item[0])
-    arrays = []
+    views, write_back = [], []
     for _, p in items:
-        if hasattr(p, "is_cuda") and p.is_cuda:
-            raise TypeError("gradmesh: CUDA tensors are not supported yet")
-        data = p.data if hasattr(p, "data") and not isinstance(
-            p, np.ndarray) else p
-        array = data.numpy() if hasattr(data, "numpy") else data
-        if not array.flags["C_CONTIGUOUS"]:
-            raise ValueError("gradmesh: broadcast_parameters needs contiguous "
-                             "tensors")
-        arrays.append(array)
-    _broadcast_arrays(arrays, root_rank)
+        if isinstance(p, np.ndarray):
+            if not p.flags["C_CONTIGUOUS"]:
+                raise ValueError("gradmesh: broadcast_parameters needs "
+                                 "contiguous numpy arrays")
+            views.append(p.reshape(-1).view(np.uint8))
+        elif hasattr(p, "is_cuda") and hasattr(p, "contiguous"):
+            if p.is_cuda:
+                raise TypeError("gradmesh: CUDA tensors are not supported yet")
+            import torch
+            data = p.detach()
+            flat = data.contiguous().reshape(-1)
+            views.append(flat.view(torch.uint8).numpy())
+            if flat.data_ptr() != data.data_ptr() or not data.is_contiguous():
+                write_back.append((data, flat))
+    _broadcast_bytes(views, root_rank)
+    for data, flat in write_back:
+        data.copy_(flat.view(data.shape))

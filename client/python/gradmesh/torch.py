@@ -79,12 +79,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         names = [name for name, _ in named]
         if len(set(names)) != len(names):
             raise ValueError("gradmesh: named_parameters has repeated names")
-        in_groups = {id(p) for g in self.param_groups for p in g["params"]}
+        in_groups = {id(p) for g in self.param_groups for p in g["params"]
+                     if p.requires_grad}
+        unnamed = in_groups - {id(p) for _, p in named}
+        if unnamed:
+            raise ValueError(f"gradmesh: {len(unnamed)} parameters of the "
+                             "optimizer are not in named_parameters; they "
+                             "would not be all-reduced")
         named = [(name, p) for name, p in named if id(p) in in_groups]
         self._gradmesh_op = op
         instance = next(_instances)
         self._gradmesh_buckets = [
-            _Bucket(f"optimizer{instance}.{i}", run, fusion)
+            _Bucket(f"{gradmesh._RESERVED}optimizer{instance}.{i}", run,
+                    fusion)
             for i, run in enumerate(_bucket_plan(list(reversed(named)),
                                                  num_buckets))
         ]
@@ -93,6 +100,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for i, p in enumerate(b.params):
                 self._gradmesh_where[id(p)] = (b, i)
         self._gradmesh_accumulators = []
+        self._gradmesh_synchronized = False  # since the last backward
         self.last_infos = []  # each bucket's ReduceInfo of the last step
         for b in self._gradmesh_buckets:
             for p in b.params:
@@ -113,6 +121,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "call step() (or synchronize()) between backward passes")
         bucket.slots[i].copy_(p.grad)
         bucket.ready.add(i)
+        self._gradmesh_synchronized = False
         if len(bucket.ready) == len(bucket.params):
             self._gradmesh_submit(bucket)
 
@@ -129,7 +138,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Waits for every bucket of this step and writes the averaged
         gradients into the parameters' .grad. Raises the first GradmeshError
         after all buckets have ended (failed steps keep their gradients in
-        the workers' residuals)."""
+        the workers' residuals). A no-op when nothing was computed since the
+        last call, so that synchronize(), clipping, then step() works."""
+        if self._gradmesh_synchronized:
+            return
+        self._gradmesh_synchronized = True
         for bucket in self._gradmesh_buckets:
             if bucket.pending is None:
                 self._gradmesh_submit(bucket)
@@ -152,8 +165,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise error
 
     def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("gradmesh: DistributedOptimizer.step() takes no "
+                             "closure (backward must run before step)")
         self.synchronize()
-        return super(self.__class__, self).step(closure)
+        return super(self.__class__, self).step()
+
+    def zero_grad(self, set_to_none=False):
+        # A step abandoned halfway (a skipped batch) must not leave buckets
+        # in flight: finish them, then clear.
+        if any(b.pending is not None or b.ready
+               for b in self._gradmesh_buckets):
+            self.synchronize()
+        return super(self.__class__, self).zero_grad(set_to_none)
 
 
 def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
@@ -184,7 +208,7 @@ class HookState:
     def __init__(self, op=gradmesh.Average, fusion="per_tensor"):
         self.op = op
         self.fusion = fusion
-        self._name = f"ddp{next(_instances)}"
+        self._name = f"{gradmesh._RESERVED}ddp{next(_instances)}"
         self._buckets = {}  # tuple of parameter ids -> gradmesh._Bucket
         self._queue = queue.Queue()
         self._thread = threading.Thread(target=self._complete, daemon=True)
