@@ -62,7 +62,11 @@ std::vector<TensorQuotas::Part> TensorQuotas::Split(
   if (!per_tensor()) return {{range, std::min(k, range.size())}};
   std::vector<Part> parts;
   std::vector<uint64_t> lengths;
-  for (size_t t = 0; t < starts_.size(); ++t) {
+  // From the tensor holding range.begin on, while tensors start in range.
+  const size_t first = static_cast<size_t>(
+      std::upper_bound(starts_.begin(), starts_.end(), range.begin) -
+      starts_.begin() - 1);
+  for (size_t t = first; t < starts_.size() && starts_[t] < range.end; ++t) {
     const uint64_t end = t + 1 < starts_.size() ? starts_[t + 1] : range.end;
     const uint64_t begin = std::max(starts_[t], range.begin);
     const uint64_t stop = std::min(end, range.end);
@@ -89,10 +93,10 @@ std::vector<TensorQuotas::Part> TensorQuotas::Split(
 
 sparse::SparseBlock TensorQuotas::TopK(absl::Span<const float> x, uint64_t k,
                                        uint64_t begin) const {
-  if (!per_tensor()) {
+  const std::vector<Part> parts = Split(k, {begin, begin + x.size()});
+  if (parts.size() <= 1) {  // within one tensor: the plain selection
     return kernels::TopKAbs(x, k, static_cast<uint32_t>(begin));
   }
-  const std::vector<Part> parts = Split(k, {begin, begin + x.size()});
   std::vector<sparse::IndexRange> segments;
   std::vector<uint64_t> quotas;
   for (const Part& part : parts) {
@@ -111,16 +115,17 @@ void TensorQuotas::SplitTopK(const sparse::SparseBlock& block, uint64_t k,
                              sparse::IndexRange range,
                              sparse::SparseBlock* kept,
                              sparse::SparseBlock* dropped) const {
-  if (!per_tensor()) {
-    kernels::SplitTopKAbs(block, k, kept, dropped);
-    return;
-  }
   GM_CHECK(block.size() == 0 || (range.Contains(block.indices.front()) &&
                                  range.Contains(block.indices.back())))
       << "block entries outside the selection's range";
+  const std::vector<Part> parts = Split(k, range);
+  if (parts.size() <= 1) {  // within one tensor: the plain selection
+    kernels::SplitTopKAbs(block, k, kept, dropped);
+    return;
+  }
   *kept = {};
   *dropped = {};
-  for (const Part& part : Split(k, range)) {
+  for (const Part& part : parts) {
     const auto [first, last] = EntriesIn(block, part.range);
     sparse::SparseBlock slice;
     slice.indices.assign(block.indices.begin() + first,

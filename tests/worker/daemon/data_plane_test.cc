@@ -51,13 +51,15 @@ class Workers {
 
   // The SDK's part of Register: create, register, unlink.
   absl::StatusOr<SharedSegment> Register(int r, const BucketName& name,
-                                         const std::vector<TensorSpec>& t) {
+                                         const std::vector<TensorSpec>& t,
+                                         const BucketOptions& options = {}) {
     uint64_t n = 0;
     for (const TensorSpec& spec : t) n += spec.size;
     const std::string shm = SharedSegment::UniqueName(name.bucket);
     auto segment = SharedSegment::Create(shm, SegmentLayout(n).bytes);
     if (!segment.ok()) return segment.status();
-    auto joined = planes_[r]->Register(name, t, shm, next_index_[r]++, Soon());
+    auto joined =
+        planes_[r]->Register(name, t, shm, next_index_[r]++, Soon(), options);
     EXPECT_TRUE(SharedSegment::Unlink(shm).ok());
     if (!joined.ok()) return joined.status();
     return segment;
@@ -273,6 +275,24 @@ TEST(DataPlaneTest, MismatchedRegistrationsFailEverywhere) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   // Nothing is left registered: the same bucket registers cleanly now.
   w.RegisterAll({"job", "b"}, {{"t", 100}});
+}
+
+TEST(DataPlaneTest, FusionModesThatDifferFailEverywhere) {
+  Workers w(2);
+  w.Start();
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = w.Register(r, {"job", "b"}, {{"w", 90}, {"b", 10}},
+                             {.per_tensor_quota = r == 0})
+                      .status();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(status[r])) << r << ": " << status[r];
+  }
 }
 
 // NaN on one worker fails the step on every worker; the finite gradients
