@@ -8,9 +8,19 @@
 // socket (write() in chunk-sized pieces), then over GrpcTransport (the
 // message cut into chunk-sized frames). Prints the median of each and their
 // ratio.
+//
+//   build/bench/transport_bench --fit [--netns=A,B --hosts=IP_A,IP_B]
+//
+// --fit measures a link instead: ping-pong over GrpcTransport with messages
+// of 1 B to --fit_max_kib, the two processes optionally in network
+// namespaces A and B (root needed), and prints one JSON line with the
+// least-squares fit of the one-way time t(m) = alpha + beta m and the
+// points it was fitted to.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,6 +42,14 @@
 ABSL_FLAG(int, mib, 64, "message size in MiB");
 ABSL_FLAG(int, chunk_kib, 1024, "chunk (TCP write, gRPC frame) size in KiB");
 ABSL_FLAG(int, repeats, 5, "transfers per transport; the median is shown");
+ABSL_FLAG(bool, fit, false,
+          "measure alpha and beta of the link by ping-pong (see above)");
+ABSL_FLAG(std::vector<std::string>, netns, {},
+          "--fit: the network namespaces of the two ends (empty: this one)");
+ABSL_FLAG(std::vector<std::string>, hosts,
+          std::vector<std::string>({"127.0.0.1", "127.0.0.1"}),
+          "--fit: the addresses the two ends bind to");
+ABSL_FLAG(int, fit_max_kib, 4096, "--fit: the largest message, KiB");
 
 namespace {
 
@@ -102,23 +120,24 @@ struct GrpcEnd {
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 
-  void Start() {
+  void Start(const std::string& host = "127.0.0.1") {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
+    builder.AddListeningPort(absl::StrCat(host, ":0"),
+                             grpc::InsecureServerCredentials(), &port);
     builder.RegisterCallbackGenericService(&service);
     server = builder.BuildAndStart();
   }
 };
 
-std::unique_ptr<GrpcTransport> MakeTransport(GrpcEnd& end, int rank,
-                                             int own_port, int peer_port,
-                                             uint64_t epoch, uint64_t chunk) {
+// One transport per repeat (a new epoch, as after a membership change) over
+// one channel, as the worker's channel cache keeps it: the connection and
+// its HTTP/2 windows stay warm between repeats, as between operations.
+std::unique_ptr<GrpcTransport> MakeTransport(
+    GrpcEnd& end, int rank, int own_port, int peer_port, uint64_t epoch,
+    uint64_t chunk, const std::shared_ptr<grpc::Channel>& channel) {
   std::vector<std::string> peers(2);
   peers[rank] = absl::StrCat("127.0.0.1:", own_port);
   peers[1 - rank] = absl::StrCat("127.0.0.1:", peer_port);
-  auto channel =
-      grpc::CreateChannel(peers[1 - rank], grpc::InsecureChannelCredentials());
   return *GrpcTransport::Create(
       {.service = &end.service,
        .epoch = epoch,
@@ -128,15 +147,126 @@ std::unique_ptr<GrpcTransport> MakeTransport(GrpcEnd& end, int rank,
        .chunk_bytes = chunk});
 }
 
+void EnterNetns(const std::string& name) {
+  const std::string path = "/var/run/netns/" + name;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) Die("setns " + path);
+  close(fd);
+}
+
+// One end of the ping-pong: rank 0 sends each size and times the echo.
+std::vector<std::pair<double, double>> PingPong(
+    GrpcTransport& t, const std::vector<size_t>& sizes, int repeats) {
+  std::vector<std::pair<double, double>> points;  // bytes, one-way seconds
+  uint64_t op = 0;
+  for (size_t size : sizes) {
+    std::vector<double> times;
+    for (int r = 0; r <= repeats; ++r, ++op) {  // r = 0 warms up
+      const int peer = 1 - t.rank();
+      const absl::Time deadline = absl::Now() + absl::Seconds(120);
+      const absl::Time start = absl::Now();
+      if (t.rank() == 0) {
+        if (!t.Send(peer, {0, op, 0}, std::string(size, 'g')).ok()) _exit(3);
+        if (!t.Recv(peer, {0, op, 1}, deadline).ok()) _exit(3);
+      } else {
+        auto message = t.Recv(peer, {0, op, 0}, deadline);
+        if (!message.ok() ||
+            !t.Send(peer, {0, op, 1}, *std::move(message)).ok())
+          _exit(3);
+      }
+      if (r > 0)
+        times.push_back(absl::ToDoubleSeconds(absl::Now() - start) / 2);
+    }
+    points.emplace_back(static_cast<double>(size), Median(times));
+  }
+  return points;
+}
+
+// Least squares of t = alpha + beta m in relative error (weights 1/t^2), so
+// that the small messages fix alpha and the large ones beta.
+std::pair<double, double> FitLine(
+    const std::vector<std::pair<double, double>>& points) {
+  double s = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : points) {
+    const double w = 1 / (y * y);
+    s += w;
+    sx += w * x;
+    sy += w * y;
+    sxx += w * x * x;
+    sxy += w * x * y;
+  }
+  const double beta = (s * sxy - sx * sy) / (s * sxx - sx * sx);
+  return {(sy - beta * sx) / s, beta};
+}
+
+int RunFit() {
+  const std::vector<std::string> netns = absl::GetFlag(FLAGS_netns);
+  const std::vector<std::string> hosts = absl::GetFlag(FLAGS_hosts);
+  if ((!netns.empty() && netns.size() != 2) || hosts.size() != 2) {
+    std::fprintf(stderr, "--fit: --netns and --hosts name two ends\n");
+    return 2;
+  }
+  std::vector<size_t> sizes = {1};
+  for (size_t kib = 4;
+       kib <= static_cast<size_t>(absl::GetFlag(FLAGS_fit_max_kib)); kib *= 4) {
+    sizes.push_back(kib << 10);
+  }
+  int to_child[2], to_parent[2];
+  if (pipe(to_child) || pipe(to_parent)) Die("pipe");
+  const pid_t child = fork();
+  const int rank = child == 0 ? 1 : 0;
+  if (!netns.empty()) EnterNetns(netns[rank]);
+  GrpcEnd end;
+  end.Start(hosts[rank]);
+  int peer_port = 0;
+  const int out = rank == 0 ? to_child[1] : to_parent[1];
+  const int in = rank == 0 ? to_parent[0] : to_child[0];
+  if (write(out, &end.port, sizeof(int)) != sizeof(int) ||
+      read(in, &peer_port, sizeof(int)) != sizeof(int)) {
+    Die("pipe");
+  }
+  std::vector<std::string> peers(2);
+  peers[rank] = absl::StrCat(hosts[rank], ":", end.port);
+  peers[1 - rank] = absl::StrCat(hosts[1 - rank], ":", peer_port);
+  auto channel =
+      grpc::CreateChannel(peers[1 - rank], grpc::InsecureChannelCredentials());
+  auto t = *GrpcTransport::Create(
+      {.service = &end.service,
+       .epoch = 0,
+       .rank = rank,
+       .peers = peers,
+       .channels = [channel](const std::string&) { return channel; }});
+  const auto points = PingPong(*t, sizes, absl::GetFlag(FLAGS_repeats));
+  if (rank == 1) {
+    absl::SleepFor(absl::Milliseconds(100));  // the last echo drains
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  const auto [alpha, beta] = FitLine(points);
+  std::string json;
+  for (const auto& [bytes, seconds] : points) {
+    absl::StrAppend(&json, json.empty() ? "" : ",", "[", bytes, ",", seconds,
+                    "]");
+  }
+  std::printf(
+      "{\"alpha_s\":%.9g,\"beta_s_per_byte\":%.9g,\"gbit_per_s\":%.4g,"
+      "\"points\":[%s]}\n",
+      alpha, beta, 8e-9 / beta, json.c_str());
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   gradmesh::KeepLargeBuffersWarm();  // as gradmesh-worker does
+  if (absl::GetFlag(FLAGS_fit)) return RunFit();
   const size_t bytes = static_cast<size_t>(absl::GetFlag(FLAGS_mib)) << 20;
   const size_t chunk = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_kib))
                        << 10;
   const int repeats = absl::GetFlag(FLAGS_repeats);
+  const int transfers = repeats + 1;  // the first warms up, untimed
   const std::string payload(bytes, 'g');
 
   // Ports travel over pipes; fork before either side starts gRPC.
@@ -148,7 +278,7 @@ int main(int argc, char** argv) {
   if (child == 0) {
     // Receiver: TCP first, then gRPC.
     std::string buffer(bytes, '\0');
-    for (int r = 0; r < repeats; ++r) {
+    for (int r = 0; r < transfers; ++r) {
       const int fd = accept(listener, nullptr, nullptr);
       ReadAll(fd, buffer.data(), bytes);
       WriteAll(fd, "k", 1);
@@ -161,8 +291,11 @@ int main(int argc, char** argv) {
     if (read(to_child[0], &parent_port, sizeof(int)) != sizeof(int)) {
       Die("pipe");
     }
-    for (int r = 0; r < repeats; ++r) {
-      auto t = MakeTransport(end, 1, end.port, parent_port, r, chunk);
+    const auto channel =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", parent_port),
+                            grpc::InsecureChannelCredentials());
+    for (int r = 0; r < transfers; ++r) {
+      auto t = MakeTransport(end, 1, end.port, parent_port, r, chunk, channel);
       auto message = t->Recv(0, {static_cast<uint64_t>(r), 0, 0},
                              absl::Now() + absl::Seconds(60));
       if (!message.ok() || message->size() != bytes) _exit(2);
@@ -176,7 +309,7 @@ int main(int argc, char** argv) {
   close(listener);
 
   std::vector<double> tcp, grpc_rates;
-  for (int r = 0; r < repeats; ++r) {
+  for (int r = 0; r < transfers; ++r) {
     const int fd = Connect(tcp_port);
     const absl::Time start = absl::Now();
     for (size_t offset = 0; offset < bytes; offset += chunk) {
@@ -184,7 +317,8 @@ int main(int argc, char** argv) {
     }
     char ack;
     ReadAll(fd, &ack, 1);
-    tcp.push_back(bytes / absl::ToDoubleSeconds(absl::Now() - start) / 1e9);
+    if (r > 0)
+      tcp.push_back(bytes / absl::ToDoubleSeconds(absl::Now() - start) / 1e9);
     close(fd);
   }
 
@@ -193,18 +327,26 @@ int main(int argc, char** argv) {
   int child_port = 0;
   if (read(to_parent[0], &child_port, sizeof(int)) != sizeof(int)) Die("pipe");
   if (write(to_child[1], &end.port, sizeof(int)) != sizeof(int)) Die("pipe");
-  for (int r = 0; r < repeats; ++r) {
-    auto t = MakeTransport(end, 0, end.port, child_port, r, chunk);
+  const auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", child_port),
+                          grpc::InsecureChannelCredentials());
+  for (int r = 0; r < transfers; ++r) {
+    auto t = MakeTransport(end, 0, end.port, child_port, r, chunk, channel);
+    std::string message = payload;  // Send takes the message: copy untimed
     const absl::Time start = absl::Now();
-    if (!t->Send(1, {static_cast<uint64_t>(r), 0, 0}, payload).ok()) return 1;
+    if (!t->Send(1, {static_cast<uint64_t>(r), 0, 0}, std::move(message))
+             .ok()) {
+      return 1;
+    }
     auto ack = t->Recv(1, {static_cast<uint64_t>(r), 0, 1},
                        absl::Now() + absl::Seconds(60));
     if (!ack.ok()) {
       std::fprintf(stderr, "grpc: %s\n", ack.status().ToString().c_str());
       return 1;
     }
-    grpc_rates.push_back(bytes / absl::ToDoubleSeconds(absl::Now() - start) /
-                         1e9);
+    if (r > 0)
+      grpc_rates.push_back(bytes / absl::ToDoubleSeconds(absl::Now() - start) /
+                           1e9);
   }
   int status = 0;
   waitpid(child, &status, 0);

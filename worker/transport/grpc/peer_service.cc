@@ -1,5 +1,6 @@
 #include "worker/transport/grpc/peer_service.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,10 @@ namespace gradmesh::transport {
 namespace {
 // Larger messages than any gradient block set could need are refused.
 constexpr uint64_t kMaxMessageBytes = uint64_t{16} << 30;
+// Room reserved for a message when its first frame arrives (untouched until
+// data comes), so that assembling it never moves what has arrived; larger
+// messages grow past this as their data comes.
+constexpr uint64_t kReservedMessageBytes = uint64_t{1} << 30;
 }  // namespace
 
 // One incoming stream: reads frames, checks them, reassembles messages.
@@ -85,6 +90,7 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
       tag_ = tag;
       message_bytes_ = header.message_bytes;
       received_ = 0;
+      message_.reserve(std::min(message_bytes_, kReservedMessageBytes));
     }
     if (!(tag == tag_) || header.message_bytes != message_bytes_ ||
         header.offset != received_ || size > message_bytes_ - received_) {
@@ -94,7 +100,7 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
                        " of ", header.message_bytes, " bytes)"));
     }
     // Grows with the data (DecodeFrame passes only sizes really received),
-    // so a false length costs nothing up front.
+    // so a false length costs no more than untouched reserved pages.
     message_.resize(received_ + size);
     received_ += size;
     return message_.data() + header.offset;
