@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/cli.h"
 #include "common/status_macros.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
@@ -90,6 +92,9 @@ class Daemon final : public WorkerDaemon {
   void Refresh();
   absl::Status StartServer();
   v1::NodeInfo Node() const;
+  // Destroys retired groups (their streams' close may wait) off the
+  // operations' path, until Stop.
+  void ReapLoop();
 
   const DaemonOptions options_;
   std::string advertise_;
@@ -103,6 +108,8 @@ class Daemon final : public WorkerDaemon {
   std::unique_ptr<SdkService> sdk_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<CoordinatorClient> coordinator_;
+  absl::Notification stop_reaping_;
+  std::thread reaper_;
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
@@ -147,6 +154,7 @@ absl::Status Daemon::Init() {
           ? absl::StrCat(", /metrics on port ", metrics_->port())
           : ""));
   coordinator_->Start();
+  reaper_ = std::thread([this] { ReapLoop(); });
   return absl::OkStatus();
 }
 
@@ -310,6 +318,13 @@ void Daemon::Refresh() {
   drops_seen_ = now;
 }
 
+void Daemon::ReapLoop() {
+  while (
+      !stop_reaping_.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+    views_->ReleaseRetired();
+  }
+}
+
 void Daemon::Stop() {
   {
     absl::MutexLock lock(&mu_);
@@ -317,6 +332,10 @@ void Daemon::Stop() {
     stopped_ = true;
   }
   Log("shutting down");
+  if (reaper_.joinable()) {
+    stop_reaping_.Notify();
+    reaper_.join();
+  }
   std::vector<std::shared_ptr<Group>> groups = views_->Stop();
   for (const auto& group : groups) {
     if (group->transport != nullptr) {

@@ -1,6 +1,7 @@
 #include "worker/daemon/view_tracker.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -42,15 +43,17 @@ std::optional<ViewTracker::Change> ViewTracker::Install(const ViewInfo& view) {
   change.late =
       same_members && last_step_.has_value() && view.start_step <= *last_step_;
   if (same_members && !change.late) {
+    RetireLocked(&pending_);
     pending_ = group;
     change.description = absl::StrCat("plan of epoch ", view.epoch,
                                       " from step ", view.start_step);
     return change;
   }
   change.replaced = same_members ? nullptr : current_;
+  RetireLocked(&current_);
+  RetireLocked(&previous_);
+  RetireLocked(&pending_);
   current_ = group;
-  previous_.reset();
-  pending_.reset();
   change.description =
       absl::StrCat(change.late ? "late plan" : "membership", " of epoch ",
                    view.epoch, ", applied at once");
@@ -82,6 +85,7 @@ absl::StatusOr<std::shared_ptr<Group>> ViewTracker::Acquire(
   if (stopped_) return absl::UnavailableError("the worker is shutting down");
   if (step.has_value()) {
     if (pending_ != nullptr && *step >= pending_->view.start_step) {
+      RetireLocked(&previous_);
       previous_ = std::move(current_);
       current_ = std::move(pending_);
     }
@@ -106,10 +110,30 @@ uint64_t ViewTracker::latest_epoch() const {
   return latest_epoch_;
 }
 
+void ViewTracker::RetireLocked(std::shared_ptr<Group>* group) {
+  if (*group != nullptr) retired_.push_back(std::move(*group));
+}
+
+void ViewTracker::ReleaseRetired() {
+  std::vector<std::shared_ptr<Group>> released;
+  {
+    absl::MutexLock lock(&mu_);
+    // A retired group is out of Acquire's reach: once only retired_ holds
+    // it, nothing can take it again.
+    std::erase_if(retired_, [&](std::shared_ptr<Group>& group) {
+      if (group.use_count() > 1) return false;
+      released.push_back(std::move(group));
+      return true;
+    });
+  }
+  released.clear();  // here, outside the lock
+}
+
 std::vector<std::shared_ptr<Group>> ViewTracker::Stop() {
   absl::MutexLock lock(&mu_);
   stopped_ = true;
-  std::vector<std::shared_ptr<Group>> groups;
+  std::vector<std::shared_ptr<Group>> groups = std::move(retired_);
+  retired_.clear();
   for (auto* g : {&current_, &previous_, &pending_}) {
     if (*g != nullptr) groups.push_back(std::move(*g));
   }

@@ -116,12 +116,23 @@ class ViewTracker {
   std::shared_ptr<Group> current() const;
   uint64_t latest_epoch() const;
 
+  // Destroys, outside the lock, the groups that no view uses and no
+  // operation holds any more. Groups are never destroyed elsewhere while
+  // running: destroying one closes its transport's streams, which may wait
+  // for peers (up to GrpcTransport's bounded close), and that must not
+  // happen on an operation's path or under this lock. Call it from a thread
+  // that may wait (the daemon's reaper).
+  void ReleaseRetired();
+
   // Acquire fails with Unavailable from now on. Returns every group still
-  // held, for the caller to abort and release.
+  // held (retired ones included), for the caller to abort and release.
   std::vector<std::shared_ptr<Group>> Stop();
 
  private:
   absl::Status Usable(const Group& group) const;
+  // Moves *group (if any) to retired_, leaving it null.
+  void RetireLocked(std::shared_ptr<Group>* group)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const GroupFactory make_group_;
   Clock* const clock_;
@@ -132,6 +143,8 @@ class ViewTracker {
   std::shared_ptr<Group> previous_ ABSL_GUARDED_BY(mu_);  // steps < current's
   std::shared_ptr<Group> pending_ ABSL_GUARDED_BY(mu_);   // from its start
   std::optional<uint64_t> last_step_ ABSL_GUARDED_BY(mu_);
+  // No longer current, previous or pending; kept for ReleaseRetired.
+  std::vector<std::shared_ptr<Group>> retired_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradmesh::daemon

@@ -107,6 +107,33 @@ TEST_F(ViewTrackerTest, MembershipChangeAppliesAtOnceAndHandsBackTheOld) {
   EXPECT_EQ(views_.latest_epoch(), 2u);
 }
 
+// Replaced groups are destroyed only by ReleaseRetired, and only once no
+// operation holds them: never at Install or Acquire, under the lock.
+TEST_F(ViewTrackerTest, RetiredGroupsDieOnlyInReleaseRetired) {
+  ASSERT_TRUE(views_.Install(View(1, {"a", "me"})).has_value());
+  std::weak_ptr<Group> first = *views_.Acquire(0, clock_.Now());
+  auto held = views_.Acquire(0, clock_.Now());  // an operation in flight
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(views_.Install(View(2, {"me"})).has_value());
+  EXPECT_FALSE(first.expired());  // retired, not destroyed
+  views_.ReleaseRetired();
+  EXPECT_FALSE(first.expired());  // the operation still holds it
+  held->reset();                  // its last reference: not destroyed here
+  EXPECT_FALSE(first.expired());
+  views_.ReleaseRetired();
+  EXPECT_TRUE(first.expired());
+  // A plan change retires the previous group once the next one applies.
+  ASSERT_TRUE(views_.Install(View(3, {"me"}, /*start_step=*/5)).has_value());
+  std::weak_ptr<Group> second = *views_.Acquire(4, clock_.Now());
+  EXPECT_EQ(EpochFor(5), 3u);  // epoch 2 becomes previous
+  ASSERT_TRUE(views_.Install(View(4, {"me"}, /*start_step=*/9)).has_value());
+  EXPECT_EQ(EpochFor(9), 4u);  // epoch 3 previous, epoch 2 retired
+  EXPECT_FALSE(second.expired());
+  views_.ReleaseRetired();
+  EXPECT_TRUE(second.expired());
+  EXPECT_EQ(views_.Stop().size(), 2u);  // current and previous
+}
+
 TEST_F(ViewTrackerTest, PlanChangeAppliesFromItsStartStep) {
   ASSERT_TRUE(views_.Install(View(1, {"a", "me"})).has_value());
   EXPECT_EQ(EpochFor(3), 1u);
