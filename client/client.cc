@@ -159,6 +159,7 @@ absl::StatusOr<ReduceInfo> Handle::Wait() {
                     .algorithm = r.algorithm(),
                     .teams = r.teams(),
                     .seconds = r.seconds(),
+                    .wait_seconds = r.wait_seconds(),
                     .rounds = r.rounds(),
                     .bytes_sent = r.bytes_sent(),
                     .bytes_received = r.bytes_received(),

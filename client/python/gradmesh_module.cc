@@ -106,6 +106,7 @@ void BindTypes(py::module_& m) {
       .def_readonly("algorithm", &ReduceInfo::algorithm)
       .def_readonly("teams", &ReduceInfo::teams)
       .def_readonly("seconds", &ReduceInfo::seconds)
+      .def_readonly("wait_seconds", &ReduceInfo::wait_seconds)
       .def_readonly("rounds", &ReduceInfo::rounds)
       .def_readonly("bytes_sent", &ReduceInfo::bytes_sent)
       .def_readonly("bytes_received", &ReduceInfo::bytes_received)

@@ -3,12 +3,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "tools/gradmesh/synthetic.h"
 #include "worker/collectives/mass_balance.h"
@@ -61,15 +64,19 @@ absl::Status Connect(LocalCluster* cluster, const LocalOptions& options,
   return absl::OkStatus();
 }
 
-// One iteration on every worker: the gradient written in place, then summed.
+// One iteration on every worker: the gradient written in place, then summed,
+// started on all workers at once so that a worker's time is the operation's
+// and not the wait for a peer still writing its gradient.
 void Step(std::vector<Trainer>& trainers, const LocalOptions& options,
           uint64_t it) {
+  std::barrier<> written(static_cast<std::ptrdiff_t>(trainers.size()));
   OnEveryWorker(static_cast<int>(trainers.size()), [&](int w) {
     Trainer& t = trainers[w];
     SyntheticGradient(options.seed, w, it, t.set->values());
     if (options.verify) {
       t.input.assign(t.set->values().begin(), t.set->values().end());
     }
+    written.arrive_and_wait();
     const absl::Time start = absl::Now();
     t.outcome = t.client->AllReduce(
         *t.set, it,
@@ -85,6 +92,39 @@ sparse::SparseBlock ResultOf(const Trainer& t) {
   block.indices.assign(indices.begin(), indices.end());
   block.values.assign(values.begin(), values.end());
   return block;
+}
+
+// One successful iteration, per worker, as JSON: the worker's time, the part
+// of it spent waiting for peers, the client's call, bytes and rounds.
+std::string IterationJson(uint64_t it, const std::vector<Trainer>& trainers) {
+  std::string json = absl::StrCat("{\"iteration\":", it, ",\"workers\":[");
+  for (size_t w = 0; w < trainers.size(); ++w) {
+    const ReduceInfo& r = *trainers[w].outcome;
+    absl::StrAppendFormat(
+        &json,
+        "%s{\"seconds\":%.6f,\"wait_seconds\":%.6f,\"call_seconds\":%.6f,"
+        "\"bytes_sent\":%u,\"bytes_received\":%u,\"rounds\":%d,"
+        "\"nonzeros\":%u,\"algorithm\":\"%s\",\"teams\":%d}",
+        w == 0 ? "" : ",", r.seconds, r.wait_seconds, trainers[w].call_seconds,
+        r.bytes_sent, r.bytes_received, r.rounds, r.nonzeros, r.algorithm,
+        r.teams);
+  }
+  return json + "]}";
+}
+
+absl::Status WriteJson(const LocalOptions& options,
+                       const std::vector<std::string>& iterations) {
+  std::ofstream out(options.json_path);
+  out << absl::StrFormat(
+      "{\"workers\":%d,\"n\":%u,\"seed\":%u,\"iterations\":[%s]}\n",
+      options.cluster.workers, options.n, options.seed,
+      absl::StrJoin(iterations, ","));
+  out.close();
+  if (!out) {
+    return absl::InternalError(
+        absl::StrCat("cannot write ", options.json_path));
+  }
+  return absl::OkStatus();
 }
 
 // Identical results everywhere, and inputs = result + residuals.
@@ -130,6 +170,7 @@ absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
   bool known = true;
   int failures = 0, timed = 0;
   double total_daemon = 0, total_call = 0;
+  std::vector<std::string> json;  // per successful iteration
   for (uint64_t it = 0; it < options.iterations; ++it) {
     if (interrupted != nullptr && interrupted->load()) {
       std::printf("gradmesh local: interrupted after %llu iterations\n",
@@ -169,6 +210,7 @@ absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
       total_call += call;
       ++timed;
     }
+    if (!options.json_path.empty()) json.push_back(IterationJson(it, trainers));
     const ReduceInfo& r = *trainers[0].outcome;
     std::printf(
         "iter %3llu  %8.2f ms  (call %7.2f ms)  %10.0f B sent/worker  "
@@ -191,6 +233,9 @@ absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
         "excluded)\n",
         total_daemon / timed * 1e3, total_call / timed * 1e3,
         total_call / total_daemon, timed);
+  }
+  if (!options.json_path.empty()) {
+    GM_RETURN_IF_ERROR(WriteJson(options, json));
   }
   trainers.clear();  // unregister before the workers stop
   const absl::Status stopped = cluster->Stop();

@@ -4,7 +4,9 @@
 // gradient written straight into the shared segment), checks every
 // iteration (identical results on every worker; inputs = result + residuals)
 // and prints per-iteration time, bytes and the plan's d, then shuts the
-// cluster down; Ctrl-C stops after the iteration in flight.
+// cluster down; Ctrl-C stops after the iteration in flight. With json_path
+// it also writes every iteration's figures per worker (the cluster
+// benchmark, bench/cluster_bench.py, reads them).
 #ifndef GRADMESH_TOOLS_GRADMESH_LOCAL_H_
 #define GRADMESH_TOOLS_GRADMESH_LOCAL_H_
 
@@ -22,7 +24,8 @@ struct LocalOptions {
   uint64_t iterations = 20;
   uint64_t seed = 1;
   absl::Duration timeout = absl::Seconds(60);  // per iteration
-  bool verify = true;  // check identical results and conservation
+  bool verify = true;     // check identical results and conservation
+  std::string json_path;  // empty: none
 };
 
 // Runs the job; OK when every iteration succeeded and passed its checks.

@@ -1,6 +1,7 @@
 #include "tools/gradmesh/local_cluster.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/un.h>
@@ -120,13 +121,21 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   };
   const absl::Time deadline = absl::Now() + options.start_timeout;
 
-  std::vector<std::string> args = {"--listen=127.0.0.1:0",
-                                   "--metrics_listen=127.0.0.1:0"};
+  if (!options.hosts.empty() &&
+      static_cast<int>(options.hosts.size()) != options.workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.hosts.size(), " hosts for ", options.workers,
+                     " workers: give one per worker"));
+  }
+  const std::string& chost = options.coordinator_host;
+  std::vector<std::string> args = {
+      absl::StrCat("--listen=", chost, ":0"),
+      absl::StrCat("--metrics_listen=", chost, ":0")};
   for (const auto& [flag, value] : options.coordinator_flags) {
     args.push_back(absl::StrCat("--", flag, "=", value));
   }
   tls_args(args);
-  GM_RETURN_IF_ERROR(cluster->Spawn(coordinator_binary, "coordinator", args,
+  GM_RETURN_IF_ERROR(cluster->Spawn(coordinator_binary, "coordinator", args, "",
                                     &cluster->coordinator_));
   GM_RETURN_IF_ERROR(cluster->AwaitPortFile(&cluster->coordinator_, deadline));
 
@@ -140,7 +149,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
           "the work directory's path is too long for a unix socket: ", socket));
     }
     cluster->workers_[w].sdk_address = absl::StrCat("unix:", socket);
-    args = {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+    const LocalClusterOptions::Host host =
+        options.hosts.empty() ? LocalClusterOptions::Host{"", "127.0.0.1"}
+                              : options.hosts[w];
+    args = {absl::StrCat("--listen=", host.ip, ":0"),
+            absl::StrCat("--metrics_listen=", host.ip, ":0"),
             absl::StrCat("--coordinator=", cluster->coordinator_.address),
             absl::StrCat("--node_id=", name),
             absl::StrCat("--sdk_socket=", socket)};
@@ -148,8 +161,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       args.push_back(absl::StrCat("--", flag, "=", value));
     }
     tls_args(args);
-    GM_RETURN_IF_ERROR(
-        cluster->Spawn(worker_binary, name, args, &cluster->workers_[w]));
+    GM_RETURN_IF_ERROR(cluster->Spawn(worker_binary, name, args, host.netns,
+                                      &cluster->workers_[w]));
   }
   for (Process& worker : cluster->workers_) {
     GM_RETURN_IF_ERROR(cluster->AwaitPortFile(&worker, deadline));
@@ -160,7 +173,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
 absl::Status LocalCluster::Spawn(const std::string& binary,
                                  const std::string& name,
                                  std::vector<std::string> args,
-                                 Process* process) {
+                                 const std::string& netns, Process* process) {
   process->name = name;
   const std::string log = (fs::path(work_dir_) / (name + ".log")).string();
   const std::string port_file =
@@ -171,6 +184,10 @@ absl::Status LocalCluster::Spawn(const std::string& binary,
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  const std::string netns_path =
+      netns.empty() ? "" : absl::StrCat("/var/run/netns/", netns);
+  const std::string netns_error = absl::StrCat(
+      "cannot enter network namespace ", netns_path, " (setns needs root)\n");
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
@@ -188,6 +205,15 @@ absl::Status LocalCluster::Spawn(const std::string& binary,
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
       close(fd);
+    }
+    if (!netns_path.empty()) {
+      const int ns = open(netns_path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) {
+        // Only async-signal-safe calls after fork.
+        (void)!write(STDERR_FILENO, netns_error.data(), netns_error.size());
+        _exit(126);
+      }
+      close(ns);
     }
     execv(argv[0], argv.data());
     _exit(127);

@@ -13,6 +13,11 @@
 //   gradmesh::Client::Connect({.worker = cluster->sdk_address(0)});
 //   cluster->Kill(2, SIGKILL);
 //
+// Emulated hosts (LocalClusterOptions::hosts): worker w runs in network
+// namespace hosts[w].netns and serves its peers on hosts[w].ip, so that its
+// peer traffic crosses whatever links join the namespaces (veth, tc). The
+// SDK socket and shared memory still reach it from here.
+//
 // Not thread-safe, except that clients may be used from one thread each.
 #ifndef GRADMESH_TOOLS_GRADMESH_LOCAL_CLUSTER_H_
 #define GRADMESH_TOOLS_GRADMESH_LOCAL_CLUSTER_H_
@@ -41,6 +46,17 @@ struct LocalClusterOptions {
   std::vector<std::pair<std::string, std::string>> worker_flags;
   TlsFiles tls;  // given to every process and client when set
   absl::Duration start_timeout = absl::Seconds(30);
+  // Empty: every worker on 127.0.0.1 here. Else one per worker: the
+  // namespace (a name under /var/run/netns, as `ip netns add` makes) and
+  // the address its peer and metrics services bind to there.
+  struct Host {
+    std::string netns;
+    std::string ip;
+  };
+  std::vector<Host> hosts;
+  // The coordinator's listen address host; with `hosts`, one that every
+  // namespace reaches (e.g. the bridge's address here).
+  std::string coordinator_host = "127.0.0.1";
 };
 
 // The path of gradmesh binary `name`: in `bin_dir` if given; else next to
@@ -100,8 +116,10 @@ class LocalCluster {
   };
 
   LocalCluster() = default;
+  // `netns`: the network namespace the process runs in (empty: this one).
   absl::Status Spawn(const std::string& binary, const std::string& name,
-                     std::vector<std::string> args, Process* process);
+                     std::vector<std::string> args, const std::string& netns,
+                     Process* process);
   absl::Status AwaitPortFile(Process* process, absl::Time deadline);
 
   LocalClusterOptions options_;

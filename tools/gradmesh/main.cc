@@ -74,6 +74,18 @@ ABSL_FLAG(int, autotune_window, 5,
 ABSL_FLAG(bool, verify, true,
           "local: check that every worker gets the same result and that "
           "inputs = result + residuals, every iteration");
+ABSL_FLAG(std::string, json, "",
+          "local: also write every iteration's figures per worker to this "
+          "JSON file");
+ABSL_FLAG(std::vector<std::string>, netns, {},
+          "local: emulated hosts, one network namespace per worker (as `ip "
+          "netns add` names them; needs root); with --hosts");
+ABSL_FLAG(std::vector<std::string>, hosts, {},
+          "local: with --netns, the address each worker binds to in its "
+          "namespace");
+ABSL_FLAG(std::string, coordinator_host, "127.0.0.1",
+          "local: the coordinator's listen address (with --netns, one every "
+          "namespace reaches)");
 ABSL_FLAG(std::string, job, "",
           "run: the job name the commands get as GRADMESH_JOB (empty: "
           "run-<pid>-<unix seconds>)");
@@ -87,7 +99,8 @@ constexpr char kUsage[] =
     "usage: gradmesh <command> [flags]\n"
     "\n"
     "commands:\n"
-    "  local    start a coordinator and P worker processes on 127.0.0.1,\n"
+    "  local    start a coordinator and P worker processes on 127.0.0.1\n"
+    "           (or one per network namespace: --netns, --hosts),\n"
     "           run iterations of seeded gradients through them, check and\n"
     "           report each one, then shut the cluster down\n"
     "  replay   run an all-reduce algorithm on P in-process workers over\n"
@@ -224,8 +237,22 @@ int Local(int argc, char** argv) {
                  std::string(cluster.status().message()).c_str());
     return 2;
   }
+  const std::vector<std::string> netns = absl::GetFlag(FLAGS_netns);
+  const std::vector<std::string> hosts = absl::GetFlag(FLAGS_hosts);
+  if (netns.size() != hosts.size()) {
+    std::fprintf(stderr,
+                 "gradmesh local: --netns names %zu namespaces, --hosts %zu "
+                 "addresses; give one of each per worker\n",
+                 netns.size(), hosts.size());
+    return 2;
+  }
+  for (size_t w = 0; w < netns.size(); ++w) {
+    cluster->hosts.push_back({netns[w], hosts[w]});
+  }
+  cluster->coordinator_host = absl::GetFlag(FLAGS_coordinator_host);
   gradmesh::tools::LocalOptions options;
   options.cluster = *std::move(cluster);
+  options.json_path = absl::GetFlag(FLAGS_json);
   options.n = absl::GetFlag(FLAGS_n);
   options.iterations = absl::GetFlag(FLAGS_iterations);
   options.seed = absl::GetFlag(FLAGS_seed);

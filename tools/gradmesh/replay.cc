@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -88,11 +89,21 @@ absl::Status WriteDense(const sparse::SparseBlock& result, uint64_t n,
   return absl::OkStatus();
 }
 
-// Everything one rank does: read or generate, all-reduce, write.
+// What one rank's all-reduce of one iteration did and took.
+struct IterationStats {
+  collectives::OpStats op;
+  double seconds = 0;
+};
+
+// Everything one rank does: read or generate, all-reduce, write. Every
+// iteration's all-reduce starts when all ranks have their gradient
+// (`start`), so its time is the operation's alone, without the skew of
+// reading and writing.
 absl::Status RunRank(const ReplayOptions& options, const Shape& shape,
                      std::optional<NpyReader> reader,
                      transport::Transport* transport, const fs::path& staging,
-                     std::vector<collectives::OpStats>* stats) {
+                     std::barrier<>& start,
+                     std::vector<IterationStats>* stats) {
   const int rank = transport->rank();
   const engine::GroupConfig group{
       .transport = transport,
@@ -112,15 +123,16 @@ absl::Status RunRank(const ReplayOptions& options, const Shape& shape,
     } else {
       SyntheticGradient(options.seed, rank, t, absl::MakeSpan(gradient));
     }
-    const absl::Time start = absl::Now();
+    start.arrive_and_wait();
+    const absl::Time started = absl::Now();
     collectives::OpStats op_stats;
     GM_ASSIGN_OR_RETURN(
         sparse::SparseBlock result,
         engine.AllReduce(
             group, {.buffer = "gradient", .gradient = gradient, .operation = t},
             &op_stats));
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    stats->push_back(op_stats);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
+    stats->push_back({op_stats, seconds});
     GM_RETURN_IF_ERROR(WriteDense(result, shape.n, results));
     if (options.progress && rank == 0) {
       std::printf(
@@ -149,10 +161,9 @@ absl::Status RunRank(const ReplayOptions& options, const Shape& shape,
   return residual.Close();
 }
 
-absl::Status WriteStats(
-    const ReplayOptions& options, const Shape& shape,
-    const std::vector<std::vector<collectives::OpStats>>& stats,
-    const fs::path& path) {
+absl::Status WriteStats(const ReplayOptions& options, const Shape& shape,
+                        const std::vector<std::vector<IterationStats>>& stats,
+                        const fs::path& path) {
   std::ofstream out(path);
   out << "{\n  \"algorithm\": \"" << options.algorithm.algorithm << "\",\n"
       << "  \"workers\": " << options.workers << ",\n"
@@ -166,8 +177,11 @@ absl::Status WriteStats(
   for (size_t r = 0; r < stats.size(); ++r) {
     out << "    {\"rank\": " << r << ", \"iterations\": [\n";
     for (size_t t = 0; t < stats[r].size(); ++t) {
-      const collectives::OpStats& s = stats[r][t];
-      out << "      {\"iteration\": " << t << ", \"rounds\": " << s.rounds
+      const collectives::OpStats& s = stats[r][t].op;
+      out << "      {\"iteration\": " << t
+          << ", \"seconds\": " << stats[r][t].seconds
+          << ", \"wait_seconds\": " << s.wait_seconds
+          << ", \"rounds\": " << s.rounds
           << ", \"bytes_sent\": " << s.bytes_sent
           << ", \"bytes_received\": " << s.bytes_received
           << ", \"coo_bytes_received\": " << s.coo_bytes_received
@@ -260,12 +274,15 @@ absl::Status RunReplay(const ReplayOptions& options) {
 
   transport::LoopbackNetwork network(options.workers);
   std::vector<absl::Status> statuses(options.workers);
-  std::vector<std::vector<collectives::OpStats>> stats(options.workers);
+  std::vector<std::vector<IterationStats>> stats(options.workers);
+  std::barrier<> start(options.workers);
   std::vector<std::thread> threads;
   for (int r = 0; r < options.workers; ++r) {
     threads.emplace_back([&, r] {
       statuses[r] = RunRank(options, shape, std::move(readers[r]),
-                            network.endpoint(r), staging, &stats[r]);
+                            network.endpoint(r), staging, start, &stats[r]);
+      // Done or failed: the others no longer wait for this rank to start.
+      start.arrive_and_drop();
       // Peers waiting on a failed rank learn at once instead of timing out.
       if (!statuses[r].ok()) network.endpoint(r)->Abort(statuses[r]);
     });

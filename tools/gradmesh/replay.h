@@ -7,7 +7,9 @@
 // Outputs, in <output_dir>:
 //   rank{r}.result.npy    float32 [T, n]  dense form of each iteration's sum
 //   rank{r}.residual.npy  float32 [n]     residual after the last iteration
-//   stats.json            per rank and iteration: rounds, bytes, nonzeros, h
+//   stats.json            per rank and iteration: seconds (the all-reduce,
+//                         started on all ranks at once), wait_seconds,
+//                         rounds, bytes, nonzeros, h
 // Outputs are written into a staging directory that is renamed into place
 // only when everything succeeded: a failed run leaves no partial output.
 #ifndef GRADMESH_TOOLS_GRADMESH_REPLAY_H_

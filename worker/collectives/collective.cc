@@ -78,9 +78,12 @@ absl::StatusOr<std::vector<std::string>> StepRunner::ReceivePayloads(
   std::vector<std::string> received;
   received.reserve(recv_count);
   for (int i = 0; i < recv_count; ++i) {
-    GM_ASSIGN_OR_RETURN(
-        std::string bytes,
-        context_.transport->Recv(recv_from, tag, context_.deadline));
+    absl::StatusOr<std::string> message;
+    {
+      ScopedTimer waiting(&stats_->wait_seconds);
+      message = context_.transport->Recv(recv_from, tag, context_.deadline);
+    }
+    GM_ASSIGN_OR_RETURN(std::string bytes, std::move(message));
     stats_->bytes_received += bytes.size();
     ++stats_->messages_received;
     received.push_back(std::move(bytes));

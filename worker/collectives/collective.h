@@ -61,6 +61,9 @@ struct OpStats {
   uint64_t result_nonzeros = 0;
   // Wall time of the top-k selections over dense data (the kernels' share).
   double topk_seconds = 0;
+  // Wall time blocked in Recv for peers' messages: the operation's time
+  // minus this is what the worker computed (or spent sending).
+  double wait_seconds = 0;
   // Algorithm-specific figures, in the order they were recorded, e.g.
   // SparDL B-SAG's "bsag_h"; each algorithm's header lists its own.
   std::vector<std::pair<std::string, int64_t>> details;

@@ -78,6 +78,7 @@ grpc::Status SdkService::AllReduce(grpc::ServerContext* context,
   response->set_algorithm(result->plan.algorithm);
   response->set_teams(result->plan.teams);
   response->set_seconds(result->seconds);
+  response->set_wait_seconds(result->stats.wait_seconds);
   response->set_rounds(result->stats.rounds);
   response->set_bytes_sent(result->stats.bytes_sent);
   response->set_bytes_received(result->stats.bytes_received);

@@ -136,7 +136,8 @@ struct ReduceInfo {
   int world_size = 0;
   std::string algorithm;
   int teams = 0;
-  double seconds = 0;  // the worker's own time for the operation
+  double seconds = 0;       // the worker's own time for the operation
+  double wait_seconds = 0;  // of `seconds`, blocked waiting for peers
   int rounds = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;

@@ -1,0 +1,617 @@
+#!/usr/bin/python3
+"""The cluster benchmark: gradmesh's all-reduces through the real daemons on
+emulated hosts, against Gloo's and MPI's dense all-reduce on the same links.
+
+Every worker (and every Gloo or MPI rank) runs in a network namespace of its
+own, joined to a bridge by a veth pair that tc's tbf shapes to the link's rate
+in both directions; "loopback" runs everything on 127.0.0.1 instead. For each
+link it first fits alpha and beta over gradmesh's own transport
+(transport_bench --fit), then runs every case: n x density x P x system.
+
+  sudo bench/cluster_bench.py --build=build-release            # the full grid
+  sudo bench/cluster_bench.py --links=loopback,1gbit --n=25000000 \
+      --densities=0.01 --workers=4
+  bench/cluster_bench.py --smoke --build=build --out=/tmp/smoke  # CI, no root
+
+Writes OUT/results.json, OUT/results.md and OUT/results.png, printing one
+progress line per case. Everything it creates in the network (namespaces
+gmb*, bridge gmbr0) it removes on exit, Ctrl-C included.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+LINKS = {  # name: tbf rate (None: not shaped)
+    "loopback": None,
+    "10gbit": "10gbit",
+    "1gbit": "1gbit",
+    "100mbit": "100mbit",
+}
+GRADMESH_SYSTEMS = {  # name: (--algo, --teams)
+    "spardl": ("spardl", "1"),
+    "spardl-auto": ("spardl", "auto"),
+    "oktopk": ("oktopk", "1"),
+    "topka": ("topka", "1"),
+    "topkdsa": ("topkdsa", "1"),
+    "gtopk": ("gtopk", "1"),
+    "dense": ("dense", "1"),
+}
+PEER_SYSTEMS = ("gloo", "mpi")
+SPARSE_BASELINES = ("oktopk", "topka", "topkdsa", "gtopk")
+NS_PREFIX = "gmb"
+BRIDGE = "gmbr0"
+SUBNET = "10.77.0"
+BRIDGE_IP = SUBNET + ".254"
+
+
+def log(message):
+    print(message, flush=True)
+
+
+def run(cmd, check=True, **kwargs):
+    return subprocess.run(cmd, check=check, text=True, capture_output=True,
+                          **kwargs)
+
+
+class Hosts:
+    """P network namespaces on a bridge, shaped by tbf; removed on close."""
+
+    def __init__(self, count):
+        self.count = count
+        self.names = [f"{NS_PREFIX}{i}" for i in range(count)]
+        self.ips = [f"{SUBNET}.{i + 1}" for i in range(count)]
+
+    @staticmethod
+    def remove_all():
+        out = run(["ip", "netns", "list"], check=False).stdout
+        for line in out.splitlines():
+            name = line.split()[0] if line.split() else ""
+            if name.startswith(NS_PREFIX) and name[len(NS_PREFIX):].isdigit():
+                run(["ip", "netns", "del", name], check=False)
+        run(["ip", "link", "del", BRIDGE], check=False)
+
+    def create(self):
+        Hosts.remove_all()
+        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        run(["ip", "addr", "add", BRIDGE_IP + "/24", "dev", BRIDGE])
+        run(["ip", "link", "set", BRIDGE, "up"])
+        for i, (ns, ip) in enumerate(zip(self.names, self.ips)):
+            outer = f"gmv{i}"
+            run(["ip", "netns", "add", ns])
+            run(["ip", "link", "add", outer, "type", "veth", "peer", "name",
+                 "eth0", "netns", ns])
+            run(["ip", "link", "set", outer, "master", BRIDGE, "up"])
+            run(["ip", "-n", ns, "addr", "add", ip + "/24", "dev", "eth0"])
+            run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            run(["ip", "-n", ns, "link", "set", "lo", "up"])
+
+    def shape(self, rate):
+        """tbf at `rate` on both ends of every veth (None: unshaped)."""
+        for i, ns in enumerate(self.names):
+            for prefix, dev in ((["ip", "netns", "exec", ns], "eth0"),
+                                ([], f"gmv{i}")):
+                run(prefix + ["tc", "qdisc", "del", "dev", dev, "root"],
+                    check=False)
+                if rate is None:
+                    continue
+                bits = parse_rate(rate)
+                # A burst of 1 ms of traffic (at least 32 KiB): enough for
+                # tbf to reach the rate, small against the messages.
+                burst = max(32 << 10, int(bits / 8 * 0.001))
+                run(prefix + ["tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                              "rate", rate, "burst", str(burst), "latency",
+                              "100ms"])
+
+    def rx_bytes(self):
+        """Bytes each host has received so far (its veth's outer tx)."""
+        counts = []
+        for i in range(self.count):
+            with open(f"/sys/class/net/gmv{i}/statistics/tx_bytes") as f:
+                counts.append(int(f.read()))
+        return counts
+
+
+def parse_rate(rate):
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * scale
+    return float(rate)
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.build = os.path.abspath(args.build)
+        self.gradmesh = os.path.join(self.build, "tools/gradmesh/gradmesh")
+        self.transport_bench = os.path.join(self.build,
+                                            "bench/transport_bench")
+        self.gloo = os.path.join(self.build, "bench/gloo_allreduce")
+        self.mpi = os.path.join(self.build, "bench/mpi_allreduce")
+        self.hosts = None
+        self.results = []
+        self.links = {}
+        self.skipped = []
+
+    # ------------------------------------------------------------ systems
+    def available(self, system):
+        if system in GRADMESH_SYSTEMS or system == "engine":
+            return os.access(self.gradmesh, os.X_OK)
+        if system == "gloo":
+            return os.access(self.gloo, os.X_OK)
+        if system == "mpi":
+            return os.access(self.mpi, os.X_OK) and shutil.which("mpirun")
+        return False
+
+    def host_args(self, workers):
+        if self.hosts is None:
+            return []
+        return [f"--netns={','.join(self.hosts.names[:workers])}",
+                f"--hosts={','.join(self.hosts.ips[:workers])}",
+                f"--coordinator_host={BRIDGE_IP}"]
+
+    def run_gradmesh(self, system, n, density, workers, iterations):
+        algo, teams = GRADMESH_SYSTEMS[system]
+        warm = 1
+        if teams == "auto":  # autotune tries every divisor of P first
+            divisors = [d for d in range(1, workers + 1) if workers % d == 0]
+            warm += len(divisors) * self.args.autotune_window
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "local.json")
+            cmd = [self.gradmesh, "local", f"--algo={algo}",
+                   f"--teams={teams}", f"--workers={workers}", f"--n={n}",
+                   f"--density={density}", f"--iterations={warm + iterations}",
+                   "--verify=false", f"--json={path}",
+                   f"--autotune_window={self.args.autotune_window}",
+                   f"--timeout_s={self.args.timeout}"]
+            cmd += self.host_args(workers)
+            proc = run(cmd, check=False, timeout=self.args.case_timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{system}: {proc.stderr.strip()[-800:]}")
+            with open(path) as f:
+                data = json.load(f)
+        rows = data["iterations"][-iterations:]
+        out = {"seconds": [], "call_seconds": [], "compute_seconds": [],
+               "bytes_received": [], "rounds": [], "teams": None}
+        for it in rows:
+            ws = it["workers"]
+            out["seconds"].append(max(w["seconds"] for w in ws))
+            out["call_seconds"].append(max(w["call_seconds"] for w in ws))
+            out["compute_seconds"].append(
+                max(w["seconds"] - w["wait_seconds"] for w in ws))
+            out["bytes_received"].append(
+                statistics.mean(w["bytes_received"] for w in ws))
+            out["rounds"].append(max(w["rounds"] for w in ws))
+            out["teams"] = ws[0]["teams"]
+        return out
+
+    def run_engine(self, system, n, density, workers, iterations):
+        """The in-process engine (gradmesh replay) on the same inputs."""
+        algo, _ = GRADMESH_SYSTEMS[system]
+        with tempfile.TemporaryDirectory() as tmp:
+            out_dir = os.path.join(tmp, "replay")
+            proc = run([self.gradmesh, "replay", f"--algo={algo}", "--teams=1",
+                        f"--workers={workers}", f"--n={n}",
+                        f"--density={density}",
+                        f"--iterations={1 + iterations}",
+                        f"--output_dir={out_dir}"], check=False,
+                       timeout=self.args.case_timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"replay: {proc.stderr.strip()[-800:]}")
+            with open(os.path.join(out_dir, "stats.json")) as f:
+                data = json.load(f)
+        per_iteration = zip(*[r["iterations"] for r in data["ranks"]])
+        seconds = [max(x["seconds"] for x in its) for its in per_iteration]
+        return {"seconds": seconds[1:]}
+
+    def run_peer(self, system, n, workers, iterations):
+        with tempfile.TemporaryDirectory() as store:
+            if system == "gloo":
+                procs = []
+                for r in range(workers):
+                    host = "127.0.0.1"
+                    prefix = []
+                    if self.hosts is not None:
+                        host = self.hosts.ips[r]
+                        prefix = ["ip", "netns", "exec", self.hosts.names[r]]
+                    procs.append(subprocess.Popen(
+                        prefix + [self.gloo, f"--rank={r}",
+                                  f"--size={workers}", f"--store_dir={store}",
+                                  f"--host={host}", f"--n={n}",
+                                  f"--iterations={iterations}",
+                                  f"--timeout_s={self.args.timeout}"],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        text=True))
+                outputs = []
+                for p in procs:
+                    out, err = p.communicate(timeout=self.args.case_timeout)
+                    if p.returncode != 0:
+                        raise RuntimeError(f"gloo: {err.strip()[-800:]}")
+                    outputs.append(out)
+            else:
+                outputs = [self.run_mpi(n, workers, iterations)]
+        lines = [json.loads(l) for o in outputs for l in o.splitlines()
+                 if l.startswith("{")]
+        if len(lines) != workers or not all(l["checked"] for l in lines):
+            raise RuntimeError(f"{system}: {len(lines)} of {workers} ranks "
+                               "reported a checked sum")
+        seconds = [max(ts) for ts in zip(*[l["seconds"] for l in lines])]
+        return {"seconds": seconds}
+
+    def run_mpi(self, n, workers, iterations):
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
+                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMPI_MCA_rmaps_base_oversubscribe="1")
+        program = [self.mpi, f"--n={n}", f"--iterations={iterations}"]
+        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none",
+               "--mca", "btl", "tcp,self"]
+        if self.hosts is None:
+            cmd += ["--mca", "btl_tcp_if_include", "lo", "-np", str(workers)]
+            cmd += program
+        else:
+            # The ranks reach mpirun's PMIx server over the bridge.
+            env["PMIX_MCA_ptl_tcp_if_include"] = SUBNET + ".0/24"
+            cmd += ["--mca", "btl_tcp_if_include", SUBNET + ".0/24"]
+            for r in range(workers):
+                if r > 0:
+                    cmd.append(":")
+                cmd += ["-np", "1", "ip", "netns", "exec",
+                        self.hosts.names[r]] + program
+        proc = run(cmd, check=False, env=env, timeout=self.args.case_timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"mpi: {proc.stderr.strip()[-800:]}")
+        return proc.stdout
+
+    # -------------------------------------------------------------- cases
+    def fit_link(self, link):
+        cmd = [self.transport_bench, "--fit",
+               f"--fit_max_kib={self.args.fit_max_kib}"]
+        if self.hosts is not None:
+            cmd += [f"--netns={self.hosts.names[0]},{self.hosts.names[1]}",
+                    f"--hosts={self.hosts.ips[0]},{self.hosts.ips[1]}"]
+        proc = run(cmd, check=False, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"link fit: {proc.stderr.strip()[-800:]}")
+        fit = json.loads(proc.stdout.strip().splitlines()[-1])
+        log(f"link {link}: alpha {fit['alpha_s'] * 1e6:.1f} us, "
+            f"{fit['gbit_per_s']:.3g} Gbit/s over the gRPC transport")
+        return fit
+
+    def run_case(self, link, n, density, workers, system):
+        iterations = self.args.iterations
+        before = self.hosts.rx_bytes() if self.hosts is not None else None
+        if system in GRADMESH_SYSTEMS:
+            out = self.run_gradmesh(system, n, density, workers, iterations)
+            runs = 1 + iterations + (
+                0 if GRADMESH_SYSTEMS[system][1] != "auto" else
+                len([d for d in range(1, workers + 1) if workers % d == 0]) *
+                self.args.autotune_window)
+        elif system == "engine":
+            out = self.run_engine("spardl", n, density, workers, iterations)
+            runs = None
+        else:
+            out = self.run_peer(system, n, workers, iterations)
+            runs = 1 + iterations
+        if before is not None and runs:
+            after = self.hosts.rx_bytes()
+            out["wire_bytes_received"] = statistics.mean(
+                (a - b) / runs for a, b in zip(after[:workers],
+                                               before[:workers]))
+        row = {"link": link, "n": n, "density": density, "workers": workers,
+               "system": system, "iterations": iterations}
+        for key, values in list(out.items()):
+            if isinstance(values, list):
+                row[key] = values
+                row[key + "_median"] = statistics.median(values)
+            else:
+                row[key] = values
+        row["spread"] = [min(out["seconds"]), max(out["seconds"])]
+        if "compute_seconds" in out:
+            fit = self.links[link]
+            row["compute_share"] = (row["compute_seconds_median"] /
+                                    row["seconds_median"])
+            row["predicted_seconds"] = (
+                fit["alpha_s"] * row["rounds_median"] +
+                fit["beta_s_per_byte"] * row["bytes_received_median"] +
+                row["compute_seconds_median"])
+            row["measured_over_predicted"] = (row["seconds_median"] /
+                                              row["predicted_seconds"])
+        return row
+
+    def grid(self):
+        a = self.args
+        for link in a.links:
+            for n in a.n:
+                for density in a.densities:
+                    for workers in a.workers:
+                        systems = list(a.systems)
+                        if link == "loopback" and a.engine:
+                            systems.append("engine")
+                        for system in systems:
+                            yield link, n, density, workers, system
+
+    def main(self):
+        cases = list(self.grid())
+        max_workers = max(self.args.workers)
+        done = 0
+        start = time.time()
+        for link in self.args.links:
+            if LINKS[link] is not None or self.args.netns_loopback:
+                if self.hosts is None:
+                    self.hosts = Hosts(max(max_workers, 2))
+                    self.hosts.create()
+                self.hosts.shape(LINKS[link])
+            self.links[link] = self.fit_link(link)
+            for case in cases:
+                if case[0] != link:
+                    continue
+                done += 1
+                _, n, density, workers, system = case
+                label = (f"[{done}/{len(cases)}] {link} n={n} "
+                         f"density={density:g} P={workers} {system}")
+                if not self.available(system):
+                    log(f"{label}: skipped (not built or not installed)")
+                    self.skipped.append(label)
+                    continue
+                try:
+                    row = self.run_case(link, n, density, workers, system)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    log(f"{label}: FAILED {e}")
+                    self.results.append(
+                        {"link": link, "n": n, "density": density,
+                         "workers": workers, "system": system,
+                         "error": str(e)[-800:]})
+                    continue
+                self.results.append(row)
+                log(f"{label}: {row['seconds_median'] * 1e3:.1f} ms "
+                    f"(median; {row['spread'][0] * 1e3:.1f}-"
+                    f"{row['spread'][1] * 1e3:.1f}), "
+                    f"{time.time() - start:.0f} s elapsed")
+            if self.hosts is not None and LINKS[link] is not None:
+                self.hosts.shape(None)
+        add_ratios(self.results)
+        self.write()
+        if self.args.smoke and self.skipped:
+            log("smoke: every system must run (scripts/setup.sh installs "
+                "Gloo and Open MPI; build the harnesses)")
+            return 1
+        return 1 if any("error" in r for r in self.results) else 0
+
+    def write(self):
+        os.makedirs(self.args.out, exist_ok=True)
+        data = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "machine": machine(), "command": " ".join(sys.argv),
+                "links": self.links, "cases": self.results,
+                "skipped": self.skipped}
+        with open(os.path.join(self.args.out, "results.json"), "w") as f:
+            json.dump(data, f, indent=1)
+        with open(os.path.join(self.args.out, "results.md"), "w") as f:
+            f.write(markdown(data))
+        plotted = plot(self.results, os.path.join(self.args.out,
+                                                  "results.png"))
+        log(f"wrote {self.args.out}/results.json, results.md"
+            f"{', results.png' if plotted else ''}")
+
+
+def add_ratios(rows):
+    """Speedups of every row against its case's peers, same run."""
+    by_case = {}
+    for r in rows:
+        if "error" not in r:
+            key = (r["link"], r["n"], r["density"], r["workers"])
+            by_case.setdefault(key, {})[r["system"]] = r
+    for systems in by_case.values():
+        for name, row in systems.items():
+            if name == "engine":
+                continue
+            for peer in ("gloo", "mpi", "dense") + SPARSE_BASELINES:
+                if peer in systems and peer != name:
+                    row[f"speedup_vs_{peer}"] = (
+                        systems[peer]["seconds_median"] / row["seconds_median"])
+            if name == "spardl" and "engine" in systems:
+                row["daemon_over_engine"] = (
+                    row["seconds_median"] / systems["engine"]["seconds_median"])
+
+
+def machine():
+    cores = os.cpu_count()
+    memory = ""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = int(f.readline().split()[1])
+            memory = f", {kib / 2**20:.0f} GiB"
+    except OSError:
+        pass
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip() + ", "
+                    break
+    except OSError:
+        pass
+    return f"{model}{cores} cores{memory}"
+
+
+def fmt(value, spec):
+    return "" if value is None else format(value, spec)
+
+
+def markdown(data):
+    lines = [f"Measured {data['date']} on {data['machine']}.", "",
+             f"`{data['command']}`", "", "| link | alpha | bandwidth |",
+             "|---|---|---|"]
+    for link, fit in data["links"].items():
+        lines.append(f"| {link} | {fit['alpha_s'] * 1e6:.1f} us | "
+                     f"{fit['gbit_per_s']:.3g} Gbit/s |")
+    lines += ["", "| link | n | density | P | system | median ms | spread ms "
+              "| SDK call ms | bytes received/worker | compute share | "
+              "x Gloo | x MPI | x Ok-Topk | x TopkA | measured / model |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["cases"]:
+        if "error" in r:
+            lines.append(f"| {r['link']} | {r['n']} | {r['density']:g} | "
+                         f"{r['workers']} | {r['system']} | failed: "
+                         f"{r['error'][:80]} |||||||||")
+            continue
+        name = r["system"]
+        if r.get("teams") and name.startswith("spardl"):
+            name += f" (d={r['teams']})"
+        if name == "engine":
+            name = "spardl (d=1), in-process engine"
+        received = r.get("bytes_received_median",
+                         r.get("wire_bytes_received"))
+        share = r.get("compute_share")
+        lines.append(
+            "| " + " | ".join([
+                r["link"], f"{r['n']:,}", f"{r['density']:g}",
+                str(r["workers"]), name,
+                f"{r['seconds_median'] * 1e3:.1f}",
+                f"{r['spread'][0] * 1e3:.1f}-{r['spread'][1] * 1e3:.1f}",
+                fmt(r.get("call_seconds_median", None) and
+                    r["call_seconds_median"] * 1e3, ".1f"),
+                fmt(received, ",.0f"),
+                "" if share is None else f"{share:.0%}",
+                fmt(r.get("speedup_vs_gloo"), ".2f"),
+                fmt(r.get("speedup_vs_mpi"), ".2f"),
+                fmt(r.get("speedup_vs_oktopk"), ".2f"),
+                fmt(r.get("speedup_vs_topka"), ".2f"),
+                fmt(r.get("measured_over_predicted"), ".2f")]) + " |")
+    engine = [r for r in data["cases"] if "daemon_over_engine" in r]
+    if engine:
+        lines += ["", "Daemon path against the in-process engine (SparDL "
+                  "d=1, same inputs):", ""]
+        for r in engine:
+            lines.append(f"- n={r['n']:,}, density {r['density']:g}, "
+                         f"P={r['workers']}: {r['daemon_over_engine']:.2f}x")
+    if data["skipped"]:
+        lines += ["", "Skipped: " + "; ".join(data["skipped"])]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: no plot")
+        return False
+    groups = {}
+    for r in rows:
+        if "error" in r:
+            continue
+        key = (r["n"], r["density"], r["workers"])
+        groups.setdefault(key, {}).setdefault(r["link"], {})[r["system"]] = (
+            r["seconds_median"])
+    if not groups:
+        return False
+    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 3.6 * len(groups)),
+                             squeeze=False)
+    for ax, ((n, density, workers), links) in zip(axes[:, 0],
+                                                   sorted(groups.items())):
+        systems = sorted({s for v in links.values() for s in v})
+        width = 0.8 / max(1, len(systems))
+        for i, system in enumerate(systems):
+            xs = [j + i * width for j in range(len(links))]
+            ys = [links[l].get(system, 0) * 1e3 for l in links]
+            ax.bar(xs, ys, width, label=system)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(links))])
+        ax.set_xticklabels(list(links))
+        ax.set_yscale("log")
+        ax.set_ylabel("ms per all-reduce")
+        ax.set_title(f"n = {n:,}, density {density:g}, P = {workers}")
+        ax.legend(fontsize=7, ncol=5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    return True
+
+
+def csv(kind):
+    return lambda s: [kind(x) for x in s.split(",") if x]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--build", default="build-release",
+                   help="build tree with gradmesh, transport_bench and the "
+                   "harnesses (default: build-release)")
+    p.add_argument("--out", default="out/cluster", help="output directory")
+    p.add_argument("--links", type=csv(str), default=list(LINKS),
+                   help="comma list of " + ", ".join(LINKS))
+    p.add_argument("--n", type=csv(int), default=[4000000, 25000000])
+    p.add_argument("--densities", type=csv(float), default=[0.001, 0.01])
+    p.add_argument("--workers", type=csv(int), default=[4, 8])
+    p.add_argument("--systems", type=csv(str),
+                   default=list(GRADMESH_SYSTEMS) + list(PEER_SYSTEMS))
+    p.add_argument("--iterations", type=int, default=5,
+                   help="timed all-reduces per case (after a warm-up)")
+    p.add_argument("--autotune_window", type=int, default=2)
+    p.add_argument("--no-engine", dest="engine", action="store_false",
+                   help="skip the in-process engine rows on loopback")
+    p.add_argument("--netns_loopback", action="store_true",
+                   help="run the loopback link in namespaces too (unshaped "
+                   "veth)")
+    p.add_argument("--fit_max_kib", type=int, default=4096)
+    p.add_argument("--timeout", type=int, default=600,
+                   help="per-operation timeout, seconds")
+    p.add_argument("--case_timeout", type=int, default=1800,
+                   help="a case that runs longer fails, seconds")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny n on loopback, 2 iterations: checks that every "
+                   "part runs (no timing claims)")
+    args = p.parse_args()
+    if args.smoke:
+        args.links, args.n, args.densities = ["loopback"], [20000], [0.01]
+        args.workers, args.iterations, args.fit_max_kib = [4], 2, 64
+        args.autotune_window = 1
+    for link in args.links:
+        if link not in LINKS:
+            p.error(f"unknown link {link}; known: {', '.join(LINKS)}")
+    for system in args.systems:
+        if system not in GRADMESH_SYSTEMS and system not in PEER_SYSTEMS:
+            p.error(f"unknown system {system}")
+    needs_root = args.netns_loopback or any(LINKS[l] for l in args.links)
+    if needs_root and os.geteuid() != 0:
+        p.error("emulated hosts need root (network namespaces and tc)")
+    if min(args.workers) < 2:
+        p.error("--workers: at least 2")
+    return args
+
+
+def main():
+    args = parse_args()
+    bench = Bench(args)
+    if not os.access(bench.gradmesh, os.X_OK):
+        sys.exit(f"{bench.gradmesh} is missing: build the project first "
+                 f"(scripts/build.sh {args.build})")
+
+    def stop(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        return bench.main()
+    except KeyboardInterrupt:
+        log("interrupted")
+        bench.write()
+        return 130
+    finally:
+        if bench.hosts is not None:
+            Hosts.remove_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
