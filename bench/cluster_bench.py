@@ -20,6 +20,7 @@ gmb*, bridge gmbr0) it removes on exit, Ctrl-C included.
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -57,8 +58,72 @@ def log(message):
 
 
 def run(cmd, check=True, **kwargs):
+    """A short setup command (ip, tc)."""
     return subprocess.run(cmd, check=check, text=True, capture_output=True,
-                          **kwargs)
+                          timeout=60, **kwargs)
+
+
+LIVE = set()  # process groups of running cases, killed on any exit
+
+
+def kill_group(proc):
+    """SIGTERM to the process's whole group (mpirun tidies its ranks up),
+    SIGKILL 5 s later."""
+    for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    LIVE.discard(proc)
+
+
+def run_all(commands, timeout, env=None):
+    """Runs the commands at once, each in a process group of its own, until
+    all exit or `timeout` seconds pass (then all are killed). Returns
+    [(returncode, stdout, stderr)]; never leaves a process behind."""
+    procs, files = [], []
+    try:
+        for cmd in commands:
+            out = tempfile.TemporaryFile(mode="w+")
+            err = tempfile.TemporaryFile(mode="w+")
+            files.append((out, err))
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err,
+                                          text=True, env=env,
+                                          start_new_session=True))
+            LIVE.add(procs[-1])
+        deadline = time.time() + timeout
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"{os.path.basename(commands[0][0])}: "
+                                   f"no result within {timeout} s")
+        results = []
+        for proc, (out, err) in zip(procs, files):
+            out.seek(0)
+            err.seek(0)
+            results.append((proc.returncode, out.read(), err.read()))
+        return results
+    finally:
+        for proc in procs:
+            kill_group(proc)
+        for out, err in files:
+            out.close()
+            err.close()
+
+
+def run_one(cmd, timeout, env=None):
+    code, out, err = run_all([cmd], timeout, env)[0]
+    if code != 0:
+        raise RuntimeError(f"{os.path.basename(cmd[0])} exited with {code}: "
+                           f"{err.strip()[-800:]}")
+    return out
 
 
 class Hosts:
@@ -71,12 +136,25 @@ class Hosts:
 
     @staticmethod
     def remove_all():
+        """Removes every namespace, veth and the bridge this script makes,
+        killing what still runs inside (a namespace with a process in it
+        outlives `ip netns del`)."""
         out = run(["ip", "netns", "list"], check=False).stdout
         for line in out.splitlines():
             name = line.split()[0] if line.split() else ""
             if name.startswith(NS_PREFIX) and name[len(NS_PREFIX):].isdigit():
+                pids = run(["ip", "netns", "pids", name], check=False).stdout
+                for pid in pids.split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
                 run(["ip", "netns", "del", name], check=False)
-        run(["ip", "link", "del", BRIDGE], check=False)
+        links = run(["ip", "-o", "link", "show"], check=False).stdout
+        for line in links.splitlines():
+            dev = line.split(":")[1].strip().split("@")[0]
+            if dev == BRIDGE or (dev.startswith("gmv") and dev[3:].isdigit()):
+                run(["ip", "link", "del", dev], check=False)
 
     def create(self):
         Hosts.remove_all()
@@ -172,13 +250,17 @@ class Bench:
                    "--verify=false", f"--json={path}",
                    f"--autotune_window={self.args.autotune_window}",
                    f"--timeout_s={self.args.timeout}"]
+            if self.args.smoke:
+                cmd[cmd.index("--verify=false")] = "--verify=true"
             cmd += self.host_args(workers)
-            proc = run(cmd, check=False, timeout=self.args.case_timeout)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{system}: {proc.stderr.strip()[-800:]}")
+            run_one(cmd, self.args.case_timeout)
             with open(path) as f:
                 data = json.load(f)
         rows = data["iterations"][-iterations:]
+        if len(rows) < iterations:
+            raise RuntimeError(f"{system}: {len(rows)} of {iterations} timed "
+                               "iterations succeeded")
+        # Per iteration, the slowest worker's figures: the critical path.
         out = {"seconds": [], "call_seconds": [], "compute_seconds": [],
                "bytes_received": [], "rounds": [], "teams": None}
         for it in rows:
@@ -187,8 +269,7 @@ class Bench:
             out["call_seconds"].append(max(w["call_seconds"] for w in ws))
             out["compute_seconds"].append(
                 max(w["seconds"] - w["wait_seconds"] for w in ws))
-            out["bytes_received"].append(
-                statistics.mean(w["bytes_received"] for w in ws))
+            out["bytes_received"].append(max(w["bytes_received"] for w in ws))
             out["rounds"].append(max(w["rounds"] for w in ws))
             out["teams"] = ws[0]["teams"]
         return out
@@ -198,14 +279,11 @@ class Bench:
         algo, _ = GRADMESH_SYSTEMS[system]
         with tempfile.TemporaryDirectory() as tmp:
             out_dir = os.path.join(tmp, "replay")
-            proc = run([self.gradmesh, "replay", f"--algo={algo}", "--teams=1",
-                        f"--workers={workers}", f"--n={n}",
-                        f"--density={density}",
-                        f"--iterations={1 + iterations}",
-                        f"--output_dir={out_dir}"], check=False,
-                       timeout=self.args.case_timeout)
-            if proc.returncode != 0:
-                raise RuntimeError(f"replay: {proc.stderr.strip()[-800:]}")
+            run_one([self.gradmesh, "replay", f"--algo={algo}", "--teams=1",
+                     f"--workers={workers}", f"--n={n}",
+                     f"--density={density}", f"--iterations={1 + iterations}",
+                     f"--timeout_s={self.args.timeout}",
+                     f"--output_dir={out_dir}"], self.args.case_timeout)
             with open(os.path.join(out_dir, "stats.json")) as f:
                 data = json.load(f)
         per_iteration = zip(*[r["iterations"] for r in data["ranks"]])
@@ -215,25 +293,23 @@ class Bench:
     def run_peer(self, system, n, workers, iterations):
         with tempfile.TemporaryDirectory() as store:
             if system == "gloo":
-                procs = []
+                commands = []
                 for r in range(workers):
                     host = "127.0.0.1"
                     prefix = []
                     if self.hosts is not None:
                         host = self.hosts.ips[r]
                         prefix = ["ip", "netns", "exec", self.hosts.names[r]]
-                    procs.append(subprocess.Popen(
+                    commands.append(
                         prefix + [self.gloo, f"--rank={r}",
                                   f"--size={workers}", f"--store_dir={store}",
                                   f"--host={host}", f"--n={n}",
                                   f"--iterations={iterations}",
-                                  f"--timeout_s={self.args.timeout}"],
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        text=True))
+                                  f"--timeout_s={self.args.timeout}"])
                 outputs = []
-                for p in procs:
-                    out, err = p.communicate(timeout=self.args.case_timeout)
-                    if p.returncode != 0:
+                for code, out, err in run_all(commands,
+                                              self.args.case_timeout):
+                    if code != 0:
                         raise RuntimeError(f"gloo: {err.strip()[-800:]}")
                     outputs.append(out)
             else:
@@ -252,7 +328,8 @@ class Bench:
                    OMPI_MCA_rmaps_base_oversubscribe="1")
         program = [self.mpi, f"--n={n}", f"--iterations={iterations}"]
         cmd = ["mpirun", "--oversubscribe", "--bind-to", "none",
-               "--mca", "btl", "tcp,self"]
+               "--timeout", str(self.args.case_timeout),
+               "--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]
         if self.hosts is None:
             cmd += ["--mca", "btl_tcp_if_include", "lo", "-np", str(workers)]
             cmd += program
@@ -265,10 +342,7 @@ class Bench:
                     cmd.append(":")
                 cmd += ["-np", "1", "ip", "netns", "exec",
                         self.hosts.names[r]] + program
-        proc = run(cmd, check=False, env=env, timeout=self.args.case_timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"mpi: {proc.stderr.strip()[-800:]}")
-        return proc.stdout
+        return run_one(cmd, self.args.case_timeout + 30, env)
 
     # -------------------------------------------------------------- cases
     def fit_link(self, link):
@@ -277,10 +351,8 @@ class Bench:
         if self.hosts is not None:
             cmd += [f"--netns={self.hosts.names[0]},{self.hosts.names[1]}",
                     f"--hosts={self.hosts.ips[0]},{self.hosts.ips[1]}"]
-        proc = run(cmd, check=False, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"link fit: {proc.stderr.strip()[-800:]}")
-        fit = json.loads(proc.stdout.strip().splitlines()[-1])
+        out = run_one(cmd, self.args.case_timeout)
+        fit = json.loads(out.strip().splitlines()[-1])
         log(f"link {link}: alpha {fit['alpha_s'] * 1e6:.1f} us, "
             f"{fit['gbit_per_s']:.3g} Gbit/s over the gRPC transport")
         return fit
@@ -314,16 +386,28 @@ class Bench:
             else:
                 row[key] = values
         row["spread"] = [min(out["seconds"]), max(out["seconds"])]
+        # What a caller waits for: the SDK call for gradmesh, the library
+        # call for Gloo and MPI. Speedups compare these.
+        row["caller_seconds_median"] = row.get("call_seconds_median",
+                                               row["seconds_median"])
         if "compute_seconds" in out:
+            # alpha-beta over the schedule's rounds (plus the members'
+            # agreement, a Bruck all-gather of ceil(log2 P) rounds) and the
+            # slowest worker's bytes, plus that worker's measured compute
+            # (its time not blocked on peers), iteration by iteration.
             fit = self.links[link]
-            row["compute_share"] = (row["compute_seconds_median"] /
-                                    row["seconds_median"])
-            row["predicted_seconds"] = (
-                fit["alpha_s"] * row["rounds_median"] +
-                fit["beta_s_per_byte"] * row["bytes_received_median"] +
-                row["compute_seconds_median"])
-            row["measured_over_predicted"] = (row["seconds_median"] /
-                                              row["predicted_seconds"])
+            agree = math.ceil(math.log2(workers))
+            predicted = [
+                fit["alpha_s"] * (rounds + agree) +
+                fit["beta_s_per_byte"] * received + compute
+                for rounds, received, compute in zip(
+                    out["rounds"], out["bytes_received"],
+                    out["compute_seconds"])]
+            row["compute_share"] = statistics.median(
+                c / s for c, s in zip(out["compute_seconds"], out["seconds"]))
+            row["predicted_seconds_median"] = statistics.median(predicted)
+            row["measured_over_predicted"] = statistics.median(
+                s / p for s, p in zip(out["seconds"], predicted))
         return row
 
     def grid(self):
@@ -343,13 +427,21 @@ class Bench:
         max_workers = max(self.args.workers)
         done = 0
         start = time.time()
+        namespaces = None
         for link in self.args.links:
-            if LINKS[link] is not None or self.args.netns_loopback:
-                if self.hosts is None:
-                    self.hosts = Hosts(max(max_workers, 2))
-                    self.hosts.create()
-                self.hosts.shape(LINKS[link])
-            self.links[link] = self.fit_link(link)
+            emulated = LINKS[link] is not None or self.args.netns_loopback
+            if emulated and namespaces is None:
+                namespaces = Hosts(max(max_workers, 2))
+                namespaces.create()
+            self.hosts = namespaces if emulated else None
+            try:
+                if emulated:
+                    self.hosts.shape(LINKS[link])
+                self.links[link] = self.fit_link(link)
+            except (RuntimeError, subprocess.SubprocessError) as e:
+                log(f"link {link}: FAILED {e}; its cases are skipped")
+                self.skipped.append(f"{link}: {e}")
+                continue
             for case in cases:
                 if case[0] != link:
                     continue
@@ -363,7 +455,8 @@ class Bench:
                     continue
                 try:
                     row = self.run_case(link, n, density, workers, system)
-                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                except (RuntimeError, subprocess.SubprocessError,
+                        OSError, ValueError, KeyError) as e:
                     log(f"{label}: FAILED {e}")
                     self.results.append(
                         {"link": link, "n": n, "density": density,
@@ -375,10 +468,6 @@ class Bench:
                     f"(median; {row['spread'][0] * 1e3:.1f}-"
                     f"{row['spread'][1] * 1e3:.1f}), "
                     f"{time.time() - start:.0f} s elapsed")
-            if self.hosts is not None and LINKS[link] is not None:
-                self.hosts.shape(None)
-        add_ratios(self.results)
-        self.write()
         if self.args.smoke and self.skipped:
             log("smoke: every system must run (scripts/setup.sh installs "
                 "Gloo and Open MPI; build the harnesses)")
@@ -386,6 +475,7 @@ class Bench:
         return 1 if any("error" in r for r in self.results) else 0
 
     def write(self):
+        add_ratios(self.results)
         os.makedirs(self.args.out, exist_ok=True)
         data = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                 "machine": machine(), "command": " ".join(sys.argv),
@@ -415,7 +505,8 @@ def add_ratios(rows):
             for peer in ("gloo", "mpi", "dense") + SPARSE_BASELINES:
                 if peer in systems and peer != name:
                     row[f"speedup_vs_{peer}"] = (
-                        systems[peer]["seconds_median"] / row["seconds_median"])
+                        systems[peer]["caller_seconds_median"] /
+                        row["caller_seconds_median"])
             if name == "spardl" and "engine" in systems:
                 row["daemon_over_engine"] = (
                     row["seconds_median"] / systems["engine"]["seconds_median"])
@@ -453,39 +544,39 @@ def markdown(data):
     for link, fit in data["links"].items():
         lines.append(f"| {link} | {fit['alpha_s'] * 1e6:.1f} us | "
                      f"{fit['gbit_per_s']:.3g} Gbit/s |")
-    lines += ["", "| link | n | density | P | system | median ms | spread ms "
-              "| SDK call ms | bytes received/worker | compute share | "
-              "x Gloo | x MPI | x Ok-Topk | x TopkA | measured / model |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    columns = ["link", "n", "density", "P", "system", "worker ms (median)",
+               "spread ms", "caller ms", "payload B received", "wire B "
+               "received", "compute share", "x Gloo", "x MPI", "x Ok-Topk",
+               "x TopkA", "measured / model"]
+    lines += ["", "| " + " | ".join(columns) + " |",
+              "|" + "---|" * len(columns)]
     for r in data["cases"]:
+        head = [r["link"], f"{r['n']:,}", f"{r['density']:g}",
+                str(r["workers"]), r["system"]]
         if "error" in r:
-            lines.append(f"| {r['link']} | {r['n']} | {r['density']:g} | "
-                         f"{r['workers']} | {r['system']} | failed: "
-                         f"{r['error'][:80]} |||||||||")
+            why = " ".join(r["error"].split()).replace("|", "/")[:120]
+            cells = head + [f"failed: {why}"]
+            lines.append("| " + " | ".join(
+                cells + [""] * (len(columns) - len(cells))) + " |")
             continue
-        name = r["system"]
-        if r.get("teams") and name.startswith("spardl"):
-            name += f" (d={r['teams']})"
-        if name == "engine":
-            name = "spardl (d=1), in-process engine"
-        received = r.get("bytes_received_median",
-                         r.get("wire_bytes_received"))
+        if r.get("teams") and r["system"].startswith("spardl"):
+            head[4] += f" (d={r['teams']})"
+        if r["system"] == "engine":
+            head[4] = "spardl (d=1), in-process engine"
         share = r.get("compute_share")
-        lines.append(
-            "| " + " | ".join([
-                r["link"], f"{r['n']:,}", f"{r['density']:g}",
-                str(r["workers"]), name,
-                f"{r['seconds_median'] * 1e3:.1f}",
-                f"{r['spread'][0] * 1e3:.1f}-{r['spread'][1] * 1e3:.1f}",
-                fmt(r.get("call_seconds_median", None) and
-                    r["call_seconds_median"] * 1e3, ".1f"),
-                fmt(received, ",.0f"),
-                "" if share is None else f"{share:.0%}",
-                fmt(r.get("speedup_vs_gloo"), ".2f"),
-                fmt(r.get("speedup_vs_mpi"), ".2f"),
-                fmt(r.get("speedup_vs_oktopk"), ".2f"),
-                fmt(r.get("speedup_vs_topka"), ".2f"),
-                fmt(r.get("measured_over_predicted"), ".2f")]) + " |")
+        cells = head + [
+            f"{r['seconds_median'] * 1e3:.1f}",
+            f"{r['spread'][0] * 1e3:.1f}-{r['spread'][1] * 1e3:.1f}",
+            f"{r['caller_seconds_median'] * 1e3:.1f}",
+            fmt(r.get("bytes_received_median"), ",.0f"),
+            fmt(r.get("wire_bytes_received"), ",.0f"),
+            "" if share is None else f"{share:.0%}",
+            fmt(r.get("speedup_vs_gloo"), ".2f"),
+            fmt(r.get("speedup_vs_mpi"), ".2f"),
+            fmt(r.get("speedup_vs_oktopk"), ".2f"),
+            fmt(r.get("speedup_vs_topka"), ".2f"),
+            fmt(r.get("measured_over_predicted"), ".2f")]
+        lines.append("| " + " | ".join(cells) + " |")
     engine = [r for r in data["cases"] if "daemon_over_engine" in r]
     if engine:
         lines += ["", "Daemon path against the in-process engine (SparDL "
@@ -565,7 +656,7 @@ def parse_args():
                    help="run the loopback link in namespaces too (unshaped "
                    "veth)")
     p.add_argument("--fit_max_kib", type=int, default=4096)
-    p.add_argument("--timeout", type=int, default=600,
+    p.add_argument("--timeout", type=int, default=120,
                    help="per-operation timeout, seconds")
     p.add_argument("--case_timeout", type=int, default=1800,
                    help="a case that runs longer fails, seconds")
@@ -577,6 +668,9 @@ def parse_args():
         args.links, args.n, args.densities = ["loopback"], [20000], [0.01]
         args.workers, args.iterations, args.fit_max_kib = [4], 2, 64
         args.autotune_window = 1
+        args.timeout, args.case_timeout = 30, 60
+    if args.iterations < 1:
+        p.error("--iterations: at least 1")
     for link in args.links:
         if link not in LINKS:
             p.error(f"unknown link {link}; known: {', '.join(LINKS)}")
@@ -605,11 +699,16 @@ def main():
     try:
         return bench.main()
     except KeyboardInterrupt:
-        log("interrupted")
-        bench.write()
+        log("interrupted: writing what was measured")
         return 130
     finally:
-        if bench.hosts is not None:
+        # A second Ctrl-C must not cut the cleanup short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for proc in list(LIVE):
+            kill_group(proc)
+        bench.write()
+        if os.geteuid() == 0:
             Hosts.remove_all()
 
 

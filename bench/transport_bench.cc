@@ -21,11 +21,14 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -164,15 +167,16 @@ std::vector<std::pair<double, double>> PingPong(
     for (int r = 0; r <= repeats; ++r, ++op) {  // r = 0 warms up
       const int peer = 1 - t.rank();
       const absl::Time deadline = absl::Now() + absl::Seconds(120);
+      std::string message(t.rank() == 0 ? size : 0, 'g');  // made untimed
       const absl::Time start = absl::Now();
       if (t.rank() == 0) {
-        if (!t.Send(peer, {0, op, 0}, std::string(size, 'g')).ok()) _exit(3);
+        if (!t.Send(peer, {0, op, 0}, std::move(message)).ok()) _exit(3);
         if (!t.Recv(peer, {0, op, 1}, deadline).ok()) _exit(3);
       } else {
-        auto message = t.Recv(peer, {0, op, 0}, deadline);
-        if (!message.ok() ||
-            !t.Send(peer, {0, op, 1}, *std::move(message)).ok())
+        auto echo = t.Recv(peer, {0, op, 0}, deadline);
+        if (!echo.ok() || !t.Send(peer, {0, op, 1}, *std::move(echo)).ok()) {
           _exit(3);
+        }
       }
       if (r > 0)
         times.push_back(absl::ToDoubleSeconds(absl::Now() - start) / 2);
@@ -199,6 +203,11 @@ std::pair<double, double> FitLine(
   return {(sy - beta * sx) / s, beta};
 }
 
+// Streams still open are cut after this.
+std::chrono::system_clock::time_point ShutdownDeadline() {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(500);
+}
+
 int RunFit() {
   const std::vector<std::string> netns = absl::GetFlag(FLAGS_netns);
   const std::vector<std::string> hosts = absl::GetFlag(FLAGS_hosts);
@@ -211,16 +220,30 @@ int RunFit() {
        kib <= static_cast<size_t>(absl::GetFlag(FLAGS_fit_max_kib)); kib *= 4) {
     sizes.push_back(kib << 10);
   }
+  if (absl::GetFlag(FLAGS_repeats) < 1) {
+    std::fprintf(stderr, "--repeats must be at least 1\n");
+    return 2;
+  }
   int to_child[2], to_parent[2];
   if (pipe(to_child) || pipe(to_parent)) Die("pipe");
+  const pid_t parent = getpid();
   const pid_t child = fork();
+  if (child < 0) Die("fork");
   const int rank = child == 0 ? 1 : 0;
+  if (rank == 1) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives the parent
+    if (getppid() != parent) _exit(1);
+  }
+  // Each end keeps its own pipe ends, so that a dead peer reads as EOF.
+  const int out = rank == 0 ? to_child[1] : to_parent[1];
+  const int in = rank == 0 ? to_parent[0] : to_child[0];
+  close(rank == 0 ? to_child[0] : to_parent[0]);
+  close(rank == 0 ? to_parent[1] : to_child[1]);
   if (!netns.empty()) EnterNetns(netns[rank]);
   GrpcEnd end;
   end.Start(hosts[rank]);
+  if (end.server == nullptr) Die("grpc server on " + hosts[rank]);
   int peer_port = 0;
-  const int out = rank == 0 ? to_child[1] : to_parent[1];
-  const int in = rank == 0 ? to_parent[0] : to_child[0];
   if (write(out, &end.port, sizeof(int)) != sizeof(int) ||
       read(in, &peer_port, sizeof(int)) != sizeof(int)) {
     Die("pipe");
@@ -238,12 +261,23 @@ int RunFit() {
        .channels = [channel](const std::string&) { return channel; }});
   const auto points = PingPong(*t, sizes, absl::GetFlag(FLAGS_repeats));
   if (rank == 1) {
-    absl::SleepFor(absl::Milliseconds(100));  // the last echo drains
-    _exit(0);
+    // Send never waits: the last echo may still be on its way until rank 0
+    // says it has it (or is gone: EOF).
+    char done;
+    (void)!read(in, &done, 1);
+    t.reset();
+    end.server->Shutdown(ShutdownDeadline());
+    gradmesh::ExitAfterShutdown(0);
   }
+  if (write(out, "d", 1) != 1) Die("pipe");
+  t.reset();  // its stream ends, so the child's server can stop
   int status = 0;
   waitpid(child, &status, 0);
-  const auto [alpha, beta] = FitLine(points);
+  end.server->Shutdown(ShutdownDeadline());
+  auto [alpha, beta] = FitLine(points);
+  // A link whose small messages cost less than the line through the large
+  // ones (a token bucket's burst): alpha is the smallest message's time.
+  if (alpha <= 0) alpha = points.front().second;
   std::string json;
   for (const auto& [bytes, seconds] : points) {
     absl::StrAppend(&json, json.empty() ? "" : ",", "[", bytes, ",", seconds,
@@ -253,7 +287,9 @@ int RunFit() {
       "{\"alpha_s\":%.9g,\"beta_s_per_byte\":%.9g,\"gbit_per_s\":%.4g,"
       "\"points\":[%s]}\n",
       alpha, beta, 8e-9 / beta, json.c_str());
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+  std::fflush(stdout);
+  gradmesh::ExitAfterShutdown(
+      WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1);
 }
 
 }  // namespace

@@ -1,12 +1,13 @@
 // `gradmesh local`: the main job on an embedded cluster. Starts a
-// coordinator and P workers on 127.0.0.1 (LocalCluster), drives iterations
+// coordinator and P workers on 127.0.0.1, or one per network namespace
+// (LocalCluster, LocalClusterOptions::hosts), drives iterations
 // of seeded synthetic gradients through the SDK (one client per worker, the
 // gradient written straight into the shared segment), checks every
 // iteration (identical results on every worker; inputs = result + residuals)
 // and prints per-iteration time, bytes and the plan's d, then shuts the
 // cluster down; Ctrl-C stops after the iteration in flight. With json_path
-// it also writes every iteration's figures per worker (the cluster
-// benchmark, bench/cluster_bench.py, reads them).
+// it also writes every successful iteration's figures per worker (the
+// cluster benchmark, bench/cluster_bench.py, reads them).
 #ifndef GRADMESH_TOOLS_GRADMESH_LOCAL_H_
 #define GRADMESH_TOOLS_GRADMESH_LOCAL_H_
 

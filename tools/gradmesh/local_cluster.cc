@@ -186,8 +186,9 @@ absl::Status LocalCluster::Spawn(const std::string& binary,
   argv.push_back(nullptr);
   const std::string netns_path =
       netns.empty() ? "" : absl::StrCat("/var/run/netns/", netns);
-  const std::string netns_error = absl::StrCat(
-      "cannot enter network namespace ", netns_path, " (setns needs root)\n");
+  const std::string netns_error =
+      absl::StrCat("cannot enter network namespace ", netns_path,
+                   " (it must exist, and setns needs root)\n");
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {

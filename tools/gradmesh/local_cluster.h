@@ -1,5 +1,6 @@
-// LocalCluster: a coordinator and P worker processes on 127.0.0.1, for
-// `gradmesh local` and the integration tests.
+// LocalCluster: a coordinator and P worker processes on 127.0.0.1 (or on
+// emulated hosts, see below), for `gradmesh local` and the integration
+// tests.
 //
 // Each process is started from its binary (gradmesh-coordinator,
 // gradmesh-worker) on port 0 and reports its address through a port file in

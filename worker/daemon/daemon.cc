@@ -332,16 +332,17 @@ void Daemon::Stop() {
     stopped_ = true;
   }
   Log("shutting down");
-  if (reaper_.joinable()) {
-    stop_reaping_.Notify();
-    reaper_.join();
-  }
   std::vector<std::shared_ptr<Group>> groups = views_->Stop();
   for (const auto& group : groups) {
     if (group->transport != nullptr) {
       group->transport->Abort(
           absl::UnavailableError("the worker is shutting down"));
     }
+  }
+  // After the aborts: a close in progress there no longer delays them.
+  if (reaper_.joinable()) {
+    stop_reaping_.Notify();
+    reaper_.join();
   }
   coordinator_->Stop();
   // Close this worker's streams first, so that peers stopping at the same

@@ -229,7 +229,7 @@ absl::Status DataPlane::Unregister(const BucketName& name) {
 // rounds), under its own operation id so that it never mixes with others.
 absl::StatusOr<std::vector<std::string>> DataPlane::GatherSmall(
     const Group& group, uint64_t operation, std::string mine,
-    absl::Time deadline) {
+    absl::Time deadline, double* waited) {
   collectives::OpStats stats;
   const collectives::OpContext context{.transport = group.transport.get(),
                                        .epoch = group.view.epoch,
@@ -239,6 +239,7 @@ absl::StatusOr<std::vector<std::string>> DataPlane::GatherSmall(
   auto all = collectives::AllGather(
       runner, 0, collectives::Group::World(group.size(), group.rank),
       std::move(mine), collectives::AllGatherKind::kBruck);
+  if (waited != nullptr) *waited += stats.wait_seconds;
   if (!all.ok()) Retire(group, operation);
   return all;
 }
@@ -261,11 +262,12 @@ absl::StatusOr<std::shared_ptr<DataPlane::Bucket>> DataPlane::Find(
 
 absl::Status DataPlane::Agree(const Group& group, const Bucket& bucket,
                               uint64_t op, const AgreeRecord& mine,
-                              absl::Time deadline) {
+                              absl::Time deadline, double* waited) {
   std::string bytes(sizeof(mine), '\0');
   std::memcpy(bytes.data(), &mine, sizeof(mine));
-  GM_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                      GatherSmall(group, op, std::move(bytes), deadline));
+  GM_ASSIGN_OR_RETURN(
+      std::vector<std::string> all,
+      GatherSmall(group, op, std::move(bytes), deadline, waited));
   std::vector<std::string> nonfinite;
   for (int r = 0; r < group.size(); ++r) {
     AgreeRecord theirs;
@@ -335,13 +337,23 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   const uint64_t agree_op = OperationId("agree", bucket.buffer, call.step);
   AgreeRecord record{.fingerprint = bucket.fingerprint,
                      .values = bucket.layout.n};
+  ReduceResult out{.epoch = g.view.epoch,
+                   .rank = g.rank,
+                   .world_size = g.size(),
+                   .plan = g.view.plan,
+                   .step = call.step,
+                   .values = bucket.layout.n};
   engine::Request request{.buffer = bucket.buffer,
                           .gradient = bucket.values(),
                           .operation = op,
                           .deadline = deadline,
                           .agree = [&](uint64_t nonfinite) {
                             record.nonfinite = nonfinite;
-                            return Agree(g, bucket, agree_op, record, deadline);
+                            // Its wait is the operation's (peers' skew
+                            // lands there); its rounds and bytes are not the
+                            // algorithm's and stay out of the stats.
+                            return Agree(g, bucket, agree_op, record, deadline,
+                                         &out.stats.wait_seconds);
                           }};
   if (bucket.per_tensor_quota) request.tensor_starts = bucket.tensor_starts;
   if (call.return_residual) {
@@ -350,12 +362,6 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
                   residual.data(), residual.size() * sizeof(float));
     };
   }
-  ReduceResult out{.epoch = g.view.epoch,
-                   .rank = g.rank,
-                   .world_size = g.size(),
-                   .plan = g.view.plan,
-                   .step = call.step,
-                   .values = bucket.layout.n};
   const absl::Time start = absl::Now();
   absl::StatusOr<sparse::SparseBlock> result =
       engine_.AllReduce(g.config(), request, &out.stats);

@@ -156,14 +156,15 @@ class DataPlane {
   // given up (its memory must not be read).
   absl::Status Usable(const Bucket& bucket,
                       const std::function<bool()>& cancelled) const;
-  absl::StatusOr<std::vector<std::string>> GatherSmall(const Group& group,
-                                                       uint64_t operation,
-                                                       std::string mine,
-                                                       absl::Time deadline);
+  // `waited` (may be null) accumulates the time blocked on peers.
+  absl::StatusOr<std::vector<std::string>> GatherSmall(
+      const Group& group, uint64_t operation, std::string mine,
+      absl::Time deadline, double* waited = nullptr);
   // Frees what the transport keeps for a failed operation.
   void Retire(const Group& group, uint64_t operation);
   absl::Status Agree(const Group& group, const Bucket& bucket, uint64_t op,
-                     const AgreeRecord& mine, absl::Time deadline);
+                     const AgreeRecord& mine, absl::Time deadline,
+                     double* waited = nullptr);
   absl::StatusOr<ReduceResult> Run(const ReduceCall& call, Bucket& bucket,
                                    absl::Time deadline);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,

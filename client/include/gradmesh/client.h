@@ -136,8 +136,13 @@ struct ReduceInfo {
   int world_size = 0;
   std::string algorithm;
   int teams = 0;
-  double seconds = 0;       // the worker's own time for the operation
-  double wait_seconds = 0;  // of `seconds`, blocked waiting for peers
+  double seconds = 0;  // the worker's own time for the operation
+  // Of `seconds`, the time blocked waiting for peers (the members' agreement
+  // before the operation included); the rest is the worker's own work.
+  double wait_seconds = 0;
+  // The operation's communication rounds and payload bytes: the algorithm's
+  // schedule, as the papers count it (the agreement's one small all-gather
+  // of ceil(log2 P) rounds is not included).
   int rounds = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;

@@ -199,31 +199,33 @@ TEST(FrameCodecTest, MatchesTheProtobufEncoding) {
   ASSERT_TRUE(grpc::SerializationTraits<gradmesh::v1::Frame>::Serialize(
                   parsed, &serialized, &own)
                   .ok());
-  std::string out(30, '\0');
+  std::string out = "kept:";
   FrameHeader got;
   ASSERT_TRUE(DecodeFrame(&serialized,
                           [&](const FrameHeader& h,
-                              uint64_t size) -> absl::StatusOr<char*> {
+                              uint64_t size) -> absl::StatusOr<std::string*> {
                             got = h;
                             EXPECT_EQ(size, 30u);
-                            return out.data();
+                            return &out;
                           })
                   .ok());
   EXPECT_EQ(got.operation, 1ull << 40);
   EXPECT_EQ(got.offset, 40u);
-  EXPECT_EQ(out, message->substr(40, 30));
+  EXPECT_EQ(out, "kept:" + message->substr(40, 30));  // appended
 }
 
 TEST(FrameCodecTest, RefusesWhatIsNotAFrame) {
   auto decode = [](const std::string& bytes) {
     grpc::Slice slice(bytes);
     grpc::ByteBuffer buffer(&slice, 1);
-    std::string sink(64, '\0');
+    std::string sink;
     return DecodeFrame(
         &buffer,
-        [&](const FrameHeader&, uint64_t size) -> absl::StatusOr<char*> {
-          if (size > sink.size()) return absl::InvalidArgumentError("too big");
-          return sink.data();
+        [&](const FrameHeader&, uint64_t size) -> absl::StatusOr<std::string*> {
+          if (size > 64) {
+            return absl::InvalidArgumentError("too big");
+          }
+          return &sink;
         });
   };
   EXPECT_TRUE(decode("").ok());                       // an empty frame
@@ -247,7 +249,8 @@ TEST(FrameCodecTest, LengthsBeyondTheDataAreRefusedBeforeTheSink) {
     grpc::ByteBuffer buffer(&slice, 1);
     bool called = false;
     const absl::Status status = DecodeFrame(
-        &buffer, [&](const FrameHeader&, uint64_t) -> absl::StatusOr<char*> {
+        &buffer,
+        [&](const FrameHeader&, uint64_t) -> absl::StatusOr<std::string*> {
           called = true;
           return absl::InternalError("must not be asked");
         });

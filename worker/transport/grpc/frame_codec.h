@@ -1,10 +1,10 @@
 // The wire form of gradmesh.v1.Frame (proto/gradmesh/v1/peer.proto), written
 // and read by hand so that a chunk is copied once between the sender's
 // message and the receiver's: the sender's frames reference its message
-// (no copy), and the receiver copies each chunk's data straight to its place
-// in the message being assembled. The bytes are exactly the protobuf
-// encoding (fields in number order, data last), so generated stubs can still
-// talk to the peer service.
+// (no copy), and the receiver appends each chunk's data straight from gRPC's
+// read buffers to the message being assembled (no zero fill first). The bytes
+// are exactly the protobuf encoding (fields in number order, data last), so
+// generated stubs can still talk to the peer service.
 #ifndef GRADMESH_WORKER_TRANSPORT_GRPC_FRAME_CODEC_H_
 #define GRADMESH_WORKER_TRANSPORT_GRPC_FRAME_CODEC_H_
 
@@ -36,14 +36,15 @@ grpc::ByteBuffer EncodeFrame(const FrameHeader& header,
                              const std::shared_ptr<const std::string>& message,
                              uint64_t offset, uint64_t length);
 
-// Where a frame's `size` data bytes go, or why it is refused.
-using FrameSink =
-    std::function<absl::StatusOr<char*>(const FrameHeader&, uint64_t size)>;
+// The string a frame's `size` data bytes are appended to, or why the frame
+// is refused.
+using FrameSink = std::function<absl::StatusOr<std::string*>(const FrameHeader&,
+                                                             uint64_t size)>;
 
-// Parses a frame and copies its data to where `sink` says. InvalidArgument
-// for bytes that are not a Frame (unknown fields included, or data longer
-// than kMaxChunkBytes or than the bytes present); the sink's error if it
-// refuses. The sink never sees a size larger than the data really there.
+// Parses a frame and appends its data to the string `sink` names.
+// InvalidArgument for bytes that are not a Frame (unknown fields included, or
+// data longer than kMaxChunkBytes or than the bytes present); the sink's error
+// if it refuses. The sink never sees a size larger than the data really there.
 absl::Status DecodeFrame(grpc::ByteBuffer* buffer, const FrameSink& sink);
 
 }  // namespace gradmesh::transport

@@ -1,6 +1,7 @@
 #include "worker/transport/grpc/peer_service.h"
 
 #include <algorithm>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +16,7 @@ constexpr uint64_t kMaxMessageBytes = uint64_t{16} << 30;
 // Room reserved for a message when its first frame arrives (untouched until
 // data comes), so that assembling it never moves what has arrived; larger
 // messages grow past this as their data comes.
-constexpr uint64_t kReservedMessageBytes = uint64_t{1} << 30;
+constexpr uint64_t kReservedMessageBytes = uint64_t{256} << 20;
 }  // namespace
 
 // One incoming stream: reads frames, checks them, reassembles messages.
@@ -68,7 +69,7 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
  private:
   // Checks a frame against the stream and the message being assembled, and
   // says where its data goes.
-  absl::StatusOr<char*> Place(const FrameHeader& header, uint64_t size) {
+  absl::StatusOr<std::string*> Place(const FrameHeader& header, uint64_t size) {
     if (!identified_) {
       identified_ = true;
       epoch_ = header.epoch;
@@ -90,7 +91,11 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
       tag_ = tag;
       message_bytes_ = header.message_bytes;
       received_ = 0;
-      message_.reserve(std::min(message_bytes_, kReservedMessageBytes));
+      try {
+        message_.reserve(std::min(message_bytes_, kReservedMessageBytes));
+      } catch (const std::bad_alloc&) {
+        // Not now (memory limits): the message grows as its data comes.
+      }
     }
     if (!(tag == tag_) || header.message_bytes != message_bytes_ ||
         header.offset != received_ || size > message_bytes_ - received_) {
@@ -101,9 +106,8 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
     }
     // Grows with the data (DecodeFrame passes only sizes really received),
     // so a false length costs no more than untouched reserved pages.
-    message_.resize(received_ + size);
     received_ += size;
-    return message_.data() + header.offset;
+    return &message_;
   }
 
   PeerService* const service_;
