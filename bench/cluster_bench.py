@@ -352,7 +352,7 @@ class Bench:
             cmd += [f"--netns={self.hosts.names[0]},{self.hosts.names[1]}",
                     f"--hosts={self.hosts.ips[0]},{self.hosts.ips[1]}"]
         out = run_one(cmd, self.args.case_timeout)
-        fit = json.loads(out.strip().splitlines()[-1])
+        fit = fit_link_model(json.loads(out.strip().splitlines()[-1])["points"])
         log(f"link {link}: alpha {fit['alpha_s'] * 1e6:.1f} us, "
             f"{fit['gbit_per_s']:.3g} Gbit/s over the gRPC transport")
         return fit
@@ -390,24 +390,7 @@ class Bench:
         # call for Gloo and MPI. Speedups compare these.
         row["caller_seconds_median"] = row.get("call_seconds_median",
                                                row["seconds_median"])
-        if "compute_seconds" in out:
-            # alpha-beta over the schedule's rounds (plus the members'
-            # agreement, a Bruck all-gather of ceil(log2 P) rounds) and the
-            # slowest worker's bytes, plus that worker's measured compute
-            # (its time not blocked on peers), iteration by iteration.
-            fit = self.links[link]
-            agree = math.ceil(math.log2(workers))
-            predicted = [
-                fit["alpha_s"] * (rounds + agree) +
-                fit["beta_s_per_byte"] * received + compute
-                for rounds, received, compute in zip(
-                    out["rounds"], out["bytes_received"],
-                    out["compute_seconds"])]
-            row["compute_share"] = statistics.median(
-                c / s for c, s in zip(out["compute_seconds"], out["seconds"]))
-            row["predicted_seconds_median"] = statistics.median(predicted)
-            row["measured_over_predicted"] = statistics.median(
-                s / p for s, p in zip(out["seconds"], predicted))
+        add_model(row, self.links[link])
         return row
 
     def grid(self):
@@ -476,19 +459,71 @@ class Bench:
 
     def write(self):
         add_ratios(self.results)
-        os.makedirs(self.args.out, exist_ok=True)
-        data = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                "machine": machine(), "command": " ".join(sys.argv),
-                "links": self.links, "cases": self.results,
-                "skipped": self.skipped}
-        with open(os.path.join(self.args.out, "results.json"), "w") as f:
-            json.dump(data, f, indent=1)
-        with open(os.path.join(self.args.out, "results.md"), "w") as f:
-            f.write(markdown(data))
-        plotted = plot(self.results, os.path.join(self.args.out,
-                                                  "results.png"))
-        log(f"wrote {self.args.out}/results.json, results.md"
-            f"{', results.png' if plotted else ''}")
+        write_outputs({"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                       "machine": machine(), "command": " ".join(sys.argv),
+                       "links": self.links, "cases": self.results,
+                       "skipped": self.skipped}, self.args.out)
+
+
+def fit_link_model(points):
+    """alpha and beta of t(m) = alpha + beta m from one-way times by size.
+
+    alpha is the smallest message's time; beta the slope between the two
+    largest, the sustained rate: tbf's token bucket lets small messages pass
+    at line rate, so a least-squares line through every size would bend."""
+    points = sorted(points)
+    (m1, t1), (m2, t2) = points[-2], points[-1]
+    beta = (t2 - t1) / (m2 - m1)
+    if beta <= 0:  # noise on a fast link: the largest message's average
+        beta = t2 / m2
+    return {"alpha_s": points[0][1], "beta_s_per_byte": beta,
+            "gbit_per_s": 8e-9 / beta, "points": points}
+
+
+def add_model(row, fit):
+    """The alpha-beta prediction of a gradmesh row: alpha x (the schedule's
+    rounds + the members' agreement, a Bruck all-gather of ceil(log2 P)
+    rounds) + beta x the slowest worker's bytes received + that worker's
+    own work (its time not blocked on peers), iteration by iteration."""
+    if "compute_seconds" not in row:
+        return
+    agree = math.ceil(math.log2(row["workers"]))
+    predicted = [
+        fit["alpha_s"] * (rounds + agree) + fit["beta_s_per_byte"] * received +
+        compute for rounds, received, compute in zip(
+            row["rounds"], row["bytes_received"], row["compute_seconds"])]
+    row["compute_share"] = statistics.median(
+        c / s for c, s in zip(row["compute_seconds"], row["seconds"]))
+    row["predicted_seconds_median"] = statistics.median(predicted)
+    row["measured_over_predicted"] = statistics.median(
+        s / p for s, p in zip(row["seconds"], predicted))
+
+
+def reanalyze(out_dir):
+    """Refits the links and recomputes models, ratios, markdown and plot of
+    a finished run from its results.json (no measurement)."""
+    path = os.path.join(out_dir, "results.json")
+    with open(path) as f:
+        data = json.load(f)
+    data["links"] = {link: fit_link_model(fit["points"])
+                     for link, fit in data["links"].items()}
+    for row in data["cases"]:
+        if "error" not in row:
+            add_model(row, data["links"][row["link"]])
+    add_ratios(data["cases"])
+    write_outputs(data, out_dir)
+    return 0
+
+
+def write_outputs(data, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(markdown(data))
+    plotted = plot(data["cases"], os.path.join(out_dir, "results.png"))
+    log(f"wrote {out_dir}/results.json, results.md"
+        f"{', results.png' if plotted else ''}")
 
 
 def add_ratios(rows):
@@ -606,16 +641,22 @@ def plot(rows, path):
             r["seconds_median"])
     if not groups:
         return False
+    # One order and one colour per system in every panel.
+    order = list(GRADMESH_SYSTEMS) + ["engine"] + list(PEER_SYSTEMS)
+    present = {r["system"] for r in rows if "error" not in r}
+    systems = [s for s in order if s in present]
+    colours = plt.get_cmap("tab10")
+    labels = {"engine": "spardl, in-process engine"}
     fig, axes = plt.subplots(len(groups), 1, figsize=(11, 3.6 * len(groups)),
                              squeeze=False)
     for ax, ((n, density, workers), links) in zip(axes[:, 0],
                                                    sorted(groups.items())):
-        systems = sorted({s for v in links.values() for s in v})
         width = 0.8 / max(1, len(systems))
         for i, system in enumerate(systems):
             xs = [j + i * width for j in range(len(links))]
             ys = [links[l].get(system, 0) * 1e3 for l in links]
-            ax.bar(xs, ys, width, label=system)
+            ax.bar(xs, ys, width, label=labels.get(system, system),
+                   color=colours(i % 10))
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(links))])
         ax.set_xticklabels(list(links))
         ax.set_yscale("log")
@@ -660,6 +701,9 @@ def parse_args():
                    help="per-operation timeout, seconds")
     p.add_argument("--case_timeout", type=int, default=1800,
                    help="a case that runs longer fails, seconds")
+    p.add_argument("--reanalyze", metavar="DIR",
+                   help="only recompute the fits, models and reports of the "
+                   "finished run in DIR from its results.json")
     p.add_argument("--smoke", action="store_true",
                    help="tiny n on loopback, 2 iterations: checks that every "
                    "part runs (no timing claims)")
@@ -678,7 +722,7 @@ def parse_args():
         if system not in GRADMESH_SYSTEMS and system not in PEER_SYSTEMS:
             p.error(f"unknown system {system}")
     needs_root = args.netns_loopback or any(LINKS[l] for l in args.links)
-    if needs_root and os.geteuid() != 0:
+    if needs_root and os.geteuid() != 0 and not args.reanalyze:
         p.error("emulated hosts need root (network namespaces and tc)")
     if min(args.workers) < 2:
         p.error("--workers: at least 2")
@@ -687,6 +731,8 @@ def parse_args():
 
 def main():
     args = parse_args()
+    if args.reanalyze:
+        return reanalyze(args.reanalyze)
     bench = Bench(args)
     if not os.access(bench.gradmesh, os.X_OK):
         sys.exit(f"{bench.gradmesh} is missing: build the project first "

@@ -138,6 +138,10 @@ int Run() {
     }
   }
 
+  // No rank leaves while a peer may still be exchanging with it: a pair
+  // closed early fails the peer ("connection closed by peer").
+  barrier.run();
+
   // 513 evenly spaced values, the first and the last among them.
   constexpr int64_t kChecks = 512;
   for (int64_t k = 0; k <= kChecks; ++k) {

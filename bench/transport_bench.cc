@@ -13,9 +13,9 @@
 //
 // --fit measures a link instead: ping-pong over GrpcTransport with messages
 // of 1 B to --fit_max_kib, the two processes optionally in network
-// namespaces A and B (root needed), and prints one JSON line with the
-// least-squares fit of the one-way time t(m) = alpha + beta m and the
-// points it was fitted to.
+// namespaces A and B (root needed), and prints one JSON line with the median
+// one-way time per size, {"points": [[bytes, seconds], ...]}
+// (bench/cluster_bench.py fits alpha and beta to them).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -186,23 +186,6 @@ std::vector<std::pair<double, double>> PingPong(
   return points;
 }
 
-// Least squares of t = alpha + beta m in relative error (weights 1/t^2), so
-// that the small messages fix alpha and the large ones beta.
-std::pair<double, double> FitLine(
-    const std::vector<std::pair<double, double>>& points) {
-  double s = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (const auto& [x, y] : points) {
-    const double w = 1 / (y * y);
-    s += w;
-    sx += w * x;
-    sy += w * y;
-    sxx += w * x * x;
-    sxy += w * x * y;
-  }
-  const double beta = (s * sxy - sx * sy) / (s * sxx - sx * sx);
-  return {(sy - beta * sx) / s, beta};
-}
-
 // Streams still open are cut after this.
 std::chrono::system_clock::time_point ShutdownDeadline() {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(500);
@@ -274,19 +257,12 @@ int RunFit() {
   int status = 0;
   waitpid(child, &status, 0);
   end.server->Shutdown(ShutdownDeadline());
-  auto [alpha, beta] = FitLine(points);
-  // A link whose small messages cost less than the line through the large
-  // ones (a token bucket's burst): alpha is the smallest message's time.
-  if (alpha <= 0) alpha = points.front().second;
   std::string json;
   for (const auto& [bytes, seconds] : points) {
     absl::StrAppend(&json, json.empty() ? "" : ",", "[", bytes, ",", seconds,
                     "]");
   }
-  std::printf(
-      "{\"alpha_s\":%.9g,\"beta_s_per_byte\":%.9g,\"gbit_per_s\":%.4g,"
-      "\"points\":[%s]}\n",
-      alpha, beta, 8e-9 / beta, json.c_str());
+  std::printf("{\"points\":[%s]}\n", json.c_str());
   std::fflush(stdout);
   gradmesh::ExitAfterShutdown(
       WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1);
