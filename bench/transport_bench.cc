@@ -203,10 +203,6 @@ int RunFit() {
        kib <= static_cast<size_t>(absl::GetFlag(FLAGS_fit_max_kib)); kib *= 4) {
     sizes.push_back(kib << 10);
   }
-  if (absl::GetFlag(FLAGS_repeats) < 1) {
-    std::fprintf(stderr, "--repeats must be at least 1\n");
-    return 2;
-  }
   int to_child[2], to_parent[2];
   if (pipe(to_child) || pipe(to_parent)) Die("pipe");
   const pid_t parent = getpid();
@@ -273,6 +269,10 @@ int RunFit() {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   gradmesh::KeepLargeBuffersWarm();  // as gradmesh-worker does
+  if (absl::GetFlag(FLAGS_repeats) < 1) {
+    std::fprintf(stderr, "--repeats must be at least 1\n");
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_fit)) return RunFit();
   const size_t bytes = static_cast<size_t>(absl::GetFlag(FLAGS_mib)) << 20;
   const size_t chunk = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_kib))
