@@ -22,6 +22,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/dense_check.h"
 #include "gloo/allreduce_halving_doubling.h"
 #include "gloo/allreduce_ring_chunked.h"
 #include "gloo/barrier_all_to_all.h"
@@ -45,6 +46,8 @@ ABSL_FLAG(int, timeout_s, 300,
 
 namespace {
 
+using ::gradmesh::bench::Pattern;
+
 // The rendezvous waits on the store with the store's default timeout (30 s)
 // unless told otherwise; this one waits as long as --timeout_s.
 class PatientFileStore : public gloo::rendezvous::FileStore {
@@ -60,17 +63,6 @@ class PatientFileStore : public gloo::rendezvous::FileStore {
  private:
   const std::chrono::milliseconds timeout_;
 };
-
-// Value i on rank r is (r + 1) * ((i % 7) + 1) * 0.5: halves of small
-// integers, so every partial sum is exact in float32.
-float Pattern(int rank, int64_t i) {
-  return static_cast<float>(rank + 1) * static_cast<float>((i % 7) + 1) * 0.5f;
-}
-
-float Expected(int size, int64_t i) {
-  return static_cast<float>(size * (size + 1) / 2) *
-         static_cast<float>((i % 7) + 1) * 0.5f;
-}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "gloo_allreduce: %s\n", message.c_str());
@@ -142,29 +134,12 @@ int Run() {
   // closed early fails the peer ("connection closed by peer").
   barrier.run();
 
-  // 513 evenly spaced values, the first and the last among them.
-  constexpr int64_t kChecks = 512;
-  for (int64_t k = 0; k <= kChecks; ++k) {
-    const int64_t i = k * (n - 1) / kChecks;
-    if (data[i] != Expected(size, i)) {
-      return Fail("rank " + std::to_string(rank) + ": value " +
-                  std::to_string(i) + " is " + std::to_string(data[i]) +
-                  ", expected " + std::to_string(Expected(size, i)));
-    }
+  if (const std::string wrong = gradmesh::bench::CheckSum(data, rank, size);
+      !wrong.empty()) {
+    return Fail(wrong);
   }
-
-  std::string line = "{\"system\":\"gloo\",\"algorithm\":\"" + algorithm +
-                     "\",\"rank\":" + std::to_string(rank) +
-                     ",\"size\":" + std::to_string(size) +
-                     ",\"n\":" + std::to_string(n) + ",\"seconds\":[";
-  for (size_t k = 0; k < seconds.size(); ++k) {
-    char buffer[32];
-    std::snprintf(buffer, sizeof(buffer), "%s%.9f", k ? "," : "", seconds[k]);
-    line += buffer;
-  }
-  line += "],\"checked\":true}";
-  std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
+  gradmesh::bench::PrintResult("gloo", "\"algorithm\":\"" + algorithm + "\",",
+                               rank, size, n, seconds);
   return 0;
 }
 

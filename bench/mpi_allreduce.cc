@@ -20,6 +20,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/dense_check.h"
 
 ABSL_FLAG(int64_t, n, 1048576, "float32 values per all-reduce");
 ABSL_FLAG(int, iterations, 5, "timed all-reduces");
@@ -27,16 +28,7 @@ ABSL_FLAG(int, warmup, 1, "untimed all-reduces before the timed ones");
 
 namespace {
 
-// Value i on rank r is (r + 1) * ((i % 7) + 1) * 0.5: halves of small
-// integers, so every partial sum is exact in float32.
-float Pattern(int rank, int64_t i) {
-  return static_cast<float>(rank + 1) * static_cast<float>((i % 7) + 1) * 0.5f;
-}
-
-float Expected(int size, int64_t i) {
-  return static_cast<float>(size * (size + 1) / 2) *
-         static_cast<float>((i % 7) + 1) * 0.5f;
-}
+using ::gradmesh::bench::Pattern;
 
 void Complain(const std::string& message) {
   std::fprintf(stderr, "mpi_allreduce: %s\n", message.c_str());
@@ -74,29 +66,12 @@ int Run(int64_t n, int iterations, int warmup) {
     if (it >= warmup) seconds.push_back(end - start);
   }
 
-  // 513 evenly spaced values, the first and the last among them.
-  constexpr int64_t kChecks = 512;
-  for (int64_t k = 0; k <= kChecks; ++k) {
-    const int64_t i = k * (n - 1) / kChecks;
-    if (data[i] != Expected(size, i)) {
-      Complain("rank " + std::to_string(rank) + ": value " + std::to_string(i) +
-               " is " + std::to_string(data[i]) + ", expected " +
-               std::to_string(Expected(size, i)));
-      return 1;
-    }
+  if (const std::string wrong = gradmesh::bench::CheckSum(data, rank, size);
+      !wrong.empty()) {
+    Complain(wrong);
+    return 1;
   }
-
-  std::string line = "{\"system\":\"mpi\",\"rank\":" + std::to_string(rank) +
-                     ",\"size\":" + std::to_string(size) +
-                     ",\"n\":" + std::to_string(n) + ",\"seconds\":[";
-  for (size_t k = 0; k < seconds.size(); ++k) {
-    char buffer[32];
-    std::snprintf(buffer, sizeof(buffer), "%s%.9f", k ? "," : "", seconds[k]);
-    line += buffer;
-  }
-  line += "],\"checked\":true}";
-  std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
+  gradmesh::bench::PrintResult("mpi", "", rank, size, n, seconds);
   return 0;
 }
 
