@@ -252,6 +252,11 @@ absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
 
 absl::Status RunLocal(const LocalOptions& options,
                       const std::atomic<bool>* interrupted) {
+  // A --json path that can't be written fails now, not after the run.
+  if (!options.json_path.empty() && !std::ofstream(options.json_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write ", options.json_path));
+  }
   std::printf("gradmesh local: starting a coordinator and %d workers\n",
               options.cluster.workers);
   std::fflush(stdout);
