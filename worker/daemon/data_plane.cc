@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
@@ -38,7 +39,8 @@ struct DataPlane::Bucket {
   bool per_tensor_quota = true;
   SegmentLayout layout{0};
   SharedSegment segment;
-  absl::Mutex mu;  // one call at a time
+  absl::Mutex mu;                         // held briefly
+  bool busy ABSL_GUARDED_BY(mu) = false;  // a call runs on it
   std::optional<uint64_t> last_step ABSL_GUARDED_BY(mu);
   bool forgotten ABSL_GUARDED_BY(mu) = false;  // unregistered or replaced
 
@@ -188,14 +190,40 @@ absl::StatusOr<Membership> DataPlane::Register(
   return MembershipOf(*group);
 }
 
-void DataPlane::Forget(Bucket& bucket) {
-  absl::MutexLock wait_for_idle(&bucket.mu);
-  bucket.forgotten = true;  // calls that found it before see this
-  engine_.Drop(bucket.buffer);
+absl::Status DataPlane::Hold(Bucket& bucket, absl::Time deadline) {
+  absl::MutexLock lock(&bucket.mu);
+  auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bucket.mu) {
+    return !bucket.busy;
+  };
+  if (!bucket.mu.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "bucket '", bucket.name.bucket,
+        "' was still busy with an earlier call at the deadline; this call's "
+        "gradient was not read"));
+  }
+  bucket.busy = true;
+  return absl::OkStatus();
 }
 
-absl::Status DataPlane::Usable(const Bucket& bucket,
+void DataPlane::Release(Bucket& bucket) {
+  absl::MutexLock lock(&bucket.mu);
+  bucket.busy = false;
+}
+
+void DataPlane::Forget(Bucket& bucket) {
+  // Bounded: a call in flight ends by its own deadline.
+  Hold(bucket, absl::InfiniteFuture()).IgnoreError();
+  {
+    absl::MutexLock lock(&bucket.mu);
+    bucket.forgotten = true;  // calls that found it before see this
+  }
+  engine_.Drop(bucket.buffer);
+  Release(bucket);
+}
+
+absl::Status DataPlane::Usable(Bucket& bucket,
                                const std::function<bool()>& cancelled) const {
+  absl::MutexLock lock(&bucket.mu);
   if (bucket.forgotten) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bucket '", bucket.name.bucket, "' of job '", bucket.name.job,
@@ -300,11 +328,12 @@ absl::Status DataPlane::Agree(const Group& group, const Bucket& bucket,
 absl::StatusOr<ReduceResult> DataPlane::AllReduce(const ReduceCall& call,
                                                   absl::Time deadline) {
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(call.name));
-  absl::MutexLock lock(&bucket->mu);
-  const absl::Status usable = Usable(*bucket, call.cancelled);
-  absl::StatusOr<ReduceResult> result =
-      usable.ok() ? Run(call, *bucket, deadline)
-                  : absl::StatusOr<ReduceResult>(usable);
+  absl::StatusOr<ReduceResult> result = [&]() -> absl::StatusOr<ReduceResult> {
+    GM_RETURN_IF_ERROR(Hold(*bucket, deadline));
+    absl::Cleanup release = [&] { Release(*bucket); };
+    GM_RETURN_IF_ERROR(Usable(*bucket, call.cancelled));
+    return Run(call, *bucket, deadline);
+  }();
   if (!result.ok() && hooks_.metrics != nullptr) {
     hooks_.metrics->operations(absl::StatusCodeToString(result.status().code()))
         .Increment();
@@ -316,15 +345,18 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
                                             Bucket& bucket,
                                             absl::Time deadline) {
   absl::Status refused;
-  if (bucket.last_step.has_value() && call.step <= *bucket.last_step) {
-    refused = absl::InvalidArgumentError(
-        absl::StrCat("step ", call.step, " is not after step ",
-                     *bucket.last_step, " of bucket '", call.name.bucket,
-                     "'; the gradient is kept in the residual"));
+  {
+    absl::MutexLock lock(&bucket.mu);
+    if (bucket.last_step.has_value() && call.step <= *bucket.last_step) {
+      refused = absl::InvalidArgumentError(
+          absl::StrCat("step ", call.step, " is not after step ",
+                       *bucket.last_step, " of bucket '", call.name.bucket,
+                       "'; the gradient is kept in the residual"));
+    }
+    // A step number is used once per registration, so that no operation id
+    // is ever reused (a failed operation's id is retired).
+    bucket.last_step = std::max(call.step, bucket.last_step.value_or(0));
   }
-  // A step number is used once per registration, so that no operation id
-  // is ever reused (a failed operation's id is retired).
-  bucket.last_step = std::max(call.step, bucket.last_step.value_or(0));
   absl::StatusOr<std::shared_ptr<Group>> group =
       refused.ok() ? views_->Acquire(call.step, deadline) : refused;
   if (!group.ok()) {
@@ -470,7 +502,8 @@ absl::StatusOr<Membership> DataPlane::Broadcast(const BucketName& name,
     return MembershipOf(*group);
   }
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(name));
-  absl::MutexLock lock(&bucket->mu);
+  GM_RETURN_IF_ERROR(Hold(*bucket, deadline));
+  absl::Cleanup release = [&] { Release(*bucket); };
   GM_RETURN_IF_ERROR(Usable(*bucket, nullptr));
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
                       views_->Acquire(std::nullopt, deadline));

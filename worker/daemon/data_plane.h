@@ -24,8 +24,8 @@
 // disagreement), the gradient's finite values are in the residual, and the
 // next step carries them. Non-finite values are never kept.
 //
-// Thread-safe: one call per bucket runs at a time (a second waits), calls on
-// distinct buckets run concurrently.
+// Thread-safe: one call per bucket runs at a time (a second waits, until its
+// deadline at most), calls on distinct buckets run concurrently.
 #ifndef GRADMESH_WORKER_DAEMON_DATA_PLANE_H_
 #define GRADMESH_WORKER_DAEMON_DATA_PLANE_H_
 
@@ -150,11 +150,15 @@ class DataPlane {
   struct AgreeRecord;
 
   absl::StatusOr<std::shared_ptr<Bucket>> Find(const BucketName& name) const;
+  // Waits until no call runs on `bucket` (DeadlineExceeded past `deadline`),
+  // then marks it busy until Release.
+  absl::Status Hold(Bucket& bucket, absl::Time deadline);
+  void Release(Bucket& bucket);
   // Waits for an operation in flight on `bucket`, then drops its residual.
   void Forget(Bucket& bucket);
-  // With bucket.mu held: an error if it was forgotten, or if the caller has
-  // given up (its memory must not be read).
-  absl::Status Usable(const Bucket& bucket,
+  // An error if `bucket` was forgotten, or if the caller has given up (its
+  // memory must not be read).
+  absl::Status Usable(Bucket& bucket,
                       const std::function<bool()>& cancelled) const;
   // `waited` (may be null) accumulates the time blocked on peers.
   absl::StatusOr<std::vector<std::string>> GatherSmall(

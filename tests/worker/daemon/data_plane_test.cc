@@ -466,5 +466,26 @@ TEST(DataPlaneTest, DoesNotWriteForAClientThatGaveUp) {
   for (float v : Values(segments[0], kN)) EXPECT_EQ(v, 2.0f);
 }
 
+// A call that finds its bucket busy waits until its own deadline, not the
+// earlier call's: rank 0's step 1 waits for a peer that never comes.
+TEST(DataPlaneTest, WaitingForABusyBucketEndsAtTheCallersDeadline) {
+  constexpr uint64_t kN = 50;
+  Workers w(2);
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  std::thread stuck([&] {
+    auto r = w.plane(0).AllReduce({.name = {"job", "b"}, .step = 1},
+                                  absl::Now() + absl::Seconds(4));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time start = absl::Now();
+  auto second = w.plane(0).AllReduce({.name = {"job", "b"}, .step = 2},
+                                     start + absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(second.status())) << second.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  stuck.join();
+}
+
 }  // namespace
 }  // namespace gradmesh::daemon
