@@ -19,6 +19,10 @@ constexpr absl::string_view kSparDl = "spardl";
 // The link model is fitted from at most this many recent reports.
 constexpr size_t kMaxLinkSamples = 4096;
 
+// An operation still missing reports when one this many steps later is
+// reported has lost them: it counts with the reports it has.
+constexpr uint64_t kStepsBeforeReportsAreLost = 8;
+
 std::string Milliseconds(double seconds) {
   return absl::StrFormat("%.3f ms", seconds * 1e3);
 }
@@ -31,8 +35,7 @@ struct Coordinator::Round {
   bool ranked_by_model = false;  // ranked with a known n
   double sum_of_max = 0;         // over the current trial's counted operations
   // The current trial's incomplete operations: operation -> node -> seconds.
-  absl::flat_hash_map<uint64_t, absl::flat_hash_map<std::string, double>>
-      pending;
+  std::map<uint64_t, absl::flat_hash_map<std::string, double>> pending;
   absl::flat_hash_set<uint64_t> completed;  // of the current trial
   bool warmed_up = false;  // the trial's first completed operation is done
 };
@@ -172,20 +175,35 @@ absl::Status Coordinator::Report(const IterationReport& report) {
 
   Round& round = *round_;
   if (round.completed.contains(report.operation)) return absl::OkStatus();
-  auto& seconds = round.pending[report.operation];
-  seconds[report.node_id] = report.seconds;
-  if (seconds.size() < members_.size()) return absl::OkStatus();
-  double max_seconds = 0;
-  for (const auto& [node, s] : seconds) max_seconds = std::max(max_seconds, s);
-  round.pending.erase(report.operation);
-  round.completed.insert(report.operation);
-  // The first operation of a trial warms up (connections, allocations).
-  if (round.warmed_up) {
-    CountOperationLocked(max_seconds);
-  } else {
-    round.warmed_up = true;
-  }
+  round.pending[report.operation][report.node_id] = report.seconds;
+  ResolveOperationsLocked(report.operation);
   return absl::OkStatus();
+}
+
+void Coordinator::ResolveOperationsLocked(uint64_t latest) {
+  Round& round = *round_;
+  const size_t trial = round.current;
+  // In step order, so that the warm-up is the earliest operation resolved.
+  for (auto it = round.pending.begin();
+       round.current == trial && it != round.pending.end();) {
+    const auto& [operation, seconds] = *it;
+    const bool lost = operation + kStepsBeforeReportsAreLost <= latest;
+    if (seconds.size() < members_.size() && !lost) {
+      ++it;
+      continue;
+    }
+    double max_seconds = 0;
+    for (const auto& [node, s] : seconds)
+      max_seconds = std::max(max_seconds, s);
+    round.completed.insert(operation);
+    it = round.pending.erase(it);
+    // The first operation of a trial warms up (connections, allocations).
+    if (round.warmed_up) {
+      CountOperationLocked(max_seconds);  // may start the next trial
+    } else {
+      round.warmed_up = true;
+    }
+  }
 }
 
 View Coordinator::view() const {

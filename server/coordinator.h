@@ -30,8 +30,11 @@
 // are then re-ranked, and skipped where hopeless, as soon as the first trial
 // ends (its reports tell n). Each trial is an epoch whose plan has teams = d
 // and autotuning = true. An operation (step) of that epoch is complete when
-// every member has reported it; the first to complete warms up and does not
-// count. After
+// every member has reported it, or when a step 8 or more later has been
+// reported (its missing reports are taken as lost: it counts with the
+// slowest of the reports it has, so a lost report neither stalls the trial
+// nor stays pending); the first to complete warms up and does not count.
+// After
 // autotune_window complete operations the trial's time is the mean over
 // them of the slowest member's seconds, and the next candidate gets an
 // epoch. After the last, the fastest d (ties to the earlier trial) is
@@ -203,6 +206,11 @@ class Coordinator {
   // Models every trial of round_ with the current n and link, then sorts the
   // trials from index `from` on and marks the hopeless ones among them.
   void RankLocked(size_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts, in step order, the operations of the current trial that every
+  // member has reported, or whose missing reports are lost (`latest`, the
+  // step just reported, is far past them).
+  void ResolveOperationsLocked(uint64_t latest)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a complete operation of the current trial.
   void CountOperationLocked(double max_seconds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
