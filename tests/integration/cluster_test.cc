@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gradmesh/v1/peer.grpc.pb.h"
+#include "gradmesh/v1/worker.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tools/gradmesh/local.h"
@@ -392,6 +393,43 @@ TEST_F(SdkClusterTest, ReportsRankAndPlanAndRefusesBadInput) {
       absl::IsInvalidArgument(c.Register("bad/name", {{"a", 10}}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
       c.Register("dup", {{"a", 10}, {"a", 10}}).status()));
+}
+
+// The worker's port takes messages of gRPC's default 4 MiB at most, on the
+// SDK service and on the peer exchange alike, and serves on after refusing.
+TEST_F(SdkClusterTest, RefusesOversizedMessagesAndServesOn) {
+  auto channel = grpc::CreateChannel(cluster_->worker_address(0),
+                                     grpc::InsecureChannelCredentials());
+  auto worker = gradmesh::v1::Worker::NewStub(channel);
+  const std::string huge(5 << 20, 'j');
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    gradmesh::v1::RegisterRequest request;
+    request.set_job(huge);
+    gradmesh::v1::RegisterResponse response;
+    EXPECT_EQ(worker->Register(&context, request, &response).error_code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  {
+    auto peer = gradmesh::v1::Peer::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    auto stream = peer->Exchange(&context);
+    gradmesh::v1::Frame frame;
+    frame.set_message_bytes(huge.size());
+    frame.set_data(huge);
+    stream->Write(frame);
+    stream->WritesDone();
+    EXPECT_EQ(stream->Finish().error_code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  gradmesh::v1::StatusResponse status;
+  ASSERT_TRUE(
+      worker->GetStatus(&context, gradmesh::v1::StatusRequest(), &status).ok());
+  EXPECT_EQ(status.world_size(), 3);
 }
 
 TEST_F(SdkClusterTest, SecondJobOnLiveDaemonsStartsClean) {

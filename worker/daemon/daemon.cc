@@ -32,6 +32,9 @@ namespace {
 
 namespace v1 = ::gradmesh::v1;
 
+// Frames (a chunk and a small header) fit gRPC's default receive limit.
+static_assert(transport::kMaxChunkBytes + 4096 <= 4 << 20);
+
 // "host:port" -> (host, port); port 0 when absent or not a number.
 std::pair<std::string, int> SplitHostPort(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -170,7 +173,8 @@ absl::Status Daemon::StartServer() {
     builder.AddListeningPort(absl::StrCat("unix:", options_.sdk_socket),
                              grpc::InsecureServerCredentials());
   }
-  builder.SetMaxReceiveMessageSize(-1);
+  // gRPC's default 4 MiB bounds every message: peer frames are at most
+  // kMaxChunkBytes, SDK requests carry no tensor data.
   builder.RegisterCallbackGenericService(&peers_);
   builder.RegisterService(sdk_.get());
   grpc::EnableDefaultHealthCheckService(true);

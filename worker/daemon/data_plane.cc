@@ -268,7 +268,7 @@ absl::StatusOr<std::vector<std::string>> DataPlane::GatherSmall(
       runner, 0, collectives::Group::World(group.size(), group.rank),
       std::move(mine), collectives::AllGatherKind::kBruck);
   if (waited != nullptr) *waited += stats.wait_seconds;
-  if (!all.ok()) Retire(group, operation);
+  Retire(group, operation);
   return all;
 }
 
@@ -398,8 +398,8 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   absl::StatusOr<sparse::SparseBlock> result =
       engine_.AllReduce(g.config(), request, &out.stats);
   out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  Retire(g, op);
   if (!result.ok()) {
-    Retire(g, op);
     return absl::Status(
         result.status().code(),
         absl::StrCat("step ", call.step, " of bucket '", call.name.bucket,
@@ -544,7 +544,7 @@ absl::StatusOr<Membership> DataPlane::Broadcast(const BucketName& name,
       std::memcpy(values.data(), (*received)[0].data(), bytes.size());
     }
   }
-  if (!status.ok()) Retire(*group, op);
+  Retire(*group, op);
   GM_RETURN_IF_ERROR(status);
   return MembershipOf(*group);
 }

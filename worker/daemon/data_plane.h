@@ -99,7 +99,8 @@ struct Membership {
 };
 
 struct DataPlaneHooks {
-  // Frees what the transport keeps for a failed operation (may be empty).
+  // Frees what the transport keeps for an operation that has ended here,
+  // failed or not (may be empty).
   std::function<void(uint64_t epoch, uint64_t operation)> retire;
   // After every successful all-reduce.
   std::function<void(const ReduceResult&)> on_success;
@@ -164,7 +165,7 @@ class DataPlane {
   absl::StatusOr<std::vector<std::string>> GatherSmall(
       const Group& group, uint64_t operation, std::string mine,
       absl::Time deadline, double* waited = nullptr);
-  // Frees what the transport keeps for a failed operation.
+  // Frees what the transport keeps for an operation that has ended here.
   void Retire(const Group& group, uint64_t operation);
   absl::Status Agree(const Group& group, const Bucket& bucket, uint64_t op,
                      const AgreeRecord& mine, absl::Time deadline,

@@ -1,5 +1,6 @@
 #include "worker/transport/grpc/grpc_transport.h"
 
+#include <map>
 #include <string>
 #include <thread>
 
@@ -10,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/grpc_network.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/tcp_proxy.h"
 #include "worker/transport/grpc/frame_codec.h"
 
 namespace gradmesh::transport {
@@ -294,6 +296,147 @@ TEST(GrpcTransportTest, RejectsBadOptions) {
                              .channels = channels,
                              .chunk_bytes = kMaxChunkBytes + 1})
           .status()));
+}
+
+// Two ranks over TCP on 127.0.0.1, rank 1 reached through a proxy that can
+// cut the link.
+class ProxiedPair {
+ public:
+  ProxiedPair() {
+    for (int r = 0; r < 2; ++r) {
+      grpc::ServerBuilder builder;
+      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                               &ports_[r]);
+      builder.RegisterCallbackGenericService(&services_[r]);
+      servers_[r] = builder.BuildAndStart();
+    }
+    proxy_ = std::make_unique<testing::TcpProxy>(ports_[1]);
+    const std::vector<std::string> peers = {
+        absl::StrCat("127.0.0.1:", ports_[0]),
+        absl::StrCat("127.0.0.1:", proxy_->port())};
+    for (int r = 0; r < 2; ++r) {
+      auto t = GrpcTransport::Create(
+          {.service = &services_[r],
+           .rank = r,
+           .peers = peers,
+           .channels = [this](const std::string& a) { return Channel(a); }});
+      EXPECT_TRUE(t.ok()) << t.status();
+      transports_[r] = *std::move(t);
+    }
+  }
+  ~ProxiedPair() {
+    for (auto& t : transports_) t.reset();
+    for (auto& s : servers_) s->Shutdown();
+  }
+
+  GrpcTransport& endpoint(int r) { return *transports_[r]; }
+  testing::TcpProxy& proxy() { return *proxy_; }
+
+ private:
+  std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto& channel = channels_[address];
+    if (channel == nullptr) {
+      channel =
+          grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+    }
+    return channel;
+  }
+
+  PeerService services_[2];
+  int ports_[2] = {0, 0};
+  std::unique_ptr<grpc::Server> servers_[2];
+  std::unique_ptr<testing::TcpProxy> proxy_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+  std::unique_ptr<GrpcTransport> transports_[2];
+};
+
+// A reset link fails the operation in flight on both sides at once, and the
+// next operation goes through on a new stream: one reset does not cost the
+// rest of the epoch.
+TEST(GrpcTransportTest, AResetLinkFailsOnlyTheOperationsInFlight) {
+  ProxiedPair pair;
+  ASSERT_TRUE(pair.endpoint(0).Send(1, {0, 1, 0}, "first").ok());
+  ASSERT_EQ(*pair.endpoint(1).Recv(0, {0, 1, 0}, Soon()), "first");
+
+  // Operation 2 waits on both sides when the link is cut.
+  std::vector<std::thread> waiters;
+  for (int r = 0; r < 2; ++r) {
+    waiters.emplace_back([&, r] {
+      const absl::Time start = absl::Now();
+      auto m =
+          pair.endpoint(r).Recv(1 - r, {0, 2, 0}, start + absl::Seconds(20));
+      EXPECT_TRUE(absl::IsUnavailable(m.status())) << r << ": " << m.status();
+      EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  pair.proxy().Cut();
+  for (auto& w : waiters) w.join();
+
+  for (uint64_t op = 3; op < 6; ++op) {
+    ASSERT_TRUE(pair.endpoint(0).Send(1, {0, op, 0}, Bytes(5000, 'a')).ok());
+    auto m = pair.endpoint(1).Recv(0, {0, op, 0}, Soon());
+    ASSERT_TRUE(m.ok()) << "operation " << op << ": " << m.status();
+    EXPECT_EQ(*m, Bytes(5000, 'a'));
+  }
+}
+
+// Frames of an epoch not started here are held up to a bound; past it the
+// stream is refused, and what was held is freed with the epoch.
+TEST(GrpcTransportTest, BoundsWhatIsHeldForEpochsNotStarted) {
+  GrpcNetwork net(2);
+  const std::string chunk(PeerService::kMaxUnopenedBytes / 4, 'x');
+  for (uint32_t step = 0; step < 4; ++step) {
+    ASSERT_TRUE(net.endpoint(0)->Send(1, {0, 0, step}, "ok").ok());
+  }
+  // Epoch 7 is not open on rank 1: four quarters fit, the fifth is refused.
+  auto stub = gradmesh::v1::Peer::NewStub(net.channel(1));
+  grpc::ClientContext context;
+  auto stream = stub->Exchange(&context);
+  for (uint32_t step = 0; step < 5; ++step) {
+    gradmesh::v1::Frame frame;
+    frame.set_epoch(7);
+    frame.set_step(step);
+    frame.set_from_rank(0);
+    frame.set_message_bytes(chunk.size());
+    // Frames of at most kMaxChunkBytes: the header's offset moves on.
+    for (uint64_t offset = 0; offset < chunk.size(); offset += kMaxChunkBytes) {
+      frame.set_offset(offset);
+      frame.set_data(chunk.substr(offset, kMaxChunkBytes));
+      if (!stream->Write(frame)) break;
+    }
+  }
+  stream->WritesDone();
+  EXPECT_EQ(stream->Finish().error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(net.service(1)->stats().streams_refused_unopened_bytes, 1u);
+  // The open epoch is untouched.
+  for (uint32_t step = 0; step < 4; ++step) {
+    EXPECT_EQ(*net.endpoint(1)->Recv(0, {0, 0, step}, Soon()), "ok");
+  }
+}
+
+// A stream that claims a rank outside the group, or the receiver's own, is
+// refused.
+TEST(GrpcTransportTest, RefusesStreamsClaimingNoPeersRank) {
+  GrpcNetwork net(2);
+  for (uint32_t claimed : {1u, 2u, 4000000000u}) {
+    auto stub = gradmesh::v1::Peer::NewStub(net.channel(1));
+    grpc::ClientContext context;
+    auto stream = stub->Exchange(&context);
+    gradmesh::v1::Frame frame;
+    frame.set_from_rank(claimed);
+    frame.set_message_bytes(3);
+    frame.set_data("abc");
+    stream->Write(frame);
+    stream->WritesDone();
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << claimed;
+  }
+  EXPECT_EQ(net.service(1)->stats().streams_refused, 3u);
+  EXPECT_EQ(net.service(1)->stats().messages_delivered, 0u);
 }
 
 }  // namespace

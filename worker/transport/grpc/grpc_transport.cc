@@ -89,6 +89,12 @@ class GrpcTransport::Stream final
     ReleaseHold();
   }
 
+  // Whether messages can still be queued (not broken, closing or closed).
+  bool open() {
+    absl::MutexLock lock(&mu_);
+    return broken_.ok() && !closing_ && !hold_released_;
+  }
+
   bool WaitDone(absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithDeadline(absl::Condition(&done_), deadline);
@@ -119,7 +125,7 @@ class GrpcTransport::Stream final
         }
       }
     }
-    if (!broken.ok()) service_->MarkPeerGone(epoch_, peer_, broken);
+    if (!broken.ok()) service_->PeerBroke(epoch_, peer_, broken);
     if (release) ReleaseHold();
     if (next != nullptr) StartWrite(next);
     if (writes_done) {
@@ -144,7 +150,7 @@ class GrpcTransport::Stream final
         broken = broken_;
       }
     }
-    if (!broken.ok()) service_->MarkPeerGone(epoch_, peer_, broken);
+    if (!broken.ok()) service_->PeerBroke(epoch_, peer_, broken);
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -156,7 +162,7 @@ class GrpcTransport::Stream final
             "the stream to peer ", peer_, " failed: ", status.error_message()));
       }
     }
-    if (!broken.ok()) service_->MarkPeerGone(epoch_, peer_, broken);
+    if (!broken.ok()) service_->PeerBroke(epoch_, peer_, broken);
     // Last: once done_ is set the transport may destroy this.
     absl::MutexLock lock(&mu_);
     done_ = true;
@@ -213,6 +219,7 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
 
 GrpcTransport::GrpcTransport(GrpcTransportOptions options)
     : options_(std::move(options)) {
+  options_.service->OpenEpoch(options_.epoch, options_.rank, size());
   streams_.resize(options_.peers.size());
   counters_.bytes_sent_to.assign(options_.peers.size(), 0);
   counters_.bytes_received_from.assign(options_.peers.size(), 0);
@@ -225,6 +232,7 @@ GrpcTransport::~GrpcTransport() {
     for (auto& s : streams_) {
       if (s != nullptr) streams.push_back(std::move(s));
     }
+    for (auto& s : broken_streams_) streams.push_back(std::move(s));
   }
   for (auto& s : streams) s->Close();
   // A peer that stopped reading cannot hold the process: cancel stragglers.
@@ -247,12 +255,22 @@ absl::Status GrpcTransport::Send(int peer, const Tag& tag,
   {
     absl::MutexLock lock(&mu_);
     GM_RETURN_IF_ERROR(aborted_);
-    if (streams_[peer] == nullptr) {
-      streams_[peer] = Stream::Open(options_.channels(options_.peers[peer]),
-                                    options_.service, options_.epoch, peer);
+    std::shared_ptr<Stream>& current = streams_[peer];
+    if (current != nullptr && !current->open()) {
+      // Broken (its operations in flight have failed): later ones get a new
+      // stream. The old one is destroyed once done, here, off gRPC's threads.
+      std::erase_if(broken_streams_, [](const std::shared_ptr<Stream>& s) {
+        return s->WaitDone(absl::InfinitePast());
+      });
+      broken_streams_.push_back(std::move(current));
     }
-    stream = streams_[peer];
+    if (current == nullptr) {
+      current = Stream::Open(options_.channels(options_.peers[peer]),
+                             options_.service, options_.epoch, peer);
+    }
+    stream = current;
   }
+  options_.service->NoteOperation(options_.epoch, tag.operation);
   const uint64_t bytes = payload.size();
   // The frames reference the message: no copy on this side.
   const auto message = std::make_shared<const std::string>(std::move(payload));

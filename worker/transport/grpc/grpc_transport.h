@@ -6,10 +6,12 @@
 // gRPC's 4 MiB default receive limit. Receiving goes through the process's
 // PeerService, which keeps what peers sent for this epoch.
 //
-// Failure: a stream that breaks marks its peer gone, so Send to it and Recv
-// from it fail with Unavailable instead of waiting; Abort fails this
+// Failure: a stream that breaks fails the operations in flight with its peer
+// (their Recv from it fails with Unavailable instead of waiting; see
+// PeerService), and the next Send to the peer opens a new stream, so one
+// transient reset costs only the operations it hit. Abort fails this
 // endpoint's calls with its status and cancels its streams, which peers see
-// as Unavailable. Nothing waits past the caller's deadline.
+// as a break. Nothing waits past the caller's deadline.
 //
 //   auto t = GrpcTransport::Create({.service = &peers, .epoch = 3, .rank = 1,
 //                                   .peers = addresses, .channels = factory});
@@ -71,6 +73,8 @@ class GrpcTransport final : public Transport {
   mutable absl::Mutex mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  // Replaced after they broke; destroyed once done.
+  std::vector<std::shared_ptr<Stream>> broken_streams_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
 };
 

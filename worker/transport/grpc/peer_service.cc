@@ -13,10 +13,17 @@ namespace gradmesh::transport {
 namespace {
 // Larger messages than any gradient block set could need are refused.
 constexpr uint64_t kMaxMessageBytes = uint64_t{16} << 30;
+// Ranks above this are refused at once (a world is far smaller).
+constexpr uint32_t kMaxRank = 1 << 20;
 // Room reserved for a message when its first frame arrives (untouched until
 // data comes), so that assembling it never moves what has arrived; larger
 // messages grow past this as their data comes.
 constexpr uint64_t kReservedMessageBytes = uint64_t{256} << 20;
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
 }  // namespace
 
 // One incoming stream: reads frames, checks them, reassembles messages.
@@ -40,28 +47,33 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
     if (accepted.ok()) {
       ++frames_;
       if (received_ == message_bytes_) {
-        service_->Deliver(epoch_, from_, tag_, std::move(message_), frames_);
+        accepted = service_->Deliver(epoch_, from_, tag_, std::move(message_),
+                                     frames_);
         message_ = std::string();
         frames_ = 0;
       }
+    }
+    if (accepted.ok()) {
       StartRead(&buffer_);
       return;
     }
-    service_->CountRefused();
+    if (!absl::IsResourceExhausted(accepted)) service_->CountRefused();
     refused_ = accepted;
-    Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        std::string(accepted.message())));
+    Finish(ToGrpcStatus(accepted));
   }
 
   void OnDone() override {
     if (identified_) {
-      absl::Status why = !refused_.ok() ? refused_
-                         : context_->IsCancelled()
-                             ? absl::UnavailableError(absl::StrCat(
-                                   "the stream from peer ", from_, " broke"))
-                             : absl::UnavailableError(absl::StrCat(
-                                   "peer ", from_, " closed its stream"));
-      service_->StreamEnded(epoch_, from_, std::move(why));
+      const bool clean = refused_.ok() && !context_->IsCancelled();
+      absl::Status why =
+          !refused_.ok() ? absl::UnavailableError(absl::StrCat(
+                               "the stream from peer ", from_,
+                               " was refused: ", refused_.message()))
+          : clean        ? absl::UnavailableError(
+                               absl::StrCat("peer ", from_, " closed its stream"))
+                  : absl::UnavailableError(
+                        absl::StrCat("the stream from peer ", from_, " broke"));
+      service_->StreamEnded(epoch_, from_, clean, std::move(why));
     }
     delete this;
   }
@@ -71,6 +83,12 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
   // says where its data goes.
   absl::StatusOr<std::string*> Place(const FrameHeader& header, uint64_t size) {
     if (!identified_) {
+      if (header.from_rank > kMaxRank) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("a stream claims rank ", header.from_rank));
+      }
+      GM_RETURN_IF_ERROR(service_->CheckSender(
+          header.epoch, static_cast<int>(header.from_rank)));
       identified_ = true;
       epoch_ = header.epoch;
       from_ = static_cast<int>(header.from_rank);
@@ -89,6 +107,7 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
                          header.message_bytes, " bytes"));
       }
       tag_ = tag;
+      service_->NoteOperation(epoch_, tag.operation);
       message_bytes_ = header.message_bytes;
       received_ = 0;
       try {
@@ -144,23 +163,68 @@ PeerService::EpochState& PeerService::StateLocked(uint64_t epoch) {
   return epochs_[epoch];
 }
 
-void PeerService::Deliver(uint64_t epoch, int from, const Tag& tag,
-                          std::string message, uint64_t frames) {
+void PeerService::OpenEpoch(uint64_t epoch, int rank, int size) {
+  absl::MutexLock lock(&mu_);
+  if (epoch < min_epoch_) return;
+  EpochState& state = StateLocked(epoch);
+  state.open = true;
+  state.rank = rank;
+  state.size = size;
+  unopened_bytes_ -= state.unopened_bytes;
+  state.unopened_bytes = 0;
+}
+
+absl::Status PeerService::CheckSender(uint64_t epoch, int from) {
+  absl::MutexLock lock(&mu_);
+  if (epoch < min_epoch_) return absl::OkStatus();  // its frames are dropped
+  const EpochState& state = StateLocked(epoch);
+  if (state.open && (from >= state.size || from == state.rank)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a stream of epoch ", epoch, " claims rank ", from,
+        ", not a peer of rank ", state.rank, " in a group of ", state.size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerService::Deliver(uint64_t epoch, int from, const Tag& tag,
+                                  std::string message, uint64_t frames) {
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) {
     stats_.frames_dropped_old_epoch += frames;
-    return;
+    return absl::OkStatus();
   }
-  if (StateLocked(epoch).retired.contains(tag.operation)) {
+  EpochState& state = StateLocked(epoch);
+  if (state.retired.contains(tag.operation)) {
     stats_.frames_dropped_retired_operation += frames;
-    return;
+    return absl::OkStatus();
   }
+  if (!state.open) {
+    if (message.size() > kMaxUnopenedBytes - unopened_bytes_) {
+      ++stats_.streams_refused_unopened_bytes;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("over ", kMaxUnopenedBytes,
+                       " bytes held for epochs not started "
+                       "here; refused a message of epoch ",
+                       epoch));
+    }
+    state.unopened_bytes += message.size();
+    unopened_bytes_ += message.size();
+  }
+  NoteOperationLocked(state, tag.operation);
   ++stats_.messages_delivered;
   mailboxes_[MailboxKey{epoch, from, tag}].push_back(std::move(message));
+  return absl::OkStatus();
 }
 
-void PeerService::StreamEnded(uint64_t epoch, int from, absl::Status why) {
-  MarkPeerGone(epoch, from, why);
+void PeerService::StreamEnded(uint64_t epoch, int from, bool clean,
+                              absl::Status why) {
+  if (!clean) {
+    PeerBroke(epoch, from, why);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  if (epoch < min_epoch_) return;
+  StateLocked(epoch).gone.try_emplace(from, std::move(why));
 }
 
 void PeerService::CountRefused() {
@@ -168,12 +232,34 @@ void PeerService::CountRefused() {
   ++stats_.streams_refused;
 }
 
-void PeerService::MarkPeerGone(uint64_t epoch, int peer,
-                               const absl::Status& status) {
+void PeerService::NoteOperation(uint64_t epoch, uint64_t operation) {
+  absl::MutexLock lock(&mu_);
+  if (epoch < min_epoch_) return;
+  NoteOperationLocked(StateLocked(epoch), operation);
+}
+
+void PeerService::NoteOperationLocked(EpochState& state, uint64_t operation) {
+  if (state.retired.contains(operation) ||
+      !state.active.insert(operation).second) {
+    return;
+  }
+  state.active_order.push_back(operation);
+  if (state.active_order.size() > kRetiredOperationsKept) {
+    state.active.erase(state.active_order.front());
+    state.broken.erase(state.active_order.front());
+    state.active_order.pop_front();
+  }
+}
+
+void PeerService::PeerBroke(uint64_t epoch, int peer,
+                            const absl::Status& status) {
   GM_CHECK(!status.ok());
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) return;
-  StateLocked(epoch).gone.try_emplace(peer, status);
+  EpochState& state = StateLocked(epoch);
+  for (uint64_t operation : state.active) {
+    state.broken[operation].try_emplace(peer, status);
+  }
 }
 
 void PeerService::AbortEpoch(uint64_t epoch, const absl::Status& status) {
@@ -187,7 +273,11 @@ void PeerService::RetireEpochsBelow(uint64_t epoch) {
   absl::MutexLock lock(&mu_);
   if (epoch <= min_epoch_) return;
   min_epoch_ = epoch;
-  absl::erase_if(epochs_, [&](const auto& e) { return e.first < epoch; });
+  absl::erase_if(epochs_, [&](const auto& e) {
+    if (e.first >= epoch) return false;
+    unopened_bytes_ -= e.second.unopened_bytes;
+    return true;
+  });
   absl::erase_if(mailboxes_,
                  [&](const auto& m) { return m.first.epoch < epoch; });
 }
@@ -196,6 +286,13 @@ void PeerService::RetireOperation(uint64_t epoch, uint64_t operation) {
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) return;
   EpochState& state = StateLocked(epoch);
+  if (state.active.erase(operation) > 0) {
+    // Usually among the newest.
+    auto it = std::find(state.active_order.rbegin(), state.active_order.rend(),
+                        operation);
+    state.active_order.erase(std::next(it).base());
+  }
+  state.broken.erase(operation);
   if (!state.retired.insert(operation).second) return;
   state.retired_order.push_back(operation);
   if (state.retired_order.size() > kRetiredOperationsKept) {
@@ -212,10 +309,23 @@ absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
                                                  absl::Time deadline) {
   const MailboxKey key{epoch, from, tag};
   absl::MutexLock lock(&mu_);
+  if (epoch >= min_epoch_)
+    NoteOperationLocked(StateLocked(epoch), tag.operation);
+  // Why `from` can't send this message any more, or null.
+  auto failed = [&]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const absl::Status* {
+    const EpochState& state = StateLocked(epoch);
+    if (auto gone = state.gone.find(from); gone != state.gone.end()) {
+      return &gone->second;
+    }
+    auto broken = state.broken.find(tag.operation);
+    if (broken == state.broken.end()) return nullptr;
+    auto why = broken->second.find(from);
+    return why == broken->second.end() ? nullptr : &why->second;
+  };
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (epoch < min_epoch_) return true;
-    const EpochState& state = StateLocked(epoch);
-    if (!state.aborted.ok() || state.gone.contains(from)) return true;
+    if (!StateLocked(epoch).aborted.ok() || failed() != nullptr) return true;
     auto it = mailboxes_.find(key);
     return it != mailboxes_.end() && !it->second.empty();
   };
@@ -225,14 +335,13 @@ absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
                                            " was retired while waiting for ",
                                            ToString(tag), " from peer ", from));
   }
-  const EpochState& state = StateLocked(epoch);
+  EpochState& state = StateLocked(epoch);
   GM_RETURN_IF_ERROR(state.aborted);
   auto it = mailboxes_.find(key);
   if (it == mailboxes_.end() || it->second.empty()) {
-    auto gone = state.gone.find(from);
-    if (gone != state.gone.end()) {
-      return absl::UnavailableError(absl::StrCat(
-          gone->second.message(), " while waiting for ", ToString(tag)));
+    if (const absl::Status* why = failed(); why != nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat(why->message(), " while waiting for ", ToString(tag)));
     }
     return absl::DeadlineExceededError(
         absl::StrCat("no message from peer ", from, " for ", ToString(tag),
@@ -241,6 +350,10 @@ absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
   std::string message = std::move(it->second.front());
   it->second.pop_front();
   if (it->second.empty()) mailboxes_.erase(it);
+  if (!state.open) {  // not through a transport, but keep the count right
+    state.unopened_bytes -= message.size();
+    unopened_bytes_ -= message.size();
+  }
   return message;
 }
 

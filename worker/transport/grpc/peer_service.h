@@ -4,10 +4,21 @@
 // that frames are read without protobuf's copies: frame_codec.h). Every
 // incoming stream belongs to one (epoch, sender) pair; its frames are put back
 // together into messages, which wait in mailboxes keyed by (epoch, sender, tag)
-// until a GrpcTransport of that epoch receives them. Frames of a future epoch
-// are kept (a peer may start an epoch before this process has learned of it);
-// frames of a retired epoch or of a retired operation are dropped and counted,
-// never delivered.
+// until a GrpcTransport of that epoch receives them. Frames of a retired
+// epoch or of a retired operation are dropped and counted, never delivered.
+// Frames of an epoch this process has not opened yet are kept (a peer may
+// start an epoch first), up to kMaxUnopenedBytes in all: past that the stream
+// is refused.
+//
+// Failures, and what they fail:
+//   - a stream that breaks (either direction: the peer's incoming stream, or
+//     this process's outgoing stream to it, as GrpcTransport reports) fails
+//     the operations in flight with that peer: those that had sent, received
+//     or waited for anything and are not retired. Messages of theirs may be
+//     lost. Later operations go on: the sender opens a new stream.
+//   - a stream the peer closes cleanly (its transport of that epoch is gone)
+//     fails every later Receive from it in that epoch;
+//   - AbortEpoch fails every Receive of the epoch.
 //
 //   PeerService peers;  // must outlive the server that serves it
 //   builder.RegisterCallbackGenericService(&peers);
@@ -42,19 +53,29 @@ class PeerService final : public grpc::CallbackGenericService {
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* context) override;
 
+  // Records that this process runs `epoch` as `rank` of `size`: its frames
+  // are no longer held against kMaxUnopenedBytes, and streams claiming a
+  // rank outside the group (or this one) are refused.
+  void OpenEpoch(uint64_t epoch, int rank, int size);
+  static constexpr uint64_t kMaxUnopenedBytes = uint64_t{256} << 20;
+
   // Blocks for the message from `from` with `tag` in `epoch`. Errors: the
-  // epoch's abort status; Unavailable once the sender's stream has ended or
-  // broken (or the epoch is retired) and no such message is waiting;
-  // DeadlineExceeded.
+  // epoch's abort status; Unavailable once the sender's stream broke while
+  // the operation was in flight, or the sender closed its stream (or the
+  // epoch is retired), and no such message is waiting; DeadlineExceeded.
   absl::StatusOr<std::string> Receive(uint64_t epoch, int from, const Tag& tag,
                                       absl::Time deadline);
+
+  // Marks `operation` of `epoch` in flight (the sending side's first Send;
+  // Receive and delivery mark it too), so that a stream break fails it.
+  void NoteOperation(uint64_t epoch, uint64_t operation);
 
   // Fails present and future Receive calls of `epoch` with `status`.
   void AbortEpoch(uint64_t epoch, const absl::Status& status);
 
-  // Records that `peer` is gone for `epoch` (the sending side saw its stream
-  // to the peer break): Receive from it fails once nothing is waiting.
-  void MarkPeerGone(uint64_t epoch, int peer, const absl::Status& status);
+  // A stream to or from `peer` in `epoch` broke: the operations in flight
+  // fail their Receive from it (once nothing is waiting) with `status`.
+  void PeerBroke(uint64_t epoch, int peer, const absl::Status& status);
 
   // Frees what is kept for epochs below `epoch`; their later frames are
   // dropped.
@@ -62,7 +83,8 @@ class PeerService final : public grpc::CallbackGenericService {
 
   // Frees what is kept for `operation` of `epoch` (it has finished or
   // failed here); its later frames are dropped. The last
-  // kRetiredOperationsKept retired ids of an epoch are remembered.
+  // kRetiredOperationsKept retired ids of an epoch are remembered, and at
+  // most as many operations are tracked in flight.
   void RetireOperation(uint64_t epoch, uint64_t operation);
   static constexpr size_t kRetiredOperationsKept = 4096;
 
@@ -71,6 +93,7 @@ class PeerService final : public grpc::CallbackGenericService {
     uint64_t frames_dropped_old_epoch = 0;
     uint64_t frames_dropped_retired_operation = 0;
     uint64_t streams_refused = 0;  // malformed frames ended the stream
+    uint64_t streams_refused_unopened_bytes = 0;  // over kMaxUnopenedBytes
   };
   Stats stats() const;
 
@@ -78,10 +101,20 @@ class PeerService final : public grpc::CallbackGenericService {
   class Reactor;
 
   struct EpochState {
-    absl::Status aborted;                         // OK unless aborted
-    absl::flat_hash_map<int, absl::Status> gone;  // peer -> why
-    absl::flat_hash_set<uint64_t> retired;        // operations
-    std::deque<uint64_t> retired_order;           // oldest first
+    absl::Status aborted;  // OK unless aborted
+    bool open = false;     // OpenEpoch was called
+    int rank = -1;
+    int size = 0;
+    uint64_t unopened_bytes = 0;                  // held while not open
+    absl::flat_hash_map<int, absl::Status> gone;  // closed: peer -> why
+    // Operations in flight (bounded, oldest first), and those a break failed:
+    // operation -> peer -> why.
+    absl::flat_hash_set<uint64_t> active;
+    std::deque<uint64_t> active_order;
+    absl::flat_hash_map<uint64_t, absl::flat_hash_map<int, absl::Status>>
+        broken;
+    absl::flat_hash_set<uint64_t> retired;  // operations
+    std::deque<uint64_t> retired_order;     // oldest first
   };
   struct MailboxKey {
     uint64_t epoch;
@@ -94,16 +127,23 @@ class PeerService final : public grpc::CallbackGenericService {
     }
   };
 
-  // Called by reactors. Deliver counts a drop when the message is stale.
-  void Deliver(uint64_t epoch, int from, const Tag& tag, std::string message,
-               uint64_t frames);
-  void StreamEnded(uint64_t epoch, int from, absl::Status why);
+  // Called by reactors. Deliver counts a drop when the message is stale;
+  // it refuses (an error ends the stream) a message past the unopened bytes.
+  absl::Status Deliver(uint64_t epoch, int from, const Tag& tag,
+                       std::string message, uint64_t frames);
+  // An error for a sender no group of `epoch` has (once it is open).
+  absl::Status CheckSender(uint64_t epoch, int from);
+  // `clean`: the peer closed the stream itself (its epoch is over).
+  void StreamEnded(uint64_t epoch, int from, bool clean, absl::Status why);
   void CountRefused();
 
+  void NoteOperationLocked(EpochState& state, uint64_t operation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   EpochState& StateLocked(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   uint64_t min_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t unopened_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // over all epochs
   absl::flat_hash_map<uint64_t, EpochState> epochs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<MailboxKey, std::deque<std::string>> mailboxes_
       ABSL_GUARDED_BY(mu_);
