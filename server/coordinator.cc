@@ -100,19 +100,82 @@ Coordinator::Coordinator(PlanConfig config, absl::Duration heartbeat_timeout)
 
 Coordinator::~Coordinator() = default;
 
-absl::StatusOr<View> Coordinator::Join(const MemberInfo& member,
-                                       absl::Time now) {
+absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
+                                       const View* known) {
   if (!config_status_.ok()) return config_status_;
   if (member.node_id.empty() || member.address.empty()) {
     return absl::InvalidArgumentError("node_id and address must be set");
   }
   absl::MutexLock lock(&mu_);
+  if (known != nullptr && epoch_ == 0 && AdoptLocked(*known, member, now)) {
+    return ViewLocked();
+  }
+  auto present = members_.find(member.node_id);
+  if (known != nullptr && known->epoch == epoch_ && epoch_ > 0 &&
+      present != members_.end() &&
+      present->second.info.address == member.address) {
+    present->second.last_seen = std::max(present->second.last_seen, now);
+    return ViewLocked();
+  }
+  if (known != nullptr) epoch_ = std::max(epoch_, known->epoch);
   // A previous incarnation's figures do not describe the new one.
   last_seconds_.erase(member.node_id);
   members_.insert_or_assign(member.node_id,
                             Member{.info = member, .last_seen = now});
   MembershipChangedLocked();
   return ViewLocked();
+}
+
+bool Coordinator::AdoptLocked(const View& known, const MemberInfo& member,
+                              absl::Time now) {
+  const bool lists_sender = std::any_of(
+      known.members.begin(), known.members.end(), [&](const MemberInfo& m) {
+        return m.node_id == member.node_id && m.address == member.address;
+      });
+  if (known.epoch == 0 || !lists_sender || !members_.empty()) return false;
+  for (const MemberInfo& m : known.members) {
+    if (m.node_id.empty() || m.address.empty()) return false;
+  }
+  for (const MemberInfo& m : known.members) {
+    members_.insert_or_assign(m.node_id, Member{.info = m, .last_seen = now});
+  }
+  members_.insert_or_assign(member.node_id,
+                            Member{.info = member, .last_seen = now});
+  epoch_ = known.epoch;
+  start_step_ = known.start_step;
+  plan_ = known.plan;
+  round_.reset();
+  if (!PlanFits(known.plan, static_cast<int>(members_.size()))) {
+    MembershipChangedLocked();
+  }
+  return true;
+}
+
+Plan Coordinator::FixedPlan(int world_size) const {
+  Plan plan = BasePlan();
+  if (config_.algorithm == kSparDl && config_.teams > 0) {
+    if (world_size % config_.teams == 0) {
+      plan.teams = config_.teams;
+    } else {
+      plan.note = absl::StrFormat("teams=%d does not divide P=%d; using d=1",
+                                  config_.teams, world_size);
+    }
+  }
+  return plan;
+}
+
+bool Coordinator::PlanFits(const Plan& plan, int world_size) const {
+  const Plan base = BasePlan();
+  if (plan.algorithm != base.algorithm || plan.density != base.density ||
+      plan.encoding != base.encoding || plan.values != base.values ||
+      plan.chunk_bytes != base.chunk_bytes || plan.autotuning) {
+    return false;
+  }
+  if (config_.algorithm == kSparDl && config_.teams == 0 && world_size >= 2) {
+    const std::vector<int> valid = ValidTeamCounts(world_size);
+    return std::find(valid.begin(), valid.end(), plan.teams) != valid.end();
+  }
+  return plan.teams == FixedPlan(world_size).teams;
 }
 
 absl::Status Coordinator::Heartbeat(absl::string_view node_id, absl::Time now) {
@@ -254,27 +317,17 @@ Plan Coordinator::BasePlan() const {
 
 void Coordinator::MembershipChangedLocked() {
   const int world_size = static_cast<int>(members_.size());
-  Plan plan = BasePlan();
   round_.reset();
-  if (config_.algorithm == kSparDl && world_size >= 1) {
-    if (config_.teams > 0) {
-      if (world_size % config_.teams == 0) {
-        plan.teams = config_.teams;
-      } else {
-        plan.note = absl::StrFormat("teams=%d does not divide P=%d; using d=1",
-                                    config_.teams, world_size);
-      }
-    } else if (world_size >= 2) {
-      round_ = std::make_unique<Round>();
-      for (int d : ValidTeamCounts(world_size)) {
-        round_->trials.push_back({.teams = d});
-      }
-      RankLocked(0);
-      PublishTrialOrResultLocked(0);
-      return;
+  if (config_.algorithm == kSparDl && config_.teams == 0 && world_size >= 2) {
+    round_ = std::make_unique<Round>();
+    for (int d : ValidTeamCounts(world_size)) {
+      round_->trials.push_back({.teams = d});
     }
+    RankLocked(0);
+    PublishTrialOrResultLocked(0);
+    return;
   }
-  PublishLocked(std::move(plan), 0);
+  PublishLocked(FixedPlan(world_size), 0);
 }
 
 void Coordinator::RankLocked(size_t from) {

@@ -153,7 +153,20 @@ class Coordinator {
   // Adds `member` (last seen at `now`) and publishes a new epoch; returns its
   // view. A node_id already present is replaced: its old incarnation leaves.
   // InvalidArgument for an empty node_id or address, or an unusable config.
-  absl::StatusOr<View> Join(const MemberInfo& member, absl::Time now);
+  //
+  // `known` is the view the worker runs now, if any (it keeps it across a
+  // coordinator restart). So that a restart loses nothing:
+  //   - a coordinator that has published nothing yet adopts the first known
+  //     view that lists its sender: its epoch, members (each last seen at
+  //     `now`) and plan, publishing nothing new (a new epoch only if its plan
+  //     is not one this config would run); the other members go on with
+  //     their heartbeats, and those that never come back are removed by Tick;
+  //   - a member that joins again knowing the current epoch is the same
+  //     process (it lost contact): it is marked alive, no new epoch;
+  //   - a known epoch above the current one raises it, and a new epoch is
+  //     published past it, so epochs only grow across restarts.
+  absl::StatusOr<View> Join(const MemberInfo& member, absl::Time now,
+                            const View* known = nullptr);
 
   // Marks the member alive at `now`. NotFound if it is not a member (it was
   // removed and must join again).
@@ -202,6 +215,14 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new member set: new epoch, new plan, maybe a new autotune round.
   void MembershipChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes over `known` (see Join); false if it can't (nothing changes).
+  bool AdoptLocked(const View& known, const MemberInfo& member, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether this config would run `plan` on `world_size` members as it is
+  // (an autotuned d counts when no trial is in progress).
+  bool PlanFits(const Plan& plan, int world_size) const;
+  // The plan for `world_size` members when no autotune round runs.
+  Plan FixedPlan(int world_size) const;
   Plan BasePlan() const;
   // Models every trial of round_ with the current n and link, then sorts the
   // trials from index `from` on and marks the hopeless ones among them.

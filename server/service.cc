@@ -1,6 +1,7 @@
 #include "server/service.h"
 
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -18,8 +19,9 @@ namespace {
 
 namespace v1 = ::gradmesh::v1;
 
-v1::View ToProto(const View& view) {
+v1::View ToProto(const View& view, uint64_t incarnation) {
   v1::View out;
+  out.set_incarnation(incarnation);
   out.set_epoch(view.epoch);
   out.set_start_step(view.start_step);
   for (const MemberInfo& m : view.members) {
@@ -39,6 +41,27 @@ v1::View ToProto(const View& view) {
   plan->set_chunk_bytes(view.plan.chunk_bytes);
   plan->set_autotuning(view.plan.autotuning);
   plan->set_note(view.plan.note);
+  return out;
+}
+
+View FromProto(const v1::View& view) {
+  View out{.epoch = view.epoch(), .start_step = view.start_step()};
+  for (const v1::NodeInfo& m : view.members()) {
+    out.members.push_back({.node_id = m.node_id(),
+                           .address = m.address(),
+                           .host = m.host(),
+                           .gpus = m.gpus(),
+                           .gpu_name = m.gpu_name()});
+  }
+  const v1::Plan& p = view.plan();
+  out.plan = {.algorithm = p.algorithm(),
+              .density = p.density(),
+              .encoding = p.encoding(),
+              .values = p.values(),
+              .chunk_bytes = p.chunk_bytes(),
+              .teams = p.teams(),
+              .autotuning = p.autotuning(),
+              .note = p.note()};
   return out;
 }
 
@@ -188,16 +211,21 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest* request,
                     v1::JoinResponse* response) override {
     const v1::NodeInfo& node = request->node();
+    const std::optional<View> known =
+        request->has_view() ? std::optional(FromProto(request->view()))
+                            : std::nullopt;
     auto view = coordinator_.Join({.node_id = node.node_id(),
                                    .address = node.address(),
                                    .host = node.host(),
                                    .gpus = node.gpus(),
                                    .gpu_name = node.gpu_name()},
-                                  absl::Now());
+                                  absl::Now(), known ? &*known : nullptr);
     if (!view.ok()) return ToGrpc(view.status());
-    *response->mutable_view() = ToProto(*view);
-    Log(absl::StrCat(node.node_id(), " joined: epoch ", view->epoch, ", ",
-                     view->members.size(), " members"));
+    *response->mutable_view() = ToProto(*view, incarnation_);
+    Log(absl::StrCat(node.node_id(), " joined",
+                     known ? absl::StrCat(" knowing epoch ", known->epoch) : "",
+                     ": epoch ", view->epoch, ", ", view->members.size(),
+                     " members"));
     return grpc::Status::OK;
   }
 
@@ -230,7 +258,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
       const View view = coordinator_.WaitForView(
           after, absl::Now() + absl::Milliseconds(200));
       if (view.epoch <= after) continue;
-      if (!writer->Write(ToProto(view))) break;
+      if (!writer->Write(ToProto(view, incarnation_))) break;
       after = view.epoch;
     }
     return grpc::Status::OK;
@@ -283,6 +311,8 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   }
 
   const ServerOptions options_;
+  // This run's id in its views: its start time.
+  const uint64_t incarnation_ = absl::ToUnixMicros(absl::Now());
   Coordinator coordinator_;
   Metrics metrics_;
   std::unique_ptr<grpc::Server> server_;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -226,6 +227,62 @@ TEST_F(ClusterTest, KillNineMidIterationThenContinueWithoutIt) {
   const absl::Status balanced =
       collectives::MassBalance(inputs, residuals).Check(next[0].result, left);
   EXPECT_TRUE(balanced.ok()) << balanced;
+}
+
+// Steps on `workers` until one succeeds on all of them (a view change may
+// fail a few), for up to `timeout`; the last attempt's results.
+StepResults StepUntilAllSucceed(std::vector<Trainer>& trainers,
+                                const std::vector<int>& workers, uint64_t* step,
+                                absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  StepResults results;
+  do {
+    results = RunStep(trainers, workers, (*step)++);
+    if (std::all_of(results.begin(), results.end(),
+                    [](const StepResult& r) { return r.status.ok(); })) {
+      break;
+    }
+  } while (absl::Now() < deadline);
+  return results;
+}
+
+// The coordinator dies and a new one takes its address: the members keep
+// their view (no new epoch, steps go on), and epochs only grow, so the view
+// after a later worker loss is newer than every view the workers ran, even
+// when the old coordinator had published more epochs than the new one.
+TEST_F(ClusterTest, CoordinatorRestartKeepsTheViewAndLaterLossesHeal) {
+  Start(4,
+        {{"algo", "spardl"}, {"teams", "1"}, {"heartbeat_timeout_ms", "1500"}},
+        {{"operation_timeout_s", "8"}, {"heartbeat_interval_ms", "250"}});
+  std::vector<Trainer> trainers =
+      ConnectAll(*cluster_, "restart", 4000, absl::Seconds(20));
+  for (const auto& r : RunStep(trainers, {0, 1, 2, 3}, 0)) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+  }
+  // Worker 3 leaves: the old coordinator's epochs go up to 5.
+  cluster_->Kill(3, SIGTERM);
+  uint64_t step = 1;
+  StepResults before =
+      StepUntilAllSucceed(trainers, {0, 1, 2}, &step, absl::Seconds(30));
+  for (const auto& r : before) ASSERT_TRUE(r.status.ok()) << r.status;
+  const uint64_t epoch = before[0].info.epoch;
+
+  ASSERT_TRUE(cluster_->RestartCoordinator().ok());
+  absl::SleepFor(absl::Seconds(2));  // heartbeats reach the new coordinator
+  for (const auto& r : RunStep(trainers, {0, 1, 2}, step++)) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.epoch, epoch);
+  }
+
+  cluster_->Kill(2, SIGKILL);
+  const StepResults after =
+      StepUntilAllSucceed(trainers, {0, 1}, &step, absl::Seconds(40));
+  for (const auto& r : after) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 2);
+    EXPECT_GT(r.info.epoch, epoch);
+    EXPECT_EQ(r.result.values, after[0].result.values);
+  }
 }
 
 // d autotune settles on a d, and both binaries' /metrics answer with the

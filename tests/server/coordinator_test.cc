@@ -213,6 +213,89 @@ TEST(CoordinatorTest, RejoinWithTheSameNodeIdReplaces) {
   EXPECT_EQ(view->members[0].address, "10.0.0.9:7001");
 }
 
+// A restarted coordinator takes over the view its members run: no new
+// epoch, no rejoin storm; members that never come back are removed later.
+TEST(CoordinatorTest, ARestartedCoordinatorAdoptsTheViewItsMembersRun) {
+  const PlanConfig config{.teams = 1};
+  Coordinator before(config, kTimeout);
+  JoinAll(before, {"a", "b", "c"});
+  const View known = before.view();
+  ASSERT_EQ(known.epoch, 3u);
+
+  Coordinator after(config, kTimeout);
+  const absl::Time t1 = kT0 + absl::Seconds(5);
+  absl::StatusOr<View> view = after.Join(Node("b"), t1, &known);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->epoch, 3u);
+  EXPECT_THAT(Ids(*view), ElementsAre("a", "b", "c"));
+  EXPECT_TRUE(after.Heartbeat("b", t1 + absl::Seconds(2)).ok());
+  EXPECT_TRUE(after.Heartbeat("c", t1 + absl::Seconds(2)).ok());
+  // c rejoins knowing the current epoch (it lost contact): nothing changes.
+  ASSERT_TRUE(after.Join(Node("c"), t1 + absl::Seconds(3), &known).ok());
+  EXPECT_EQ(after.view().epoch, 3u);
+  // a never comes back: removed after the timeout, in a newer epoch.
+  after.Tick(t1 + kTimeout + absl::Seconds(1));
+  EXPECT_EQ(after.view().epoch, 4u);
+  EXPECT_THAT(Ids(after.view()), ElementsAre("b", "c"));
+  // A new member still makes a new epoch.
+  view = after.Join(Node("d"), t1 + kTimeout + absl::Seconds(2));
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->epoch, 5u);
+}
+
+// Epochs only grow across restarts: a known epoch the coordinator cannot
+// adopt (it does not list the sender, or another came first) still raises
+// the next one past it.
+TEST(CoordinatorTest, KnownEpochsRaiseTheNextOne) {
+  Coordinator coordinator({.teams = 1}, kTimeout);
+  View stranger;
+  stranger.epoch = 7;
+  stranger.members = {Node("z")};
+  absl::StatusOr<View> view = coordinator.Join(Node("x"), kT0, &stranger);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->epoch, 8u);
+  View later = *view;
+  later.epoch = 12;
+  view = coordinator.Join(Node("y"), kT0, &later);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->epoch, 13u);
+  EXPECT_THAT(Ids(*view), ElementsAre("x", "y"));
+}
+
+// An adopted plan stays when this config would run it (an autotuned d
+// included); an autotune trial in progress, or another config, starts over.
+TEST(CoordinatorTest, AdoptedPlansStayOnlyWhereTheConfigRunsThem) {
+  Coordinator before({.autotune_window = 1}, kTimeout);
+  JoinAll(before, {"a", "b", "c", "d"});
+  View known = before.view();
+  ASSERT_TRUE(known.plan.autotuning);
+  known.plan.autotuning = false;
+  known.plan.teams = 2;
+  known.plan.note = "autotune chose d=2";
+  {
+    Coordinator after({.autotune_window = 1}, kTimeout);
+    absl::StatusOr<View> view = after.Join(Node("a"), kT0, &known);
+    ASSERT_TRUE(view.ok());
+    EXPECT_EQ(view->epoch, known.epoch);
+    EXPECT_EQ(view->plan.teams, 2);
+    EXPECT_EQ(view->plan.note, "autotune chose d=2");
+  }
+  {
+    Coordinator after({.density = 0.05}, kTimeout);
+    absl::StatusOr<View> view = after.Join(Node("a"), kT0, &known);
+    ASSERT_TRUE(view.ok());
+    EXPECT_EQ(view->epoch, known.epoch + 1);
+    EXPECT_EQ(view->plan.density, 0.05);
+    EXPECT_THAT(Ids(*view), ElementsAre("a", "b", "c", "d"));
+  }
+  known.plan.autotuning = true;
+  Coordinator after({.autotune_window = 1}, kTimeout);
+  absl::StatusOr<View> view = after.Join(Node("a"), kT0, &known);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->epoch, known.epoch + 1);
+  EXPECT_TRUE(view->plan.autotuning);
+}
+
 TEST(CoordinatorTest, RejectsBadInput) {
   Coordinator coordinator({}, kTimeout);
   EXPECT_EQ(coordinator.Join(Node(""), kT0).status().code(),

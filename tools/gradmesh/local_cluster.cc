@@ -129,15 +129,15 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   }
   const std::string& chost = options.coordinator_host;
   std::vector<std::string> args = {
-      absl::StrCat("--listen=", chost, ":0"),
       absl::StrCat("--metrics_listen=", chost, ":0")};
   for (const auto& [flag, value] : options.coordinator_flags) {
     args.push_back(absl::StrCat("--", flag, "=", value));
   }
   tls_args(args);
-  GM_RETURN_IF_ERROR(cluster->Spawn(coordinator_binary, "coordinator", args, "",
-                                    &cluster->coordinator_));
-  GM_RETURN_IF_ERROR(cluster->AwaitPortFile(&cluster->coordinator_, deadline));
+  cluster->coordinator_binary_ = coordinator_binary;
+  cluster->coordinator_args_ = args;
+  GM_RETURN_IF_ERROR(
+      cluster->StartCoordinator(absl::StrCat(chost, ":0"), deadline));
 
   cluster->workers_.resize(options.workers);
   for (int w = 0; w < options.workers; ++w) {
@@ -295,6 +295,30 @@ absl::Status LocalCluster::WaitForView(int members, absl::Duration timeout) {
 
 std::string LocalCluster::worker_log(int worker) const {
   return (fs::path(work_dir_) / (workers_[worker].name + ".log")).string();
+}
+
+absl::Status LocalCluster::StartCoordinator(const std::string& listen,
+                                            absl::Time deadline) {
+  std::vector<std::string> args = coordinator_args_;
+  args.push_back(absl::StrCat("--listen=", listen));
+  const std::string name =
+      coordinator_starts_ == 0
+          ? "coordinator"
+          : absl::StrCat("coordinator-", coordinator_starts_ + 1);
+  ++coordinator_starts_;
+  GM_RETURN_IF_ERROR(
+      Spawn(coordinator_binary_, name, std::move(args), "", &coordinator_));
+  return AwaitPortFile(&coordinator_, deadline);
+}
+
+absl::Status LocalCluster::RestartCoordinator() {
+  if (coordinator_.pid > 0) {
+    kill(coordinator_.pid, SIGKILL);
+    waitpid(coordinator_.pid, nullptr, 0);
+    coordinator_.pid = -1;
+  }
+  return StartCoordinator(coordinator_.address,
+                          absl::Now() + options_.start_timeout);
 }
 
 void LocalCluster::Kill(int worker, int signal) {

@@ -94,6 +94,10 @@ class LocalCluster {
   const std::string& work_dir() const { return work_dir_; }
   std::string worker_log(int worker) const;
 
+  // Kills the coordinator (SIGKILL, as a crash would) and starts a new one on
+  // the same address; returns once it serves.
+  absl::Status RestartCoordinator();
+
   // Sends `signal` to worker `worker` and, for SIGKILL, reaps it.
   void Kill(int worker, int signal);
   bool alive(int worker) const { return workers_[worker].pid > 0; }
@@ -122,12 +126,17 @@ class LocalCluster {
                      std::vector<std::string> args, const std::string& netns,
                      Process* process);
   absl::Status AwaitPortFile(Process* process, absl::Time deadline);
+  // Spawns the coordinator listening on `listen` and waits until it serves.
+  absl::Status StartCoordinator(const std::string& listen, absl::Time deadline);
 
   LocalClusterOptions options_;
   std::string work_dir_;
   bool temporary_work_dir_ = false;
   bool keep_work_dir_ = false;
   Process coordinator_;
+  std::string coordinator_binary_;
+  std::vector<std::string> coordinator_args_;  // all but --listen
+  int coordinator_starts_ = 0;
   std::vector<Process> workers_;
 };
 

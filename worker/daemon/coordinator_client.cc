@@ -37,12 +37,31 @@ void CoordinatorClient::Start() {
 absl::Status CoordinatorClient::Join() {
   v1::JoinRequest request;
   *request.mutable_node() = node_;
+  {
+    absl::MutexLock lock(&mu_);
+    if (latest_.epoch() > 0) *request.mutable_view() = latest_;
+  }
   grpc::ClientContext context;
   SetDeadline(&context, absl::Seconds(5));
   v1::JoinResponse response;
   GM_RETURN_IF_ERROR(ToAbsl(stub_->Join(&context, request, &response)));
-  on_view_(response.view());
+  Seen(response.view());
   return absl::OkStatus();
+}
+
+void CoordinatorClient::Seen(const v1::View& view) {
+  bool restarted = false;
+  {
+    absl::MutexLock lock(&mu_);
+    restarted = incarnation_ != 0 && view.incarnation() != incarnation_;
+    incarnation_ = view.incarnation();
+    if (view.epoch() > latest_.epoch()) latest_ = view;
+  }
+  if (restarted) {
+    log_(absl::StrCat("the coordinator restarted (incarnation ",
+                      view.incarnation(), "); epoch ", view.epoch()));
+  }
+  on_view_(view);
 }
 
 void CoordinatorClient::WatchLoop() {
@@ -53,18 +72,12 @@ void CoordinatorClient::WatchLoop() {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       watch_context_ = &context;
-      request.set_after_epoch(latest_epoch_);
+      request.set_after_epoch(latest_.epoch());
     }
     request.set_node_id(node_.node_id());
     auto reader = stub_->WatchViews(&context, request);
     v1::View view;
-    while (reader->Read(&view)) {
-      {
-        absl::MutexLock lock(&mu_);
-        latest_epoch_ = std::max(latest_epoch_, view.epoch());
-      }
-      on_view_(view);
-    }
+    while (reader->Read(&view)) Seen(view);
     reader->Finish();
     absl::MutexLock lock(&mu_);
     watch_context_ = nullptr;

@@ -2,7 +2,9 @@
 //
 // It joins the coordinator (retrying until it answers), heartbeats, rejoins
 // when the coordinator has dropped it, follows the stream of views (passing
-// each to `on_view`), and sends iteration reports for autotune.
+// each to `on_view`), and sends iteration reports for autotune. It keeps the
+// newest view it has seen and joins with it, so that a restarted coordinator
+// adopts the view the members run (see Coordinator::Join).
 //
 //   CoordinatorClient coordinator(stub, {.node_id = id, ...}, on_view, log);
 //   coordinator.Start();
@@ -49,6 +51,8 @@ class CoordinatorClient {
 
  private:
   absl::Status Join();
+  // Keeps `view` if it is the newest seen, then passes it on.
+  void Seen(const gradmesh::v1::View& view);
   void WatchLoop();
   void HeartbeatLoop();
   void FlushReports();
@@ -65,7 +69,8 @@ class CoordinatorClient {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool joined_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t latest_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  gradmesh::v1::View latest_ ABSL_GUARDED_BY(mu_);  // epoch 0: none yet
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;   // of the last view seen
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::deque<gradmesh::v1::IterationStats> reports_ ABSL_GUARDED_BY(mu_);
 };
