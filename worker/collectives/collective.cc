@@ -155,6 +155,10 @@ absl::Status Accumulated(const OpContext& context, uint64_t nonfinite) {
                                         : context.accumulated(nonfinite);
 }
 
+absl::Status Commit(const OpContext& context) {
+  return context.commit == nullptr ? absl::OkStatus() : context.commit();
+}
+
 absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,
                             absl::Span<const float> gradient,
                             absl::Span<float> residual,

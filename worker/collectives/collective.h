@@ -8,6 +8,8 @@
 //     left; the algorithm works on gradient + residual and leaves the new
 //     residual there. Summed over workers, inputs = result + residuals (up to
 //     float rounding).
+//   - Before it changes the residual, every algorithm asks OpContext::commit
+//     (if set) whether the result stands; a refusal is an error like others.
 //   - On error nothing is lost: `residual` then holds old residual + gradient
 //     (the whole input is fed back next time; non-finite values are never
 //     added, see AllReduce) and the status says why, with
@@ -46,6 +48,11 @@ struct OpContext {
   // out), with their count; a non-OK status ends the operation with it
   // before anything is sent, the gradient kept. May be empty.
   std::function<absl::Status(uint64_t nonfinite)> accumulated;
+  // Called once this worker knows the result, before the residual changes
+  // (after the last message of the schedule): a non-OK status fails the
+  // operation with it, the accumulator (old residual + gradient) kept, as
+  // for any other error. The daemon's members commit here. May be empty.
+  std::function<absl::Status()> commit;
 };
 
 // What one operation cost this worker and what it produced.
@@ -165,6 +172,10 @@ uint64_t AccumulateFinite(absl::Span<const float> gradient,
 
 // The end of the accumulation pass: tells context.accumulated (if any).
 absl::Status Accumulated(const OpContext& context, uint64_t nonfinite);
+
+// The result is known here: asks context.commit (if any) whether it stands.
+// Every algorithm calls it once, right before it writes the new residual.
+absl::Status Commit(const OpContext& context);
 
 // The common start of an AllReduce: checks the sizes (InvalidArgument, and
 // nothing changes), accumulates the gradient into the residual (error

@@ -75,6 +75,7 @@ absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
     }
   }
 
+  GM_RETURN_IF_ERROR(Commit(context));
   LeaveSelected(selected, local_loss, residual);
   for (const sparse::SparseBlock& d : discarded) {
     sparse::ScatterAdd(d, residual);

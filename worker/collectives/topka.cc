@@ -119,6 +119,7 @@ absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
     if (!block.ok()) return PeerError(block.status(), r);
     blocks[r] = *std::move(block);
   }
+  GM_RETURN_IF_ERROR(Commit(context));
   LeaveSelected(selected, loss, residual);
   blocks[rank_] = std::move(selected);
   sparse::SparseBlock result = SumInOrder(std::move(blocks));

@@ -18,6 +18,7 @@
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "worker/daemon/coordinator_client.h"
 #include "worker/daemon/data_plane.h"
+#include "worker/daemon/outcome_service.h"
 #include "worker/daemon/sdk_service.h"
 #include "worker/daemon/view_tracker.h"
 #include "worker/daemon/worker_metrics.h"
@@ -109,6 +110,7 @@ class Daemon final : public WorkerDaemon {
   std::unique_ptr<ViewTracker> views_;
   std::unique_ptr<DataPlane> plane_;
   std::unique_ptr<SdkService> sdk_;
+  std::unique_ptr<OutcomeService> outcomes_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<CoordinatorClient> coordinator_;
   absl::Notification stop_reaping_;
@@ -141,7 +143,12 @@ absl::Status Daemon::Init() {
           .retire = [this](uint64_t epoch,
                            uint64_t op) { peers_.RetireOperation(epoch, op); },
           .on_success = [this](const ReduceResult& r) { Report(r); },
-          .metrics = metrics_.get()});
+          .metrics = metrics_.get(),
+          .ask_outcome =
+              [this](const std::string& address, const OutcomeKey& key,
+                     absl::Time deadline) {
+                return AskOutcome(Channel(address), key, deadline);
+              }});
   GM_RETURN_IF_ERROR(StartServer());
   coordinator_ = std::make_unique<CoordinatorClient>(
       v1::Coordinator::NewStub(Channel(options_.coordinator)), Node(),
@@ -165,6 +172,7 @@ absl::Status Daemon::StartServer() {
   GM_ASSIGN_OR_RETURN(auto server_credentials, ServerCredentials(options_.tls));
   sdk_ = std::make_unique<SdkService>(plane_.get(), views_.get(),
                                       options_.operation_timeout);
+  outcomes_ = std::make_unique<OutcomeService>(plane_.get());
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen, server_credentials, &port);
@@ -177,6 +185,7 @@ absl::Status Daemon::StartServer() {
   // kMaxChunkBytes, SDK requests carry no tensor data.
   builder.RegisterCallbackGenericService(&peers_);
   builder.RegisterService(sdk_.get());
+  builder.RegisterService(outcomes_.get());
   grpc::EnableDefaultHealthCheckService(true);
   const mode_t old_mask = umask(0077);
   server_ = builder.BuildAndStart();

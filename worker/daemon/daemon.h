@@ -7,9 +7,13 @@
 //   - SdkService: the Worker service for the SDK, on the peer port and on a
 //     unix socket (owner-only) when `sdk_socket` is set.
 //
-// Views: one that changes membership applies at once, failing operations in
-// flight with Aborted; a plan change of the same members applies from its
-// start step, so that all members switch at the same step.
+//   - OutcomeService: the Commit service, which peers in doubt about a step
+//     ask (see DataPlane).
+//
+// Views: one that changes membership applies at once, aborting operations in
+// flight (the data plane runs their steps again on the new view); a plan
+// change of the same members applies from its start step, so that all
+// members switch at the same step.
 //
 //   auto daemon = WorkerDaemon::Start({.coordinator = "10.0.0.1:7700"});
 //   ...

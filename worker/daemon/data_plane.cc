@@ -123,8 +123,9 @@ uint64_t OperationId(absl::string_view kind, absl::string_view scope,
   return Fnv1a(absl::string_view(tail, sizeof(tail)), hash);
 }
 
-DataPlane::DataPlane(ViewTracker* views, DataPlaneHooks hooks)
-    : views_(views), hooks_(std::move(hooks)) {}
+DataPlane::DataPlane(ViewTracker* views, DataPlaneHooks hooks,
+                     DataPlaneOptions options)
+    : views_(views), hooks_(std::move(hooks)), options_(options) {}
 
 absl::StatusOr<Membership> DataPlane::Register(
     const BucketName& name, const std::vector<TensorSpec>& tensors,
@@ -364,7 +365,32 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
     engine_.Keep(bucket.buffer, bucket.values()).IgnoreError();
     return group.status();
   }
-  const Group& g = **group;
+  // A step that failed because membership changed runs again on the new
+  // view, from the residual, which holds its gradient now: every member
+  // whose attempt failed does the same (an attempt is all or nothing), so
+  // the survivors meet on the new view under the same step.
+  std::vector<float> zeros;
+  absl::Span<const float> gradient = bucket.values();
+  while (true) {
+    bool retriable = false;
+    absl::StatusOr<ReduceResult> out =
+        Attempt(call, bucket, **group, gradient, deadline, &retriable);
+    if (out.ok() || !retriable) return out;
+    const uint64_t failed = (*group)->view.epoch;
+    const absl::Time wait =
+        std::min(deadline, absl::Now() + options_.view_wait);
+    if (!views_->AwaitNewer(failed, wait)) return out;
+    group = views_->Acquire(call.step, deadline);
+    if (!group.ok() || (*group)->view.epoch == failed) return out;
+    if (hooks_.metrics != nullptr) hooks_.metrics->retries().Increment();
+    zeros.assign(bucket.layout.n, 0.0f);
+    gradient = zeros;
+  }
+}
+
+absl::StatusOr<ReduceResult> DataPlane::Attempt(
+    const ReduceCall& call, Bucket& bucket, const Group& g,
+    absl::Span<const float> gradient, absl::Time deadline, bool* retriable) {
   const uint64_t op = OperationId("allreduce", bucket.buffer, call.step);
   const uint64_t agree_op = OperationId("agree", bucket.buffer, call.step);
   AgreeRecord record{.fingerprint = bucket.fingerprint,
@@ -375,18 +401,23 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
                    .plan = g.view.plan,
                    .step = call.step,
                    .values = bucket.layout.n};
-  engine::Request request{.buffer = bucket.buffer,
-                          .gradient = bucket.values(),
-                          .operation = op,
-                          .deadline = deadline,
-                          .agree = [&](uint64_t nonfinite) {
-                            record.nonfinite = nonfinite;
-                            // Its wait is the operation's (peers' skew
-                            // lands there); its rounds and bytes are not the
-                            // algorithm's and stay out of the stats.
-                            return Agree(g, bucket, agree_op, record, deadline,
-                                         &out.stats.wait_seconds);
-                          }};
+  bool refused_by_vote = false;
+  engine::Request request{
+      .buffer = bucket.buffer,
+      .gradient = gradient,
+      .operation = op,
+      .deadline = deadline,
+      .agree =
+          [&](uint64_t nonfinite) {
+            record.nonfinite = nonfinite;
+            // Its wait is the operation's (peers' skew lands there); its
+            // rounds and bytes are not the algorithm's and stay out of the
+            // stats.
+            return Agree(g, bucket, agree_op, record, deadline,
+                         &out.stats.wait_seconds);
+          },
+      .commit =
+          [&] { return Commit(g, bucket, call, deadline, &refused_by_vote); }};
   if (bucket.per_tensor_quota) request.tensor_starts = bucket.tensor_starts;
   if (call.return_residual) {
     request.residual_out = [&](absl::Span<const float> residual) {
@@ -400,16 +431,20 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   Retire(g, op);
   if (!result.ok()) {
-    return absl::Status(
-        result.status().code(),
-        absl::StrCat("step ", call.step, " of bucket '", call.name.bucket,
-                     "': ", result.status().message()));
+    const absl::Status& why = result.status();
+    *retriable =
+        (absl::IsAborted(why) || absl::IsUnavailable(why)) && !refused_by_vote;
+    return absl::Status(why.code(),
+                        absl::StrCat("step ", call.step, " of bucket '",
+                                     call.name.bucket, "': ", why.message()));
   }
-  // The client gave up (deadline, cancel): its memory is its own again.
+  // The client gave up after voting to apply the step (a narrow window):
+  // its memory is its own again.
   if (call.cancelled != nullptr && call.cancelled()) {
     return absl::CancelledError(absl::StrCat(
         "step ", call.step, " of bucket '", call.name.bucket,
-        "' completed after the client gave up; the result was not written"));
+        "' was applied on every member, but this worker's client gave up "
+        "just before its result was written: this replica missed it"));
   }
   WriteResult(call, bucket, *result, g.size());
   out.nonzeros = result->size();
@@ -421,6 +456,94 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
              collectives::AppliesTensorQuotas(out.plan.algorithm));
   if (hooks_.on_success) hooks_.on_success(out);
   return out;
+}
+
+Outcome DataPlane::Decide(const OutcomeKey& key) {
+  absl::MutexLock lock(&outcomes_mu_);
+  auto [it, inserted] = outcomes_.try_emplace(key, Outcome::kAborted);
+  if (inserted) RememberLocked(key);
+  return it->second;
+}
+
+void DataPlane::SetOutcome(const OutcomeKey& key, Outcome outcome) {
+  absl::MutexLock lock(&outcomes_mu_);
+  auto [it, inserted] = outcomes_.insert_or_assign(key, outcome);
+  if (inserted) RememberLocked(key);
+}
+
+void DataPlane::RememberLocked(const OutcomeKey& key) {
+  outcome_order_.push_back(key);
+  if (outcome_order_.size() > kOutcomesKept) {
+    outcomes_.erase(outcome_order_.front());
+    outcome_order_.pop_front();
+  }
+}
+
+absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
+                               const ReduceCall& call, absl::Time deadline,
+                               bool* refused_by_vote) {
+  const OutcomeKey key{bucket.id, call.step, g.view.epoch};
+  // Yes, unless the client gave up or this worker has promised a peer that
+  // asked that the step would not be applied here (Decide).
+  bool yes = call.cancelled == nullptr || !call.cancelled();
+  {
+    absl::MutexLock lock(&outcomes_mu_);
+    auto [it, inserted] = outcomes_.try_emplace(key, Outcome::kVoting);
+    if (inserted) RememberLocked(key);
+    if (it->second == Outcome::kAborted) yes = false;
+    if (!yes) it->second = Outcome::kAborted;
+  }
+  absl::StatusOr<std::vector<std::string>> votes =
+      GatherSmall(g, OperationId("commit", bucket.buffer, call.step),
+                  yes ? "y" : "n", deadline);
+  if (!votes.ok()) {
+    if (!yes) return votes.status();
+    SetOutcome(key, Outcome::kInDoubt);
+    return Resolve(g, key, votes.status(), deadline);
+  }
+  for (int r = 0; r < g.size(); ++r) {
+    if ((*votes)[r] != "y") {
+      SetOutcome(key, Outcome::kAborted);
+      *refused_by_vote = true;
+      return absl::AbortedError(
+          absl::StrCat("rank ", r,
+                       "'s client gave up before the step was applied; no "
+                       "member applied it"));
+    }
+  }
+  SetOutcome(key, Outcome::kCommitted);
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::Resolve(const Group& g, const OutcomeKey& key,
+                                const absl::Status& why, absl::Time deadline) {
+  // This worker voted yes and did not hear every vote: a peer that did may
+  // have applied the step. Ask them; any that applied it decides, and so
+  // does any that refused it (it can never apply it). With none undecided
+  // and none applied, no member reachable applied it: abort everywhere.
+  // A doubt that arose at the deadline gets a little time to be resolved.
+  const absl::Time until = deadline + absl::Seconds(1);
+  while (hooks_.ask_outcome != nullptr) {
+    bool undecided = false;
+    bool refused = false;
+    for (int p = 0; p < g.size() && !refused; ++p) {
+      if (p == g.rank) continue;
+      absl::StatusOr<Outcome> theirs =
+          hooks_.ask_outcome(g.view.addresses[p], key,
+                             std::min(until, absl::Now() + absl::Seconds(1)));
+      if (!theirs.ok()) continue;  // gone: it applies nothing
+      if (*theirs == Outcome::kCommitted) {
+        SetOutcome(key, Outcome::kCommitted);
+        return absl::OkStatus();
+      }
+      refused = *theirs == Outcome::kAborted;
+      undecided = undecided || *theirs == Outcome::kVoting;
+    }
+    if (refused || !undecided || absl::Now() >= until) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  SetOutcome(key, Outcome::kAborted);
+  return why;
 }
 
 void DataPlane::WriteResult(const ReduceCall& call, const Bucket& bucket,

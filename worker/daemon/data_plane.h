@@ -24,12 +24,27 @@
 // disagreement), the gradient's finite values are in the residual, and the
 // next step carries them. Non-finite values are never kept.
 //
+// A step is all or nothing on the members that finish it. Once a worker
+// knows the result, the members vote (an all-gather of one byte: yes, or no
+// when its client has given up); only with every vote yes does a worker
+// change its residual and write the result. A worker that voted yes but did
+// not hear every vote is in doubt: it asks its peers for their outcome
+// (DataPlaneHooks::ask_outcome, answered by Decide) and applies the step iff
+// one of them did; a peer asked about a step it has not voted on promises
+// never to apply it. Without a view change nothing more happens: the step
+// failed, its gradient is in the residual. When membership changed under
+// the step (Aborted or Unavailable), the worker waits for the new view (up
+// to DataPlaneOptions::view_wait) and runs the same step again there from
+// the residual; every survivor whose attempt failed does the same, so they
+// meet under the same step.
+//
 // Thread-safe: one call per bucket runs at a time (a second waits, until its
 // deadline at most), calls on distinct buckets run concurrently.
 #ifndef GRADMESH_WORKER_DAEMON_DATA_PLANE_H_
 #define GRADMESH_WORKER_DAEMON_DATA_PLANE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -98,6 +113,31 @@ struct Membership {
   int world_size = 0;
 };
 
+// A step's decision, as one worker holds it: the registration (its agreed
+// id), the step and the epoch of the attempt.
+struct OutcomeKey {
+  uint64_t bucket_id = 0;
+  uint64_t step = 0;
+  uint64_t epoch = 0;
+  friend bool operator==(const OutcomeKey&, const OutcomeKey&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const OutcomeKey& key) {
+    return H::combine(std::move(h), key.bucket_id, key.step, key.epoch);
+  }
+};
+enum class Outcome {
+  kVoting,     // voted yes, votes still coming
+  kCommitted,  // applied
+  kAborted,    // not applied, and never will be
+  kInDoubt,    // voted yes, missed a vote, asking the others
+};
+
+struct DataPlaneOptions {
+  // After an attempt that failed because membership changed, how long to
+  // wait for the new view before giving up (capped by the call's deadline).
+  absl::Duration view_wait = absl::Seconds(5);
+};
+
 struct DataPlaneHooks {
   // Frees what the transport keeps for an operation that has ended here,
   // failed or not (may be empty).
@@ -105,11 +145,17 @@ struct DataPlaneHooks {
   // After every successful all-reduce.
   std::function<void(const ReduceResult&)> on_success;
   WorkerMetrics* metrics = nullptr;  // may be null
+  // The outcome of `key` at the member reachable at `address` (its Decide),
+  // for a worker in doubt. Empty: a worker in doubt aborts.
+  std::function<absl::StatusOr<Outcome>(
+      const std::string& address, const OutcomeKey& key, absl::Time deadline)>
+      ask_outcome;
 };
 
 class DataPlane {
  public:
-  DataPlane(ViewTracker* views, DataPlaneHooks hooks);
+  DataPlane(ViewTracker* views, DataPlaneHooks hooks,
+            DataPlaneOptions options = {});
   DataPlane(const DataPlane&) = delete;
   DataPlane& operator=(const DataPlane&) = delete;
 
@@ -140,6 +186,11 @@ class DataPlane {
   absl::StatusOr<Membership> Broadcast(const BucketName& name,
                                        uint64_t sequence, int root,
                                        absl::Time deadline);
+
+  // This worker's outcome of `key`, for a peer in doubt. A step it has not
+  // voted on is refused from now on: it will vote no (kAborted).
+  Outcome Decide(const OutcomeKey& key);
+  static constexpr size_t kOutcomesKept = 4096;
 
   // The residual's L2 norm per bucket ("job/bucket"); -1 for a bucket busy
   // with an operation (not waited for).
@@ -172,6 +223,22 @@ class DataPlane {
                      double* waited = nullptr);
   absl::StatusOr<ReduceResult> Run(const ReduceCall& call, Bucket& bucket,
                                    absl::Time deadline);
+  // One attempt of a step on `g`; *retriable tells whether its failure came
+  // from a membership change (not from a member's vote).
+  absl::StatusOr<ReduceResult> Attempt(const ReduceCall& call, Bucket& bucket,
+                                       const Group& g,
+                                       absl::Span<const float> gradient,
+                                       absl::Time deadline, bool* retriable);
+  // The members' vote on the result (see the file comment).
+  absl::Status Commit(const Group& g, const Bucket& bucket,
+                      const ReduceCall& call, absl::Time deadline,
+                      bool* refused_by_vote);
+  // In doubt after `why`: OK if a peer applied the step, else `why`.
+  absl::Status Resolve(const Group& g, const OutcomeKey& key,
+                       const absl::Status& why, absl::Time deadline);
+  void SetOutcome(const OutcomeKey& key, Outcome outcome);
+  void RememberLocked(const OutcomeKey& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(outcomes_mu_);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
                    const sparse::SparseBlock& result, int world_size);
   // `per_tensor_quota`: whether the selections were split per tensor.
@@ -180,6 +247,7 @@ class DataPlane {
 
   ViewTracker* const views_;
   const DataPlaneHooks hooks_;
+  const DataPlaneOptions options_;
   engine::Engine engine_;
   absl::Mutex counted_mu_;
   uint64_t counted_epoch_ ABSL_GUARDED_BY(counted_mu_) = 0;
@@ -188,6 +256,10 @@ class DataPlane {
   absl::flat_hash_map<std::string, std::shared_ptr<Bucket>> buckets_
       ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex outcomes_mu_;
+  absl::flat_hash_map<OutcomeKey, Outcome> outcomes_
+      ABSL_GUARDED_BY(outcomes_mu_);
+  std::deque<OutcomeKey> outcome_order_ ABSL_GUARDED_BY(outcomes_mu_);
 };
 
 // The id of operation (kind, scope, number) on the wire: a stable 64-bit

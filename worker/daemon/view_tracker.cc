@@ -100,6 +100,15 @@ absl::StatusOr<std::shared_ptr<Group>> ViewTracker::Acquire(
   return group;
 }
 
+bool ViewTracker::AwaitNewer(uint64_t epoch, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto newer = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopped_ || latest_epoch_ > epoch;
+  };
+  clock_->AwaitWithDeadline(&mu_, absl::Condition(&newer), deadline);
+  return !stopped_ && latest_epoch_ > epoch;
+}
+
 std::shared_ptr<Group> ViewTracker::current() const {
   absl::MutexLock lock(&mu_);
   return current_;

@@ -112,6 +112,10 @@ class ViewTracker {
   absl::StatusOr<std::shared_ptr<Group>> Acquire(std::optional<uint64_t> step,
                                                  absl::Time deadline);
 
+  // Waits until a view newer than `epoch` is installed (true), `deadline`
+  // passes or Stop is called (false).
+  bool AwaitNewer(uint64_t epoch, absl::Time deadline);
+
   // The latest group that applies now (null before the first view).
   std::shared_ptr<Group> current() const;
   uint64_t latest_epoch() const;

@@ -98,6 +98,13 @@ WorkerMetrics::WorkerMetrics()
                      .Help("Plan changes that arrived after their start step")
                      .Register(r)
                      .Add({});
+  retries_ = &BuildCounter()
+                  .Name("gradmesh_worker_step_retries_total")
+                  .Help(
+                      "Steps run again on a new view after membership "
+                      "changed under them")
+                  .Register(r)
+                  .Add({});
 }
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(

@@ -11,6 +11,8 @@
 //   gradmesh_worker_operations_total{code}              counter (OK or error)
 //   gradmesh_worker_frames_dropped_total{reason}        counter
 //   gradmesh_worker_late_views_total                    counter
+//   gradmesh_worker_step_retries_total                  counter: steps run
+//       again on a new view after membership changed under them
 //   gradmesh_worker_tensors_reduced_total{fusion}       counter: tensors in
 //   gradmesh_worker_tensors_missing_total{fusion}       counter: with no entry
 //       in the result (fusion: per_tensor where the algorithm split its
@@ -70,6 +72,7 @@ class WorkerMetrics {
   prometheus::Gauge& rank() { return *rank_; }
   prometheus::Gauge& world_size() { return *world_size_; }
   prometheus::Counter& late_views() { return *late_views_; }
+  prometheus::Counter& retries() { return *retries_; }
 
  private:
   WorkerMetrics();
@@ -92,6 +95,7 @@ class WorkerMetrics {
   prometheus::Gauge* rank_;
   prometheus::Gauge* world_size_;
   prometheus::Counter* late_views_;
+  prometheus::Counter* retries_;
   absl::Mutex norms_mu_;
   std::vector<std::string> norm_buffers_ ABSL_GUARDED_BY(norms_mu_);
 };

@@ -66,7 +66,8 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
         .operation = request.operation,
         .deadline =
             std::min(request.deadline, absl::Now() + group.options.timeout),
-        .accumulated = request.agree};
+        .accumulated = request.agree,
+        .commit = request.commit};
     return buffer->collective->AllReduce(request.gradient, residual, context,
                                          stats);
   };

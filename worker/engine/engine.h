@@ -70,6 +70,10 @@ struct Request {
   // non-finite values left out. A non-OK status fails the operation without
   // running it (the residual keeps old residual + the finite gradient).
   std::function<absl::Status(uint64_t nonfinite)> agree;
+  // Called once the result is known here, before the residual changes; a
+  // non-OK status fails the operation, the residual holding residual +
+  // (finite) gradient (collectives::OpContext::commit).
+  std::function<absl::Status()> commit;
   // Called last, success or failure, still holding the buffer: sees the
   // residual the operation left.
   std::function<void(absl::Span<const float> residual)> residual_out;

@@ -9,8 +9,13 @@ void FaultInjectingTransport::CrashAfterSends(int sends, absl::Status status) {
 }
 
 void FaultInjectingTransport::DropSendsTo(int peer) {
+  DropSendsIf(
+      [peer](int to, const Tag&, absl::string_view) { return to == peer; });
+}
+
+void FaultInjectingTransport::DropSendsIf(DropIf drop) {
   absl::MutexLock lock(&mu_);
-  dropped_peers_.insert(peer);
+  drops_.push_back(std::move(drop));
 }
 
 absl::Status FaultInjectingTransport::Send(int peer, const Tag& tag,
@@ -24,7 +29,9 @@ absl::Status FaultInjectingTransport::Send(int peer, const Tag& tag,
       }
       --*sends_before_crash_;
     }
-    if (dropped_peers_.contains(peer)) return absl::OkStatus();
+    for (const DropIf& drop : drops_) {
+      if (drop(peer, tag, payload)) return absl::OkStatus();
+    }
   }
   return base_->Send(peer, tag, std::move(payload));
 }

@@ -8,10 +8,12 @@
 #ifndef GRADMESH_WORKER_TRANSPORT_FAULT_INJECTION_H_
 #define GRADMESH_WORKER_TRANSPORT_FAULT_INJECTION_H_
 
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/transport/transport.h"
 
@@ -29,6 +31,11 @@ class FaultInjectingTransport : public Transport {
   // its deadline.
   void DropSendsTo(int peer);
 
+  // Silently drops every later message for which `drop` returns true.
+  using DropIf =
+      std::function<bool(int peer, const Tag& tag, absl::string_view payload)>;
+  void DropSendsIf(DropIf drop);
+
   int rank() const override { return base_->rank(); }
   int size() const override { return base_->size(); }
   absl::Status Send(int peer, const Tag& tag, std::string payload) override;
@@ -42,7 +49,7 @@ class FaultInjectingTransport : public Transport {
   absl::Mutex mu_;
   std::optional<int> sends_before_crash_ ABSL_GUARDED_BY(mu_);
   absl::Status crash_status_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<int> dropped_peers_ ABSL_GUARDED_BY(mu_);
+  std::vector<DropIf> drops_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradmesh::transport

@@ -35,17 +35,26 @@
 //     written over values() (zeros where nothing was selected). Sparse: the
 //     indices (into values(), ascending) and values, nonzeros entries long.
 //
+// A step is all or nothing on the workers: either every member applies it
+// (and every waiting caller gets the same result) or none does. When
+// membership changes under a step, the workers run it again on the new view
+// (ReduceInfo::epoch tells which), so a member that dies mid-step usually
+// costs a delay, not an error.
+//
 // Errors (absl::Status codes, by what the caller should do):
-//   - Aborted: membership changed during the step; nothing was applied.
-//     Go on with the next step on the new view (rank() and size() may have
-//     changed): the failed step's gradient is in the residual already.
+//   - Aborted: the step was not applied anywhere (membership changed and no
+//     new view came in time, or another member's caller gave up). Go on with
+//     the next step (rank() and size() may have changed): the failed step's
+//     gradient is in the residual already.
 //   - Unavailable: the worker or a peer is gone or shutting down.
 //   - DeadlineExceeded: ClientOptions::timeout passed. Cancelled: the client
 //     was destroyed with the call in flight. After either, the memory is the
 //     caller's again: a worker that had not started the step drops it
 //     without reading the gradient (it is not kept); one that had started
-//     it may finish it, but writes no result for a call its client has given
-//     up on (a small window remains between its check and its write).
+//     it votes it down on every member, so nobody applies it. (A narrow
+//     window remains: a caller that gives up after its worker voted to apply
+//     misses a step the others applied; its worker counts the call under
+//     gradmesh_worker_operations_total{code="CANCELLED"}.)
 //   - InvalidArgument: bad names or sizes; buckets that differ between
 //     workers (reported on every worker, without a hang); NaN or Inf in any
 //     worker's gradient (policy: the step is skipped on every worker,

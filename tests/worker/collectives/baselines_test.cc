@@ -587,6 +587,54 @@ TEST(GaussianTest, SelectsAThresholdSetOfAtLeastThreeQuartersOfK) {
   EXPECT_GE(GaussianSelect(x, 1000).size(), 750u);
 }
 
+// Every algorithm asks OpContext::commit before it changes the residual: a
+// refusal fails the operation with the accumulator (old residual + gradient)
+// kept, bit for bit; an approval changes nothing in what it computes.
+TEST(CommitTest, EveryAlgorithmKeepsTheAccumulatorWhenTheCommitIsRefused) {
+  constexpr int kP = 4;
+  constexpr uint64_t kN = 400;
+  for (const std::string& name : AlgorithmNames()) {
+    SCOPED_TRACE(name);
+    for (bool refuse : {true, false}) {
+      transport::LoopbackNetwork network(kP);
+      std::vector<std::vector<float>> gradients, residuals, accumulators;
+      std::vector<std::unique_ptr<Collective>> instances;
+      for (int r = 0; r < kP; ++r) {
+        gradients.push_back(RandomVector(kN, 10 + r));
+        residuals.push_back(RandomVector(kN, 20 + r));
+        accumulators.push_back(residuals[r]);
+        for (uint64_t i = 0; i < kN; ++i) {
+          accumulators[r][i] += gradients[r][i];
+        }
+        instances.push_back(
+            *CreateCollective({.algorithm = name, .density = 0.05}, kP, r, kN));
+      }
+      std::vector<int> commits(kP, 0);
+      std::vector<absl::Status> statuses(kP);
+      testing::RunRanks(network, [&](int r, transport::Transport* t) {
+        OpContext context{.transport = t,
+                          .deadline = absl::Now() + absl::Seconds(20),
+                          .commit = [&, r]() -> absl::Status {
+                            ++commits[r];
+                            if (refuse) return absl::AbortedError("refused");
+                            return absl::OkStatus();
+                          }};
+        OpStats stats;
+        statuses[r] =
+            instances[r]
+                ->AllReduce(gradients[r], absl::MakeSpan(residuals[r]), context,
+                            &stats)
+                .status();
+      });
+      for (int r = 0; r < kP; ++r) {
+        EXPECT_EQ(commits[r], 1) << "rank " << r;
+        EXPECT_EQ(absl::IsAborted(statuses[r]), refuse) << statuses[r];
+        EXPECT_EQ(residuals[r] == accumulators[r], refuse) << "rank " << r;
+      }
+    }
+  }
+}
+
 TEST(RegistryTest, KnowsEveryAlgorithmAndRejectsTheRest) {
   for (const std::string& name : AlgorithmNames()) {
     EXPECT_TRUE(CreateCollective({.algorithm = name}, 4, 1, 100).ok()) << name;

@@ -2,10 +2,13 @@
 // shared-memory segments (each test plays the SDK's part by hand).
 #include "worker/daemon/data_plane.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/multi_rank.h"
@@ -19,19 +22,25 @@ using ::gradmesh::testing::RandomVector;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 
-// P workers, each with its tracker and data plane, in one view.
+// P workers, each with its tracker and data plane, in one view. Worker r
+// is member "w<r>"; each view gets its own loopback network, and a worker in
+// doubt asks its peers' data planes directly.
 class Workers {
  public:
-  explicit Workers(int p, PlanInfo plan = {.algorithm = "spardl",
-                                           .density = 0.1,
-                                           .teams = 1})
-      : net_(p) {
+  explicit Workers(int p,
+                   PlanInfo plan = {
+                       .algorithm = "spardl", .density = 0.1, .teams = 1}) {
     for (int r = 0; r < p; ++r) {
       auto views = std::make_unique<ViewTracker>(
           [this, r](const ViewInfo& view) { return MakeGroup(view, r); },
           RealClock());
-      planes_.push_back(
-          std::make_unique<DataPlane>(views.get(), DataPlaneHooks{}));
+      planes_.push_back(std::make_unique<DataPlane>(
+          views.get(),
+          DataPlaneHooks{
+              .ask_outcome = [this](const std::string& address,
+                                    const OutcomeKey& key,
+                                    absl::Time) { return Ask(address, key); }},
+          DataPlaneOptions{.view_wait = absl::Seconds(3)}));
       views_.push_back(std::move(views));
     }
     view_.epoch = 1;
@@ -44,6 +53,33 @@ class Workers {
 
   void Start() {
     for (auto& v : views_) ASSERT_TRUE(v->Install(view_).has_value());
+  }
+
+  // The view of epoch `epoch` with workers `members`, as the coordinator
+  // would publish it.
+  ViewInfo View(uint64_t epoch, const std::vector<int>& members) const {
+    ViewInfo view{.epoch = epoch, .plan = view_.plan};
+    for (int r : members) {
+      view.member_ids.push_back(absl::StrCat("w", r));
+      view.addresses.push_back(view.member_ids.back());
+    }
+    return view;
+  }
+
+  // Installs `view` on worker r as the daemon does: a membership change
+  // aborts the operations in flight on the group it replaces.
+  void Install(int r, const ViewInfo& view) {
+    auto change = views_[r]->Install(view);
+    ASSERT_TRUE(change.has_value());
+    if (change->replaced != nullptr) {
+      change->replaced->transport->Abort(absl::AbortedError("view changed"));
+    }
+  }
+
+  // Messages that worker r's transports drop from now on (new views only).
+  void DropSendsIf(int r, transport::FaultInjectingTransport::DropIf drop) {
+    absl::MutexLock lock(&mu_);
+    drops_[r] = std::move(drop);
   }
 
   int size() const { return static_cast<int>(planes_.size()); }
@@ -82,12 +118,32 @@ class Workers {
   }
 
  private:
-  std::shared_ptr<Group> MakeGroup(const ViewInfo& view, int rank) {
+  absl::StatusOr<Outcome> Ask(const std::string& address,
+                              const OutcomeKey& key) {
+    int r = 0;
+    if (!absl::SimpleAtoi(address.substr(1), &r)) {
+      return absl::NotFoundError(address);
+    }
+    return planes_[r]->Decide(key);
+  }
+
+  std::shared_ptr<Group> MakeGroup(const ViewInfo& view, int worker) {
     auto group = std::make_shared<Group>();
     group->view = view;
-    group->rank = rank;
-    group->transport = std::make_unique<transport::FaultInjectingTransport>(
-        net_.endpoint(rank));
+    const std::string id = absl::StrCat("w", worker);
+    for (int i = 0; i < group->size(); ++i) {
+      if (view.member_ids[i] == id) group->rank = i;
+    }
+    if (group->rank < 0) return group;
+    absl::MutexLock lock(&mu_);
+    auto& net = nets_[view.epoch];
+    if (net == nullptr) {
+      net = std::make_unique<transport::LoopbackNetwork>(group->size());
+    }
+    auto faulty = std::make_unique<transport::FaultInjectingTransport>(
+        net->endpoint(group->rank));
+    if (drops_.contains(worker)) faulty->DropSendsIf(drops_[worker]);
+    group->transport = std::move(faulty);
     group->options = {.algorithm = {.algorithm = view.plan.algorithm,
                                     .density = view.plan.density,
                                     .teams = view.plan.teams},
@@ -96,7 +152,11 @@ class Workers {
     return group;
   }
 
-  transport::LoopbackNetwork net_;
+  absl::Mutex mu_;
+  std::map<uint64_t, std::unique_ptr<transport::LoopbackNetwork>> nets_
+      ABSL_GUARDED_BY(mu_);
+  std::map<int, transport::FaultInjectingTransport::DropIf> drops_
+      ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> next_index_ = std::vector<uint64_t>(64, 0);
   ViewInfo view_;
   std::vector<std::unique_ptr<ViewTracker>> views_;
@@ -121,18 +181,23 @@ sparse::SparseBlock Sparse(const SharedSegment& s, uint64_t n,
   return block;
 }
 
-// Runs `call` (per rank) on every rank at once.
-std::vector<absl::StatusOr<ReduceResult>> AllReduceAll(Workers& w,
-                                                       const ReduceCall& call) {
+// Runs `call` (per rank) on every rank at once, until `deadline`.
+std::vector<absl::StatusOr<ReduceResult>> AllReduceAllUntil(
+    Workers& w, const ReduceCall& call, absl::Time deadline) {
   std::vector<absl::StatusOr<ReduceResult>> out(w.size(),
                                                 absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int r = 0; r < w.size(); ++r) {
     threads.emplace_back(
-        [&, r] { out[r] = w.plane(r).AllReduce(call, Soon()); });
+        [&, r] { out[r] = w.plane(r).AllReduce(call, deadline); });
   }
   for (auto& thread : threads) thread.join();
   return out;
+}
+
+std::vector<absl::StatusOr<ReduceResult>> AllReduceAll(Workers& w,
+                                                       const ReduceCall& call) {
+  return AllReduceAllUntil(w, call, Soon());
 }
 
 // Step `step` of `name` from fresh gradients on every rank; checks that the
@@ -485,6 +550,157 @@ TEST(DataPlaneTest, WaitingForABusyBucketEndsAtTheCallersDeadline) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(second.status())) << second.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   stuck.join();
+}
+
+// Writes seeded gradients into every worker's bucket; returns them.
+std::vector<std::vector<float>> WriteGradients(
+    std::vector<SharedSegment>& segments, uint64_t n, uint64_t seed) {
+  std::vector<std::vector<float>> gradients;
+  for (size_t r = 0; r < segments.size(); ++r) {
+    gradients.push_back(RandomVector(n, seed + r));
+    std::memcpy(Values(segments[r], n).data(), gradients[r].data(), n * 4);
+  }
+  return gradients;
+}
+
+// A client that gives up after its worker started the step makes every
+// member vote the step down: nobody applies it (before, its peers did and
+// its own trainer did not), and every gradient is carried by the next step.
+TEST(DataPlaneTest, AClientThatGivesUpMidStepStopsTheStepEverywhere) {
+  constexpr uint64_t kN = 300;
+  Workers w(3);
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  const auto pushed = WriteGradients(segments, kN, 40);
+  std::vector<absl::StatusOr<ReduceResult>> out(3, absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  std::atomic<int> asked{0};
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      ReduceCall call{.name = {"job", "b"}, .step = 1, .sparse = true};
+      // Rank 1's client is there when the step starts, gone after.
+      if (r == 1) call.cancelled = [&] { return asked++ > 0; };
+      out[r] = w.plane(r).AllReduce(call, Soon());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(absl::IsAborted(out[r].status()))
+        << r << ": " << out[r].status();
+    EXPECT_THAT(std::string(out[r].status().message()),
+                ::testing::HasSubstr("rank 1's client gave up"));
+  }
+  ExpectConservedStep(w, segments, {"job", "b"}, kN, 2, 50, pushed);
+}
+
+// Membership changes while a step waits: the worker that learns it first
+// does not give up but runs the step again on the new view, where the
+// survivor that had not started it yet meets it (before, that one waited
+// out its deadline for a peer that had moved on).
+TEST(DataPlaneTest, AStepCutByAViewChangeRunsAgainOnTheNewView) {
+  constexpr uint64_t kN = 300;
+  Workers w(3);
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  const auto pushed = WriteGradients(segments, kN, 60);
+  std::vector<absl::StatusOr<ReduceResult>> out(2, absl::UnknownError(""));
+  const absl::Time start = absl::Now();
+  // Worker 2 is gone: worker 0 waits on it in epoch 1.
+  std::thread first([&] {
+    out[0] = w.plane(0).AllReduce({.name = {"job", "b"},
+                                   .step = 1,
+                                   .sparse = true,
+                                   .return_residual = true},
+                                  Soon());
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  const ViewInfo survivors = w.View(2, {0, 1});
+  w.Install(0, survivors);
+  absl::SleepFor(absl::Milliseconds(200));
+  w.Install(1, survivors);
+  out[1] = w.plane(1).AllReduce({.name = {"job", "b"},
+                                 .step = 1,
+                                 .sparse = true,
+                                 .return_residual = true},
+                                Soon());
+  first.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(out[r].ok()) << r << ": " << out[r].status();
+    EXPECT_EQ(out[r]->epoch, 2u);
+    EXPECT_EQ(out[r]->world_size, 2);
+  }
+  // Nothing lost on the way: the survivors' inputs are the result plus
+  // their residuals.
+  const testing::MassBalance balance(
+      {pushed[0], pushed[1]},
+      std::vector<std::vector<float>>(2, std::vector<float>(kN, 0)));
+  EXPECT_TRUE(
+      balance.Holds(Sparse(segments[0], kN, out[0]->nonzeros),
+                    {Residual(segments[0], kN), Residual(segments[1], kN)}));
+  EXPECT_EQ(Sparse(segments[0], kN, out[0]->nonzeros).values,
+            Sparse(segments[1], kN, out[1]->nonzeros).values);
+}
+
+// The vote is the one-byte "y" message (agreement records are longer).
+bool IsVote(int, const transport::Tag&, absl::string_view payload) {
+  return payload == "y";
+}
+
+// Worker 1 misses worker 0's vote; worker 0 heard every vote and applied the
+// step. Worker 1, in doubt, asks worker 0 and applies it too.
+TEST(DataPlaneTest, AWorkerInDoubtAppliesTheStepItsPeerApplied) {
+  constexpr uint64_t kN = 300;
+  Workers w(2);
+  w.DropSendsIf(0, IsVote);
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  const auto pushed = WriteGradients(segments, kN, 70);
+  const testing::MassBalance balance(
+      pushed, std::vector<std::vector<float>>(2, std::vector<float>(kN, 0)));
+  std::vector<absl::StatusOr<ReduceResult>> out(2, absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      out[r] = w.plane(r).AllReduce({.name = {"job", "b"},
+                                     .step = 1,
+                                     .sparse = true,
+                                     .return_residual = true},
+                                    absl::Now() + absl::Seconds(1));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(out[r].ok()) << r << ": " << out[r].status();
+  }
+  EXPECT_EQ(Sparse(segments[0], kN, out[0]->nonzeros).values,
+            Sparse(segments[1], kN, out[1]->nonzeros).values);
+  EXPECT_TRUE(
+      balance.Holds(Sparse(segments[0], kN, out[0]->nonzeros),
+                    {Residual(segments[0], kN), Residual(segments[1], kN)}));
+}
+
+// Both workers miss the other's vote: both in doubt, neither applied it, so
+// both give the step up, and the next step carries every gradient.
+TEST(DataPlaneTest, WorkersAllInDoubtGiveTheStepUpTogether) {
+  constexpr uint64_t kN = 300;
+  Workers w(2);
+  w.DropSendsIf(0, IsVote);
+  w.DropSendsIf(1, IsVote);
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  const auto pushed = WriteGradients(segments, kN, 80);
+  for (const auto& r : AllReduceAllUntil(w, {.name = {"job", "b"}, .step = 1},
+                                         absl::Now() + absl::Seconds(1))) {
+    EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+  }
+  w.DropSendsIf(
+      0, [](int, const transport::Tag&, absl::string_view) { return false; });
+  w.DropSendsIf(
+      1, [](int, const transport::Tag&, absl::string_view) { return false; });
+  w.Install(0, w.View(2, {0, 1}));
+  w.Install(1, w.View(2, {0, 1}));
+  ExpectConservedStep(w, segments, {"job", "b"}, kN, 2, 90, pushed);
 }
 
 }  // namespace

@@ -1,0 +1,64 @@
+#include "worker/daemon/outcome_service.h"
+
+#include "common/grpc/grpc_util.h"
+#include "common/status_macros.h"
+
+namespace gradmesh::daemon {
+
+namespace v1 = ::gradmesh::v1;
+
+namespace {
+
+using State = v1::OutcomeResponse::State;
+
+State ToProto(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::kVoting:
+      return v1::OutcomeResponse::VOTING;
+    case Outcome::kCommitted:
+      return v1::OutcomeResponse::COMMITTED;
+    case Outcome::kAborted:
+      return v1::OutcomeResponse::ABORTED;
+    case Outcome::kInDoubt:
+      return v1::OutcomeResponse::IN_DOUBT;
+  }
+  return v1::OutcomeResponse::STATE_UNSPECIFIED;
+}
+
+}  // namespace
+
+grpc::Status OutcomeService::Outcome(grpc::ServerContext* context,
+                                     const v1::OutcomeRequest* request,
+                                     v1::OutcomeResponse* response) {
+  response->set_state(ToProto(plane_->Decide({.bucket_id = request->bucket_id(),
+                                              .step = request->step(),
+                                              .epoch = request->epoch()})));
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<Outcome> AskOutcome(std::shared_ptr<grpc::Channel> channel,
+                                   const OutcomeKey& key, absl::Time deadline) {
+  v1::OutcomeRequest request;
+  request.set_bucket_id(key.bucket_id);
+  request.set_step(key.step);
+  request.set_epoch(key.epoch);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  v1::OutcomeResponse response;
+  GM_RETURN_IF_ERROR(ToAbsl(v1::Commit::NewStub(std::move(channel))
+                                ->Outcome(&context, request, &response)));
+  switch (response.state()) {
+    case v1::OutcomeResponse::VOTING:
+      return Outcome::kVoting;
+    case v1::OutcomeResponse::COMMITTED:
+      return Outcome::kCommitted;
+    case v1::OutcomeResponse::ABORTED:
+      return Outcome::kAborted;
+    case v1::OutcomeResponse::IN_DOUBT:
+      return Outcome::kInDoubt;
+    default:
+      return absl::InternalError("an outcome that names no state");
+  }
+}
+
+}  // namespace gradmesh::daemon
