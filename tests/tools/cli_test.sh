@@ -77,6 +77,20 @@ rc=0; wait $pid || rc=$?
 grep -q "interrupted after" "$work/int.out" || fail "local: no interrupt note"
 grep -q "cluster stopped$" "$work/int.out" || fail "local: not stopped cleanly"
 pgrep -f "$work/interrupted" >/dev/null && fail "local left processes behind"
+# kill -9 of a worker mid-run: its trainer stops, the survivors run the step
+# again on the new view and go on; every iteration succeeds.
+"$gradmesh" local --workers=3 --n=3000 --iterations=400 --teams=1 \
+    --work-dir="$work/killed" >"$work/killed.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "^iter  20" "$work/killed.out" && break; sleep 0.1; done
+pkill -9 -f "$work/killed/worker-01.sock" || fail "no worker 1 to kill"
+rc=0; wait $pid || rc=$?
+[[ $rc -eq 0 ]] || fail "local with a worker killed exited $rc: $(tail -5 "$work/killed.out")"
+grep -q "worker 1 is gone; its trainer stops, 2 go on" "$work/killed.out" ||
+    fail "local: no note of the lost worker: $(tail -5 "$work/killed.out")"
+grep -q "iter 399 .* checked" "$work/killed.out" ||
+    fail "local: no checked last iteration: $(tail -5 "$work/killed.out")"
+grep -q "FAILED" "$work/killed.out" && fail "local: iterations failed"
 
 # The daemons: --help, and configuration from the environment (Kubernetes
 # passes it that way); a flag on the command line wins over it.

@@ -22,6 +22,7 @@ namespace {
 
 // One worker's process, as a trainer would hold it.
 struct Trainer {
+  int worker = 0;  // its worker's index in the cluster
   std::unique_ptr<Client> client;
   std::unique_ptr<TensorSet> set;
   std::vector<float> input;  // the gradient pushed (kept when verifying)
@@ -43,6 +44,7 @@ absl::Status Connect(LocalCluster* cluster, const LocalOptions& options,
   std::vector<absl::Status> status(trainers->size());
   OnEveryWorker(cluster->size(), [&](int w) {
     Trainer& t = (*trainers)[w];
+    t.worker = w;
     auto client = Client::Connect({.worker = cluster->sdk_address(w),
                                    .job = job,
                                    .timeout = options.timeout});
@@ -72,7 +74,7 @@ void Step(std::vector<Trainer>& trainers, const LocalOptions& options,
   std::barrier<> written(static_cast<std::ptrdiff_t>(trainers.size()));
   OnEveryWorker(static_cast<int>(trainers.size()), [&](int w) {
     Trainer& t = trainers[w];
-    SyntheticGradient(options.seed, w, it, t.set->values());
+    SyntheticGradient(options.seed, t.worker, it, t.set->values());
     if (options.verify) {
       t.input.assign(t.set->values().begin(), t.set->values().end());
     }
@@ -149,6 +151,25 @@ absl::Status Verify(const std::vector<Trainer>& trainers,
   return balanced;
 }
 
+// Removes the trainers whose worker process has exited (with their
+// residuals), saying so. FailedPrecondition when none is left.
+absl::Status DropOrphans(LocalCluster* cluster, std::vector<Trainer>* trainers,
+                         std::vector<std::vector<float>>* residuals) {
+  for (size_t i = trainers->size(); i-- > 0;) {
+    const Trainer& t = (*trainers)[i];
+    if (t.outcome.ok() || !cluster->Exited(t.worker)) continue;
+    std::printf(
+        "gradmesh local: worker %d is gone; its trainer stops, %zu go on\n",
+        t.worker, trainers->size() - 1);
+    trainers->erase(trainers->begin() + i);
+    residuals->erase(residuals->begin() + i);
+  }
+  if (trainers->empty()) {
+    return absl::FailedPreconditionError("every worker is gone");
+  }
+  return absl::OkStatus();
+}
+
 // The job on a started cluster, up to its stop.
 absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
                    const std::atomic<bool>* interrupted) {
@@ -178,10 +199,15 @@ absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
       break;
     }
     Step(trainers, options, it);
+    // A trainer whose worker is gone stops; the others go on without it
+    // (its last step may have counted its gradient: check identity only).
+    const size_t before = trainers.size();
+    GM_RETURN_IF_ERROR(DropOrphans(cluster, &trainers, &residuals));
+    if (trainers.size() < before) known = false;
     std::string error;
-    for (int w = 0; w < P && error.empty(); ++w) {
+    for (size_t w = 0; w < trainers.size() && error.empty(); ++w) {
       if (!trainers[w].outcome.ok()) {
-        error = absl::StrCat("worker ", w, ": ",
+        error = absl::StrCat("worker ", trainers[w].worker, ": ",
                              trainers[w].outcome.status().ToString());
       }
     }
@@ -191,6 +217,9 @@ absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
       std::printf("iter %3llu  FAILED  %s (gradients kept in residuals)\n",
                   static_cast<unsigned long long>(it), error.c_str());
       std::fflush(stdout);
+      // Membership may be changing: go on once the survivors share a view.
+      cluster->WaitForView(static_cast<int>(trainers.size()), options.timeout)
+          .IgnoreError();
       continue;
     }
     double daemon = 0, call = 0, sent = 0;
@@ -215,7 +244,8 @@ absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
     std::printf(
         "iter %3llu  %8.2f ms  (call %7.2f ms)  %10.0f B sent/worker  "
         "%6llu nonzeros  %s d=%d  epoch %llu  %s\n",
-        static_cast<unsigned long long>(it), daemon * 1e3, call * 1e3, sent / P,
+        static_cast<unsigned long long>(it), daemon * 1e3, call * 1e3,
+        sent / static_cast<double>(trainers.size()),
         static_cast<unsigned long long>(r.nonzeros), r.algorithm.c_str(),
         r.teams, static_cast<unsigned long long>(r.epoch), check.c_str());
     std::fflush(stdout);

@@ -321,6 +321,12 @@ absl::Status LocalCluster::RestartCoordinator() {
                           absl::Now() + options_.start_timeout);
 }
 
+bool LocalCluster::Exited(int worker) {
+  Process& p = workers_[worker];
+  if (p.pid > 0 && waitpid(p.pid, nullptr, WNOHANG) == p.pid) p.pid = -1;
+  return p.pid <= 0;
+}
+
 void LocalCluster::Kill(int worker, int signal) {
   Process& p = workers_[worker];
   if (p.pid <= 0) return;

@@ -101,6 +101,8 @@ class LocalCluster {
   // Sends `signal` to worker `worker` and, for SIGKILL, reaps it.
   void Kill(int worker, int signal);
   bool alive(int worker) const { return workers_[worker].pid > 0; }
+  // Whether worker `worker`'s process has exited (reaping it if so).
+  bool Exited(int worker);
 
   // A temporary work_dir is removed with the cluster unless this is called
   // (when something failed and its logs matter).

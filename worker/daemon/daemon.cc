@@ -128,9 +128,11 @@ absl::Status Daemon::Init() {
     return absl::InvalidArgumentError("the coordinator address is required");
   }
   if (options_.operation_timeout <= absl::ZeroDuration() ||
-      options_.heartbeat_interval <= absl::ZeroDuration()) {
+      options_.heartbeat_interval <= absl::ZeroDuration() ||
+      options_.view_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "the operation timeout and heartbeat interval must be positive");
+        "the operation timeout and heartbeat interval must be positive, the "
+        "view wait not negative");
   }
   GM_ASSIGN_OR_RETURN(channel_credentials_, ChannelCredentials(options_.tls));
   GM_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_listen,
@@ -148,7 +150,8 @@ absl::Status Daemon::Init() {
               [this](const std::string& address, const OutcomeKey& key,
                      absl::Time deadline) {
                 return AskOutcome(Channel(address), key, deadline);
-              }});
+              }},
+      DataPlaneOptions{.view_wait = options_.view_wait});
   GM_RETURN_IF_ERROR(StartServer());
   coordinator_ = std::make_unique<CoordinatorClient>(
       v1::Coordinator::NewStub(Channel(options_.coordinator)), Node(),

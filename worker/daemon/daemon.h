@@ -43,6 +43,8 @@ struct DaemonOptions {
   TlsFiles tls;
   absl::Duration operation_timeout = absl::Seconds(30);
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // How long a step cut by a membership change waits for the new view.
+  absl::Duration view_wait = absl::Seconds(5);
 };
 
 class WorkerDaemon {

@@ -30,6 +30,10 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(double, operation_timeout_s, 30,
           "an all-reduce that takes longer fails with DeadlineExceeded");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "heartbeat period");
+ABSL_FLAG(int, view_wait_ms, 5000,
+          "a step cut by a membership change waits this long for the new "
+          "view, then runs again there (more than the coordinator's "
+          "--heartbeat_timeout_ms)");
 ABSL_FLAG(std::string, port_file, "",
           "write the advertised address and metrics port here once serving "
           "(for scripts that start workers on port 0)");
@@ -59,7 +63,8 @@ int main(int argc, char** argv) {
        .operation_timeout =
            timeout > 0 ? absl::Seconds(timeout) : absl::ZeroDuration(),
        .heartbeat_interval =
-           absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms))});
+           absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),
+       .view_wait = absl::Milliseconds(absl::GetFlag(FLAGS_view_wait_ms))});
   if (!daemon.ok()) {
     std::fprintf(stderr, "gradmesh-worker: %s\n",
                  daemon.status().ToString().c_str());
