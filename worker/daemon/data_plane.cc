@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -460,22 +461,43 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
 
 Outcome DataPlane::Decide(const OutcomeKey& key) {
   absl::MutexLock lock(&outcomes_mu_);
-  auto [it, inserted] = outcomes_.try_emplace(key, Outcome::kAborted);
+  auto [it, inserted] = outcomes_.try_emplace(
+      key, OutcomeEntry{.outcome = Outcome::kAborted, .promised = true});
   if (inserted) RememberLocked(key);
-  return it->second;
+  // An abort this worker settled on in doubt is not a decision others may
+  // follow: they keep asking.
+  return it->second.gave_up ? Outcome::kInDoubt : it->second.outcome;
 }
 
-void DataPlane::SetOutcome(const OutcomeKey& key, Outcome outcome) {
+Outcome DataPlane::SetOutcome(const OutcomeKey& key, Outcome outcome,
+                              bool gave_up) {
   absl::MutexLock lock(&outcomes_mu_);
-  auto [it, inserted] = outcomes_.insert_or_assign(key, outcome);
+  auto [it, inserted] = outcomes_.try_emplace(key);
   if (inserted) RememberLocked(key);
+  OutcomeEntry& entry = it->second;
+  // A promise to refuse the step is kept, whatever comes later.
+  if (!(entry.promised && outcome == Outcome::kCommitted)) {
+    entry.outcome = outcome;
+    entry.gave_up = gave_up;
+  }
+  return entry.outcome;
 }
 
 void DataPlane::RememberLocked(const OutcomeKey& key) {
   outcome_order_.push_back(key);
-  if (outcome_order_.size() > kOutcomesKept) {
-    outcomes_.erase(outcome_order_.front());
+  // The oldest decided entries go; undecided ones stay (at most one per
+  // bucket in flight), so that no promise is forgotten mid-step.
+  for (size_t looked = 0;
+       outcomes_.size() > kOutcomesKept && looked < outcome_order_.size();
+       ++looked) {
+    const OutcomeKey oldest = outcome_order_.front();
     outcome_order_.pop_front();
+    const Outcome o = outcomes_[oldest].outcome;
+    if (o == Outcome::kVoting || o == Outcome::kInDoubt) {
+      outcome_order_.push_back(oldest);
+    } else {
+      outcomes_.erase(oldest);
+    }
   }
 }
 
@@ -488,10 +510,11 @@ absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
   bool yes = call.cancelled == nullptr || !call.cancelled();
   {
     absl::MutexLock lock(&outcomes_mu_);
-    auto [it, inserted] = outcomes_.try_emplace(key, Outcome::kVoting);
+    auto [it, inserted] =
+        outcomes_.try_emplace(key, OutcomeEntry{.outcome = Outcome::kVoting});
     if (inserted) RememberLocked(key);
-    if (it->second == Outcome::kAborted) yes = false;
-    if (!yes) it->second = Outcome::kAborted;
+    if (it->second.outcome == Outcome::kAborted) yes = false;
+    if (!yes) it->second = {.outcome = Outcome::kAborted, .promised = true};
   }
   absl::StatusOr<std::vector<std::string>> votes =
       GatherSmall(g, OperationId("commit", bucket.buffer, call.step),
@@ -505,45 +528,87 @@ absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
     if ((*votes)[r] != "y") {
       SetOutcome(key, Outcome::kAborted);
       *refused_by_vote = true;
-      return absl::AbortedError(
-          absl::StrCat("rank ", r,
-                       "'s client gave up before the step was applied; no "
-                       "member applied it"));
+      return absl::AbortedError(absl::StrCat(
+          "rank ", r,
+          " voted no (its client gave up, or it had promised a "
+          "peer in doubt to refuse the step); no member applied it"));
     }
   }
   SetOutcome(key, Outcome::kCommitted);
   return absl::OkStatus();
 }
 
+absl::StatusOr<Outcome> DataPlane::AskPeer(const Group& g, int peer,
+                                           const OutcomeKey& key,
+                                           absl::Time deadline) {
+  absl::StatusOr<Outcome> theirs =
+      hooks_.ask_outcome(g.view.addresses[peer], key, deadline);
+  if (theirs.ok()) return theirs;
+  // Unreachable: gone for good once a newer view leaves it out.
+  std::shared_ptr<Group> now = views_->current();
+  const bool dropped =
+      now != nullptr && now->view.epoch > g.view.epoch &&
+      std::find(now->view.member_ids.begin(), now->view.member_ids.end(),
+                g.view.member_ids[peer]) == now->view.member_ids.end();
+  return dropped ? Outcome::kAborted : Outcome::kVoting;
+}
+
 absl::Status DataPlane::Resolve(const Group& g, const OutcomeKey& key,
                                 const absl::Status& why, absl::Time deadline) {
   // This worker voted yes and did not hear every vote: a peer that did may
-  // have applied the step. Ask them; any that applied it decides, and so
-  // does any that refused it (it can never apply it). With none undecided
-  // and none applied, no member reachable applied it: abort everywhere.
-  // A doubt that arose at the deadline gets a little time to be resolved.
-  const absl::Time until = deadline + absl::Seconds(1);
-  while (hooks_.ask_outcome != nullptr) {
-    bool undecided = false;
-    bool refused = false;
-    for (int p = 0; p < g.size() && !refused; ++p) {
-      if (p == g.rank) continue;
-      absl::StatusOr<Outcome> theirs =
-          hooks_.ask_outcome(g.view.addresses[p], key,
-                             std::min(until, absl::Now() + absl::Seconds(1)));
-      if (!theirs.ok()) continue;  // gone: it applies nothing
-      if (*theirs == Outcome::kCommitted) {
-        SetOutcome(key, Outcome::kCommitted);
-        return absl::OkStatus();
+  // have applied the step. Ask them all; one that applied it decides
+  // "apply", one that refused it (or is gone from a newer view) "abort".
+  // With none undecided (still voting, or unreachable while still a
+  // member), and none applied, no member applied it: abort, as every other
+  // worker in doubt does. Past the deadline and a grace of view_wait, the
+  // truth is that this worker does not know.
+  if (hooks_.ask_outcome == nullptr) {
+    SetOutcome(key, Outcome::kAborted, /*gave_up=*/true);
+    return why;
+  }
+  const absl::Time until =
+      deadline + std::max(absl::Seconds(1), options_.view_wait);
+  while (true) {
+    std::vector<absl::StatusOr<Outcome>> answers(g.size(), Outcome::kInDoubt);
+    {
+      const absl::Time ask_until =
+          std::min(until, absl::Now() + absl::Seconds(1));
+      std::vector<std::thread> asks;
+      for (int p = 0; p < g.size(); ++p) {
+        if (p == g.rank) continue;
+        asks.emplace_back(
+            [&, p] { answers[p] = AskPeer(g, p, key, ask_until); });
       }
-      refused = *theirs == Outcome::kAborted;
+      for (std::thread& t : asks) t.join();
+    }
+    bool undecided = false;
+    for (const absl::StatusOr<Outcome>& theirs : answers) {
+      if (*theirs == Outcome::kCommitted) {
+        return SetOutcome(key, Outcome::kCommitted) == Outcome::kCommitted
+                   ? absl::OkStatus()
+                   : why;
+      }
+      if (*theirs == Outcome::kAborted) {
+        SetOutcome(key, Outcome::kAborted);
+        return why;
+      }
       undecided = undecided || *theirs == Outcome::kVoting;
     }
-    if (refused || !undecided || absl::Now() >= until) break;
+    if (!undecided) {
+      SetOutcome(key, Outcome::kAborted, /*gave_up=*/true);
+      return why;
+    }
+    if (absl::Now() >= until) {
+      SetOutcome(key, Outcome::kAborted, /*gave_up=*/true);
+      if (hooks_.metrics != nullptr) hooks_.metrics->unresolved().Increment();
+      return absl::DataLossError(absl::StrCat(
+          "this worker could not learn whether its peers applied the step (",
+          why.message(),
+          "); replicas may differ: broadcast the parameters "
+          "again"));
+    }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  SetOutcome(key, Outcome::kAborted);
-  return why;
 }
 
 void DataPlane::WriteResult(const ReduceCall& call, const Bucket& bucket,

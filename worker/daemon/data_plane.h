@@ -31,11 +31,13 @@
 // not hear every vote is in doubt: it asks its peers for their outcome
 // (DataPlaneHooks::ask_outcome, answered by Decide) and applies the step iff
 // one of them did; a peer asked about a step it has not voted on promises
-// never to apply it. Without a view change nothing more happens: the step
-// failed, its gradient is in the residual. When membership changed under
-// the step (Aborted or Unavailable), the worker waits for the new view (up
-// to DataPlaneOptions::view_wait) and runs the same step again there from
-// the residual; every survivor whose attempt failed does the same, so they
+// never to apply it. A worker that cannot learn the outcome by its deadline
+// plus view_wait (a peer unreachable but still a member) answers DataLoss:
+// its replica may differ from the others'. Without a view change nothing more
+// happens: the step failed, its gradient is in the residual. When membership
+// changed under the step (Aborted or Unavailable), the worker waits for the new
+// view (up to DataPlaneOptions::view_wait) and runs the same step again there
+// from the residual; every survivor whose attempt failed does the same, so they
 // meet under the same step.
 //
 // Thread-safe: one call per bucket runs at a time (a second waits, until its
@@ -188,8 +190,10 @@ class DataPlane {
                                        absl::Time deadline);
 
   // This worker's outcome of `key`, for a peer in doubt. A step it has not
-  // voted on is refused from now on: it will vote no (kAborted).
+  // voted on is refused from now on: it will vote no (kAborted). An abort
+  // it settled on in doubt itself reads kInDoubt (the asker keeps asking).
   Outcome Decide(const OutcomeKey& key);
+  // Decided outcomes kept (oldest forgotten first; undecided ones stay).
   static constexpr size_t kOutcomesKept = 4096;
 
   // The residual's L2 norm per bucket ("job/bucket"); -1 for a bucket busy
@@ -233,10 +237,18 @@ class DataPlane {
   absl::Status Commit(const Group& g, const Bucket& bucket,
                       const ReduceCall& call, absl::Time deadline,
                       bool* refused_by_vote);
-  // In doubt after `why`: OK if a peer applied the step, else `why`.
+  // In doubt after `why`: OK if a peer applied the step, `why` if none did,
+  // DataLoss if that can't be learned in time.
   absl::Status Resolve(const Group& g, const OutcomeKey& key,
                        const absl::Status& why, absl::Time deadline);
-  void SetOutcome(const OutcomeKey& key, Outcome outcome);
+  // Peer `peer`'s outcome of `key`; an unreachable peer is kVoting
+  // (undecided) while it is a member of the newest view, kAborted after.
+  absl::StatusOr<Outcome> AskPeer(const Group& g, int peer,
+                                  const OutcomeKey& key, absl::Time deadline);
+  // Records `outcome` (`gave_up`: an abort settled on in doubt) unless a
+  // promise to refuse the step stands; returns what is recorded.
+  Outcome SetOutcome(const OutcomeKey& key, Outcome outcome,
+                     bool gave_up = false);
   void RememberLocked(const OutcomeKey& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(outcomes_mu_);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
@@ -256,8 +268,13 @@ class DataPlane {
   absl::flat_hash_map<std::string, std::shared_ptr<Bucket>> buckets_
       ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+  struct OutcomeEntry {
+    Outcome outcome = Outcome::kVoting;
+    bool promised = false;  // kAborted by a no vote or a promise: final
+    bool gave_up = false;   // kAborted settled on in doubt: not a decision
+  };
   absl::Mutex outcomes_mu_;
-  absl::flat_hash_map<OutcomeKey, Outcome> outcomes_
+  absl::flat_hash_map<OutcomeKey, OutcomeEntry> outcomes_
       ABSL_GUARDED_BY(outcomes_mu_);
   std::deque<OutcomeKey> outcome_order_ ABSL_GUARDED_BY(outcomes_mu_);
 };

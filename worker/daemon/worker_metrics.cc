@@ -98,6 +98,13 @@ WorkerMetrics::WorkerMetrics()
                      .Help("Plan changes that arrived after their start step")
                      .Register(r)
                      .Add({});
+  unresolved_ = &BuildCounter()
+                     .Name("gradmesh_worker_steps_in_doubt_total")
+                     .Help(
+                         "Steps whose outcome on the other members could "
+                         "not be learned (answered DataLoss)")
+                     .Register(r)
+                     .Add({});
   retries_ = &BuildCounter()
                   .Name("gradmesh_worker_step_retries_total")
                   .Help(

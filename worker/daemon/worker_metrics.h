@@ -13,6 +13,8 @@
 //   gradmesh_worker_late_views_total                    counter
 //   gradmesh_worker_step_retries_total                  counter: steps run
 //       again on a new view after membership changed under them
+//   gradmesh_worker_steps_in_doubt_total                counter: steps whose
+//       outcome on the other members could not be learned (DataLoss)
 //   gradmesh_worker_tensors_reduced_total{fusion}       counter: tensors in
 //   gradmesh_worker_tensors_missing_total{fusion}       counter: with no entry
 //       in the result (fusion: per_tensor where the algorithm split its
@@ -73,6 +75,7 @@ class WorkerMetrics {
   prometheus::Gauge& world_size() { return *world_size_; }
   prometheus::Counter& late_views() { return *late_views_; }
   prometheus::Counter& retries() { return *retries_; }
+  prometheus::Counter& unresolved() { return *unresolved_; }
 
  private:
   WorkerMetrics();
@@ -96,6 +99,7 @@ class WorkerMetrics {
   prometheus::Gauge* world_size_;
   prometheus::Counter* late_views_;
   prometheus::Counter* retries_;
+  prometheus::Counter* unresolved_;
   absl::Mutex norms_mu_;
   std::vector<std::string> norm_buffers_ ABSL_GUARDED_BY(norms_mu_);
 };

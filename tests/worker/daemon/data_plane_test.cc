@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -76,6 +77,12 @@ class Workers {
     }
   }
 
+  // Worker r's Decide can't be reached from now on (as if its port were cut).
+  void Unreachable(int r) {
+    absl::MutexLock lock(&mu_);
+    unreachable_.insert(r);
+  }
+
   // Messages that worker r's transports drop from now on (new views only).
   void DropSendsIf(int r, transport::FaultInjectingTransport::DropIf drop) {
     absl::MutexLock lock(&mu_);
@@ -124,6 +131,10 @@ class Workers {
     if (!absl::SimpleAtoi(address.substr(1), &r)) {
       return absl::NotFoundError(address);
     }
+    {
+      absl::MutexLock lock(&mu_);
+      if (unreachable_.contains(r)) return absl::UnavailableError(address);
+    }
     return planes_[r]->Decide(key);
   }
 
@@ -157,6 +168,7 @@ class Workers {
       ABSL_GUARDED_BY(mu_);
   std::map<int, transport::FaultInjectingTransport::DropIf> drops_
       ABSL_GUARDED_BY(mu_);
+  std::set<int> unreachable_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> next_index_ = std::vector<uint64_t>(64, 0);
   ViewInfo view_;
   std::vector<std::unique_ptr<ViewTracker>> views_;
@@ -574,21 +586,28 @@ TEST(DataPlaneTest, AClientThatGivesUpMidStepStopsTheStepEverywhere) {
   const auto pushed = WriteGradients(segments, kN, 40);
   std::vector<absl::StatusOr<ReduceResult>> out(3, absl::UnknownError(""));
   std::vector<std::thread> threads;
-  std::atomic<int> asked{0};
+  // Rank 1 starts first and waits for its peers in the agreement; its
+  // client gives up meanwhile, before the vote.
+  std::atomic<bool> gone{false};
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
       ReduceCall call{.name = {"job", "b"}, .step = 1, .sparse = true};
-      // Rank 1's client is there when the step starts, gone after.
-      if (r == 1) call.cancelled = [&] { return asked++ > 0; };
+      if (r == 1) {
+        call.cancelled = [&] { return gone.load(); };
+      } else {
+        absl::SleepFor(absl::Milliseconds(400));
+      }
       out[r] = w.plane(r).AllReduce(call, Soon());
     });
   }
+  absl::SleepFor(absl::Milliseconds(200));
+  gone = true;
   for (auto& t : threads) t.join();
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(absl::IsAborted(out[r].status()))
         << r << ": " << out[r].status();
     EXPECT_THAT(std::string(out[r].status().message()),
-                ::testing::HasSubstr("rank 1's client gave up"));
+                ::testing::HasSubstr("rank 1 voted no"));
   }
   ExpectConservedStep(w, segments, {"job", "b"}, kN, 2, 50, pushed);
 }
@@ -701,6 +720,49 @@ TEST(DataPlaneTest, WorkersAllInDoubtGiveTheStepUpTogether) {
   w.Install(0, w.View(2, {0, 1}));
   w.Install(1, w.View(2, {0, 1}));
   ExpectConservedStep(w, segments, {"job", "b"}, kN, 2, 90, pushed);
+}
+
+// Three workers; worker 2 misses worker 0's vote (dropped on the way to it,
+// relayed or not): worker 2, in doubt, asks both others at once and applies
+// the step they applied.
+TEST(DataPlaneTest, InDoubtAmongThreeFollowsThePeersThatApplied) {
+  constexpr uint64_t kN = 300;
+  Workers w(3);
+  w.DropSendsIf(
+      0, [](int peer, const transport::Tag& tag, absl::string_view payload) {
+        return peer == 2 && IsVote(peer, tag, payload);
+      });
+  w.DropSendsIf(
+      1, [](int peer, const transport::Tag& tag, absl::string_view payload) {
+        return peer == 2 && payload.size() == 2;  // a relay of two votes
+      });
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  WriteGradients(segments, kN, 100);
+  const auto out =
+      AllReduceAllUntil(w, {.name = {"job", "b"}, .step = 1, .sparse = true},
+                        absl::Now() + absl::Seconds(2));
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(out[r].ok()) << r << ": " << out[r].status();
+    EXPECT_EQ(Sparse(segments[r], kN, out[r]->nonzeros).values,
+              Sparse(segments[0], kN, out[0]->nonzeros).values);
+  }
+}
+
+// A worker in doubt whose peer can't be asked, and is still a member, does
+// not guess: past its deadline and the grace it answers DataLoss.
+TEST(DataPlaneTest, InDoubtWithAnUnreachableMemberSaysItDoesNotKnow) {
+  constexpr uint64_t kN = 300;
+  Workers w(2);
+  w.DropSendsIf(0, IsVote);
+  w.Unreachable(0);
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  WriteGradients(segments, kN, 110);
+  const auto out = AllReduceAllUntil(w, {.name = {"job", "b"}, .step = 1},
+                                     absl::Now() + absl::Seconds(1));
+  EXPECT_TRUE(out[0].ok()) << out[0].status();  // it heard every vote
+  EXPECT_TRUE(absl::IsDataLoss(out[1].status())) << out[1].status();
 }
 
 }  // namespace

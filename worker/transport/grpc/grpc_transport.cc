@@ -258,7 +258,9 @@ absl::Status GrpcTransport::Send(int peer, const Tag& tag,
     std::shared_ptr<Stream>& current = streams_[peer];
     if (current != nullptr && !current->open()) {
       // Broken (its operations in flight have failed): later ones get a new
-      // stream. The old one is destroyed once done, here, off gRPC's threads.
+      // stream. The old one is cancelled, so that gRPC ends its call, and
+      // destroyed once done, here, off gRPC's threads.
+      current->Cancel();
       std::erase_if(broken_streams_, [](const std::shared_ptr<Stream>& s) {
         return s->WaitDone(absl::InfinitePast());
       });
