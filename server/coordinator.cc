@@ -19,8 +19,12 @@ constexpr absl::string_view kSparDl = "spardl";
 // The link model is fitted from at most this many recent reports.
 constexpr size_t kMaxLinkSamples = 4096;
 
-// An operation still missing reports when one this many steps later is
-// reported has lost them: it counts with the reports it has.
+// Epochs stay exact in the metrics' doubles.
+constexpr uint64_t kMaxEpoch = uint64_t{1} << 53;
+
+// An operation still missing reports from a member that never reported a
+// later one, when a step this many later is reported, has lost them anyway
+// (that member's reports do not arrive): it counts with the reports it has.
 constexpr uint64_t kStepsBeforeReportsAreLost = 8;
 
 std::string Milliseconds(double seconds) {
@@ -37,6 +41,9 @@ struct Coordinator::Round {
   // The current trial's incomplete operations: operation -> node -> seconds.
   std::map<uint64_t, absl::flat_hash_map<std::string, double>> pending;
   absl::flat_hash_set<uint64_t> completed;  // of the current trial
+  // The highest step each member has reported in the current trial: its
+  // reports come in order, so one missing below it was lost.
+  absl::flat_hash_map<std::string, uint64_t> latest;
   bool warmed_up = false;  // the trial's first completed operation is done
 };
 
@@ -105,6 +112,10 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
   if (!config_status_.ok()) return config_status_;
   if (member.node_id.empty() || member.address.empty()) {
     return absl::InvalidArgumentError("node_id and address must be set");
+  }
+  if (known != nullptr && known->epoch > kMaxEpoch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a known epoch of ", known->epoch, " is past 2^53"));
   }
   absl::MutexLock lock(&mu_);
   if (known != nullptr && epoch_ == 0 && AdoptLocked(*known, member, now)) {
@@ -239,6 +250,8 @@ absl::Status Coordinator::Report(const IterationReport& report) {
   Round& round = *round_;
   if (round.completed.contains(report.operation)) return absl::OkStatus();
   round.pending[report.operation][report.node_id] = report.seconds;
+  uint64_t& latest = round.latest[report.node_id];
+  latest = std::max(latest, report.operation);
   ResolveOperationsLocked(report.operation);
   return absl::OkStatus();
 }
@@ -250,8 +263,16 @@ void Coordinator::ResolveOperationsLocked(uint64_t latest) {
   for (auto it = round.pending.begin();
        round.current == trial && it != round.pending.end();) {
     const auto& [operation, seconds] = *it;
+    auto reported = [&](const std::string& node) {
+      auto later = round.latest.find(node);
+      return seconds.contains(node) ||
+             (later != round.latest.end() && later->second > operation);
+    };
+    const bool complete =
+        std::all_of(members_.begin(), members_.end(),
+                    [&](const auto& m) { return reported(m.first); });
     const bool lost = operation + kStepsBeforeReportsAreLost <= latest;
-    if (seconds.size() < members_.size() && !lost) {
+    if (!complete && !lost) {
       ++it;
       continue;
     }
@@ -370,6 +391,7 @@ void Coordinator::CountOperationLocked(double max_seconds) {
   round.sum_of_max = 0;
   round.pending.clear();
   round.completed.clear();
+  round.latest.clear();
   round.warmed_up = false;
   ++round.current;
   // The first trial's reports tell n: rank the rest with the model now.

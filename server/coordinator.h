@@ -30,10 +30,11 @@
 // are then re-ranked, and skipped where hopeless, as soon as the first trial
 // ends (its reports tell n). Each trial is an epoch whose plan has teams = d
 // and autotuning = true. An operation (step) of that epoch is complete when
-// every member has reported it, or when a step 8 or more later has been
-// reported (its missing reports are taken as lost: it counts with the
-// slowest of the reports it has, so a lost report neither stalls the trial
-// nor stays pending); the first to complete warms up and does not count.
+// every member has reported it or a later step (a member's reports come in
+// order, so one missing below a later one was lost), or, with a member that
+// reports nothing, once a step 8 or more later has been reported; it counts
+// with the slowest of the reports it has, so lost reports neither stall the
+// trial nor stay pending. The first to complete warms up and does not count.
 // After
 // autotune_window complete operations the trial's time is the mean over
 // them of the slowest member's seconds, and the next candidate gets an
@@ -164,7 +165,8 @@ class Coordinator {
   //   - a member that joins again knowing the current epoch is the same
   //     process (it lost contact): it is marked alive, no new epoch;
   //   - a known epoch above the current one raises it, and a new epoch is
-  //     published past it, so epochs only grow across restarts.
+  //     published past it, so epochs only grow across restarts (one past
+  //     2^53 is InvalidArgument).
   absl::StatusOr<View> Join(const MemberInfo& member, absl::Time now,
                             const View* known = nullptr);
 

@@ -600,6 +600,31 @@ TEST(AutotuneTest, StaleEpochAndIncompleteOperationsDoNotCount) {
   EXPECT_DOUBLE_EQ(coordinator.trials()[0].mean_seconds, 5e-3);
 }
 
+// A member's reports come in order: its report of a later step says that
+// its report of an earlier one was lost, which then counts without it.
+TEST(AutotuneTest, AReportLostBeforeALaterOneCountsWithoutIt) {
+  Coordinator coordinator({.autotune_window = 2}, kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  const uint64_t epoch = coordinator.view().epoch;
+  auto report = [&](const char* node, uint64_t op, double seconds) {
+    ASSERT_TRUE(coordinator
+                    .Report({.node_id = node,
+                             .epoch = epoch,
+                             .operation = op,
+                             .seconds = seconds})
+                    .ok());
+  };
+  report("a", 0, 1e-3);
+  report("b", 0, 1e-3);  // 0 warms up
+  report("a", 1, 4e-3);  // b's report of 1 is lost
+  EXPECT_EQ(coordinator.trials()[0].iterations, 0);
+  report("b", 2, 2e-3);  // ... as b's report of 2 shows: 1 counts
+  EXPECT_EQ(coordinator.trials()[0].iterations, 1);
+  report("a", 2, 2e-3);
+  EXPECT_EQ(coordinator.view().epoch, epoch + 1);
+  EXPECT_DOUBLE_EQ(coordinator.trials()[0].mean_seconds, 3e-3);
+}
+
 // Reports are best effort: b's never arrive, and the trial still ends, each
 // operation counted with a's report once a step 8 later is reported.
 TEST(AutotuneTest, LostReportsDoNotStallTheTrial) {

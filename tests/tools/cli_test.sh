@@ -82,7 +82,8 @@ pgrep -f "$work/interrupted" >/dev/null && fail "local left processes behind"
 "$gradmesh" local --workers=3 --n=3000 --iterations=400 --teams=1 \
     --work-dir="$work/killed" >"$work/killed.out" 2>&1 &
 pid=$!
-for _ in $(seq 100); do grep -q "^iter  20" "$work/killed.out" && break; sleep 0.1; done
+for _ in $(seq 300); do grep -q "^iter  20" "$work/killed.out" && break; sleep 0.1; done
+grep -q "^iter  20" "$work/killed.out" || fail "local: no iteration 20 in 30 s"
 pkill -9 -f "$work/killed/worker-01.sock" || fail "no worker 1 to kill"
 rc=0; wait $pid || rc=$?
 [[ $rc -eq 0 ]] || fail "local with a worker killed exited $rc: $(tail -5 "$work/killed.out")"

@@ -439,5 +439,29 @@ TEST(GrpcTransportTest, RefusesStreamsClaimingNoPeersRank) {
   EXPECT_EQ(net.service(1)->stats().messages_delivered, 0u);
 }
 
+// Streams may name epochs far ahead, but only so many epochs not started
+// here are held at once: one more is refused.
+TEST(GrpcTransportTest, BoundsHowManyEpochsNotStartedAreHeld) {
+  GrpcNetwork net(2);
+  auto stub = gradmesh::v1::Peer::NewStub(net.channel(1));
+  for (uint64_t e = 0; e <= PeerService::kMaxUnopenedEpochs; ++e) {
+    grpc::ClientContext context;
+    auto stream = stub->Exchange(&context);
+    gradmesh::v1::Frame frame;
+    frame.set_epoch(1000 + e);
+    frame.set_from_rank(0);
+    stream->Write(frame);  // an empty message
+    stream->WritesDone();
+    EXPECT_EQ(stream->Finish().error_code(),
+              e < PeerService::kMaxUnopenedEpochs
+                  ? grpc::StatusCode::OK
+                  : grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << e;
+  }
+  // The open epoch still works.
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {0, 0, 0}, "ok").ok());
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, {0, 0, 0}, Soon()), "ok");
+}
+
 }  // namespace
 }  // namespace gradmesh::transport

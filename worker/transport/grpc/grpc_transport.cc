@@ -125,7 +125,7 @@ class GrpcTransport::Stream final
         }
       }
     }
-    if (!broken.ok()) service_->PeerBroke(epoch_, peer_, broken);
+    if (!broken.ok()) service_->PeerBroke(epoch_, peer_, number_, broken);
     if (release) ReleaseHold();
     if (next != nullptr) StartWrite(next);
     if (writes_done) {
@@ -150,7 +150,7 @@ class GrpcTransport::Stream final
         broken = broken_;
       }
     }
-    if (!broken.ok()) service_->PeerBroke(epoch_, peer_, broken);
+    if (!broken.ok()) service_->PeerBroke(epoch_, peer_, number_, broken);
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -162,7 +162,7 @@ class GrpcTransport::Stream final
             "the stream to peer ", peer_, " failed: ", status.error_message()));
       }
     }
-    if (!broken.ok()) service_->PeerBroke(epoch_, peer_, broken);
+    if (!broken.ok()) service_->PeerBroke(epoch_, peer_, number_, broken);
     // Last: once done_ is set the transport may destroy this.
     absl::MutexLock lock(&mu_);
     done_ = true;
@@ -174,7 +174,8 @@ class GrpcTransport::Stream final
       : stub_(std::make_unique<grpc::GenericStub>(std::move(channel))),
         service_(service),
         epoch_(epoch),
-        peer_(peer) {}
+        peer_(peer),
+        number_(service->OutgoingStreamOpened(epoch, peer)) {}
 
   void ReleaseHold() {
     {
@@ -189,6 +190,7 @@ class GrpcTransport::Stream final
   PeerService* const service_;
   const uint64_t epoch_;
   const int peer_;
+  const uint64_t number_;  // PeerService's stream number
   grpc::ClientContext context_;
   grpc::ByteBuffer signal_;  // the receiver sends nothing yet
 

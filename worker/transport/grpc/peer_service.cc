@@ -1,6 +1,7 @@
 #include "worker/transport/grpc/peer_service.h"
 
 #include <algorithm>
+#include <limits>
 #include <new>
 #include <utility>
 
@@ -73,7 +74,7 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
                                absl::StrCat("peer ", from_, " closed its stream"))
                   : absl::UnavailableError(
                         absl::StrCat("the stream from peer ", from_, " broke"));
-      service_->StreamEnded(epoch_, from_, clean, std::move(why));
+      service_->StreamEnded(epoch_, from_, stream_, clean, std::move(why));
     }
     delete this;
   }
@@ -87,8 +88,9 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
         return absl::InvalidArgumentError(
             absl::StrCat("a stream claims rank ", header.from_rank));
       }
-      GM_RETURN_IF_ERROR(service_->CheckSender(
-          header.epoch, static_cast<int>(header.from_rank)));
+      GM_ASSIGN_OR_RETURN(
+          stream_, service_->IncomingStreamOpened(
+                       header.epoch, static_cast<int>(header.from_rank)));
       identified_ = true;
       epoch_ = header.epoch;
       from_ = static_cast<int>(header.from_rank);
@@ -133,6 +135,7 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
   grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer buffer_;
   bool identified_ = false;
+  uint64_t stream_ = 0;  // its number (IncomingStreamOpened)
   uint64_t epoch_ = 0;
   int from_ = -1;
   absl::Status refused_;
@@ -174,16 +177,32 @@ void PeerService::OpenEpoch(uint64_t epoch, int rank, int size) {
   state.unopened_bytes = 0;
 }
 
-absl::Status PeerService::CheckSender(uint64_t epoch, int from) {
+absl::StatusOr<uint64_t> PeerService::IncomingStreamOpened(uint64_t epoch,
+                                                           int from) {
   absl::MutexLock lock(&mu_);
-  if (epoch < min_epoch_) return absl::OkStatus();  // its frames are dropped
-  const EpochState& state = StateLocked(epoch);
+  if (epoch < min_epoch_) return 0;  // its frames are dropped
+  if (!epochs_.contains(epoch)) {
+    const size_t unopened =
+        std::count_if(epochs_.begin(), epochs_.end(),
+                      [](const auto& e) { return !e.second.open; });
+    if (unopened >= kMaxUnopenedEpochs) {
+      ++stats_.streams_refused_unopened_bytes;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("frames of ", unopened,
+                       " epochs not started here are held; "
+                       "refused a stream of epoch ",
+                       epoch));
+    }
+  }
+  EpochState& state = StateLocked(epoch);
   if (state.open && (from >= state.size || from == state.rank)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a stream of epoch ", epoch, " claims rank ", from,
         ", not a peer of rank ", state.rank, " in a group of ", state.size));
   }
-  return absl::OkStatus();
+  const uint64_t number = state.next_number++;
+  state.newest_in[from] = number;
+  return number;
 }
 
 absl::Status PeerService::Deliver(uint64_t epoch, int from, const Tag& tag,
@@ -199,7 +218,8 @@ absl::Status PeerService::Deliver(uint64_t epoch, int from, const Tag& tag,
     return absl::OkStatus();
   }
   if (!state.open) {
-    if (message.size() > kMaxUnopenedBytes - unopened_bytes_) {
+    const uint64_t cost = message.size() + kMessageOverheadBytes;
+    if (cost > kMaxUnopenedBytes - unopened_bytes_) {
       ++stats_.streams_refused_unopened_bytes;
       return absl::ResourceExhaustedError(
           absl::StrCat("over ", kMaxUnopenedBytes,
@@ -207,8 +227,8 @@ absl::Status PeerService::Deliver(uint64_t epoch, int from, const Tag& tag,
                        "here; refused a message of epoch ",
                        epoch));
     }
-    state.unopened_bytes += message.size();
-    unopened_bytes_ += message.size();
+    state.unopened_bytes += cost;
+    unopened_bytes_ += cost;
   }
   NoteOperationLocked(state, tag.operation);
   ++stats_.messages_delivered;
@@ -216,15 +236,16 @@ absl::Status PeerService::Deliver(uint64_t epoch, int from, const Tag& tag,
   return absl::OkStatus();
 }
 
-void PeerService::StreamEnded(uint64_t epoch, int from, bool clean,
-                              absl::Status why) {
-  if (!clean) {
-    PeerBroke(epoch, from, why);
-    return;
-  }
+void PeerService::StreamEnded(uint64_t epoch, int from, uint64_t stream,
+                              bool clean, absl::Status why) {
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) return;
-  StateLocked(epoch).gone.try_emplace(from, std::move(why));
+  EpochState& state = StateLocked(epoch);
+  if (clean) {
+    state.gone.try_emplace(from, std::move(why));
+    return;
+  }
+  BreakLocked(state, from, stream, state.newest_in[from], why);
 }
 
 void PeerService::CountRefused() {
@@ -240,9 +261,10 @@ void PeerService::NoteOperation(uint64_t epoch, uint64_t operation) {
 
 void PeerService::NoteOperationLocked(EpochState& state, uint64_t operation) {
   if (state.retired.contains(operation) ||
-      !state.active.insert(operation).second) {
+      !state.active.try_emplace(operation, state.next_number).second) {
     return;
   }
+  ++state.next_number;
   state.active_order.push_back(operation);
   if (state.active_order.size() > kRetiredOperationsKept) {
     state.active.erase(state.active_order.front());
@@ -251,14 +273,31 @@ void PeerService::NoteOperationLocked(EpochState& state, uint64_t operation) {
   }
 }
 
-void PeerService::PeerBroke(uint64_t epoch, int peer,
+uint64_t PeerService::OutgoingStreamOpened(uint64_t epoch, int peer) {
+  absl::MutexLock lock(&mu_);
+  if (epoch < min_epoch_) return 0;
+  EpochState& state = StateLocked(epoch);
+  const uint64_t number = state.next_number++;
+  state.newest_out[peer] = number;
+  return number;
+}
+
+void PeerService::PeerBroke(uint64_t epoch, int peer, uint64_t stream,
                             const absl::Status& status) {
   GM_CHECK(!status.ok());
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) return;
   EpochState& state = StateLocked(epoch);
-  for (uint64_t operation : state.active) {
-    state.broken[operation].try_emplace(peer, status);
+  BreakLocked(state, peer, stream, state.newest_out[peer], status);
+}
+
+void PeerService::BreakLocked(EpochState& state, int peer, uint64_t stream,
+                              uint64_t newest, const absl::Status& status) {
+  // A newer stream replaced this one: operations noted since use that one.
+  const uint64_t before =
+      newest > stream ? newest : std::numeric_limits<uint64_t>::max();
+  for (const auto& [operation, noted] : state.active) {
+    if (noted < before) state.broken[operation].try_emplace(peer, status);
   }
 }
 
@@ -351,8 +390,8 @@ absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
   it->second.pop_front();
   if (it->second.empty()) mailboxes_.erase(it);
   if (!state.open) {  // not through a transport, but keep the count right
-    state.unopened_bytes -= message.size();
-    unopened_bytes_ -= message.size();
+    state.unopened_bytes -= message.size() + kMessageOverheadBytes;
+    unopened_bytes_ -= message.size() + kMessageOverheadBytes;
   }
   return message;
 }

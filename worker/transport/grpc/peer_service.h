@@ -58,6 +58,10 @@ class PeerService final : public grpc::CallbackGenericService {
   // rank outside the group (or this one) are refused.
   void OpenEpoch(uint64_t epoch, int rank, int size);
   static constexpr uint64_t kMaxUnopenedBytes = uint64_t{256} << 20;
+  // Epochs not opened here that may hold frames at once; each message counts
+  // this many bytes on top of its own against kMaxUnopenedBytes.
+  static constexpr size_t kMaxUnopenedEpochs = 16;
+  static constexpr uint64_t kMessageOverheadBytes = 64;
 
   // Blocks for the message from `from` with `tag` in `epoch`. Errors: the
   // epoch's abort status; Unavailable once the sender's stream broke while
@@ -73,9 +77,16 @@ class PeerService final : public grpc::CallbackGenericService {
   // Fails present and future Receive calls of `epoch` with `status`.
   void AbortEpoch(uint64_t epoch, const absl::Status& status);
 
-  // A stream to or from `peer` in `epoch` broke: the operations in flight
-  // fail their Receive from it (once nothing is waiting) with `status`.
-  void PeerBroke(uint64_t epoch, int peer, const absl::Status& status);
+  // Records that this process opened a stream to `peer` in `epoch`; returns
+  // the stream's number for PeerBroke.
+  uint64_t OutgoingStreamOpened(uint64_t epoch, int peer);
+
+  // Outgoing stream `stream` to `peer` in `epoch` broke: the operations in
+  // flight fail their Receive from it (once nothing is waiting) with
+  // `status`; when a newer stream to the peer exists, only those noted
+  // before it opened (later ones never used the broken stream).
+  void PeerBroke(uint64_t epoch, int peer, uint64_t stream,
+                 const absl::Status& status);
 
   // Frees what is kept for epochs below `epoch`; their later frames are
   // dropped.
@@ -107,10 +118,15 @@ class PeerService final : public grpc::CallbackGenericService {
     int size = 0;
     uint64_t unopened_bytes = 0;                  // held while not open
     absl::flat_hash_map<int, absl::Status> gone;  // closed: peer -> why
-    // Operations in flight (bounded, oldest first), and those a break failed:
-    // operation -> peer -> why.
-    absl::flat_hash_set<uint64_t> active;
+    // Operations in flight (bounded, oldest first) with the number they were
+    // noted at, and those a break failed: operation -> peer -> why. Streams
+    // take numbers from the same count, so that a break tells which
+    // operations came before the stream that replaced it.
+    uint64_t next_number = 0;
+    absl::flat_hash_map<uint64_t, uint64_t> active;
     std::deque<uint64_t> active_order;
+    absl::flat_hash_map<int, uint64_t> newest_in;   // peer -> stream number
+    absl::flat_hash_map<int, uint64_t> newest_out;  // peer -> stream number
     absl::flat_hash_map<uint64_t, absl::flat_hash_map<int, absl::Status>>
         broken;
     absl::flat_hash_set<uint64_t> retired;  // operations
@@ -131,10 +147,17 @@ class PeerService final : public grpc::CallbackGenericService {
   // it refuses (an error ends the stream) a message past the unopened bytes.
   absl::Status Deliver(uint64_t epoch, int from, const Tag& tag,
                        std::string message, uint64_t frames);
-  // An error for a sender no group of `epoch` has (once it is open).
-  absl::Status CheckSender(uint64_t epoch, int from);
+  // Admits an incoming stream of `epoch` from `from` and returns its number:
+  // an error for a sender no group of `epoch` has (once it is open), or for
+  // one epoch too many not opened here.
+  absl::StatusOr<uint64_t> IncomingStreamOpened(uint64_t epoch, int from);
   // `clean`: the peer closed the stream itself (its epoch is over).
-  void StreamEnded(uint64_t epoch, int from, bool clean, absl::Status why);
+  void StreamEnded(uint64_t epoch, int from, uint64_t stream, bool clean,
+                   absl::Status why);
+  // PeerBroke's work, for either direction's newest stream numbers.
+  void BreakLocked(EpochState& state, int peer, uint64_t stream,
+                   uint64_t newest, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountRefused();
 
   void NoteOperationLocked(EpochState& state, uint64_t operation)
