@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -83,36 +84,34 @@ def main():
     print("soak:", " ".join(command), flush=True)
     samples = []  # (seconds, iteration, {name: (rss, fds)})
     start = time.time()
+    progress = {"iteration": 0, "failed": 0}
+
+    def follow(stream, log):
+        for line in stream:
+            log.write(line)
+            m = re.match(r"iter\s+(\d+)\s+(FAILED)?", line)
+            if m:
+                progress["iteration"] = int(m.group(1)) + 1
+                progress["failed"] += m.group(2) is not None
+
     with open(log_path, "w") as log:
         run = subprocess.Popen(command, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
-        iteration, failed, last = 0, 0, 0.0
-        os.set_blocking(run.stdout.fileno(), False)
-        buffer = ""
-        while True:
-            chunk = run.stdout.read() or ""
-            log.write(chunk)
-            buffer += chunk
-            *lines, buffer = buffer.split("\n")
-            for line in lines:
-                m = re.match(r"iter\s+(\d+)\s+(FAILED)?", line)
-                if m:
-                    iteration = int(m.group(1)) + 1
-                    failed += m.group(2) is not None
+        reader = threading.Thread(target=follow, args=(run.stdout, log))
+        reader.start()
+        while run.poll() is None:
             now = time.time()
-            if now - last >= args.interval:
-                last = now
-                stats = {name: sample(pid)
-                         for name, pid in processes(work).items()}
-                stats = {k: v for k, v in stats.items() if v is not None}
-                if stats:
-                    samples.append((now - start, iteration, stats))
-                    print(f"soak: {iteration}/{args.iterations} iterations, "
-                          f"{now - start:.0f} s", flush=True)
-            if run.poll() is not None and not chunk:
-                break
-            time.sleep(0.05)
+            stats = {name: sample(pid)
+                     for name, pid in processes(work).items()}
+            stats = {k: v for k, v in stats.items() if v is not None}
+            if stats:
+                samples.append((now - start, progress["iteration"], stats))
+                print(f"soak: {progress['iteration']}/{args.iterations} "
+                      f"iterations, {now - start:.0f} s", flush=True)
+            time.sleep(args.interval)
+        reader.join()
     code = run.returncode
+    iteration, failed = progress["iteration"], progress["failed"]
     report(args, samples, iteration, failed, code, time.time() - start)
     if code != 0 or failed or iteration < args.iterations:
         sys.exit(1)
@@ -122,8 +121,9 @@ def report(args, samples, iterations, failed, code, seconds):
     # After the warm-up: the first sample past a tenth of the iterations.
     warm = next((s for s in samples if s[1] >= args.iterations // 10),
                 samples[0] if samples else None)
-    # The last sample taken while every process still ran.
-    full = [s for s in samples if len(s[2]) == len(warm[2])] if warm else []
+    # The last sample taken mid-run (the driver unregisters at the end).
+    full = [s for s in samples if len(s[2]) == len(warm[2]) and
+            s[1] < args.iterations] if warm else []
     end = full[-1] if full else None
     rows = []
     if warm and end:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine, builds gradmesh and runs every test:
 # the whole suite (unit, integration, e2e; gpu tests skip without a device),
-# the block decoders' fuzz target for a bounded time, then the unit tests
-# again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# the block decoders' and the peer frame codec's fuzz targets for a bounded
+# time, then the unit and integration tests again under AddressSanitizer +
+# UndefinedBehaviorSanitizer (the integration tests' daemons included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -19,19 +20,22 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 if command -v clang++ >/dev/null &&
     echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, long) { return 0; }' |
     clang++ -x c++ -fsanitize=fuzzer - -o /tmp/gradmesh-fuzz-probe 2>/dev/null; then
-  echo "== fuzz the block decoders (60 s)"
+  echo "== fuzz the block decoders (60 s) and the frame codec (60 s)"
   bash scripts/build.sh build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
-      -DGRADMESH_FUZZ=ON -DGRADMESH_CUDA=OFF -- codec_fuzz
-  ./build-fuzz/tests/codec_fuzz -max_total_time=60 -seed=1 -print_final_stats=1 \
-      2>&1 | tail -5
+      -DGRADMESH_FUZZ=ON -DGRADMESH_CUDA=OFF -- codec_fuzz frame_fuzz
+  for target in codec_fuzz frame_fuzz; do
+    ./build-fuzz/tests/$target -max_total_time=60 -seed=1 \
+        -print_final_stats=1 2>&1 | tail -5
+  done
 else
   echo "== fuzz target skipped: clang's fuzzer runtime is not installed"
 fi
 
-echo "== build (address,undefined sanitizers; unit tests only)"
+echo "== build (address,undefined sanitizers)"
 bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug \
     -DGRADMESH_SANITIZE=address,undefined -DGRADMESH_CUDA=OFF
-echo "== unit tests under sanitizers"
+echo "== unit and integration tests under sanitizers"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan -L unit --output-on-failure -j "$jobs"
+    ctest --test-dir build-asan -L 'unit|integration' --output-on-failure \
+    -j "$jobs"
