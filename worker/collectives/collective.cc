@@ -155,8 +155,9 @@ absl::Status Accumulated(const OpContext& context, uint64_t nonfinite) {
                                         : context.accumulated(nonfinite);
 }
 
-absl::Status Commit(const OpContext& context) {
-  return context.commit == nullptr ? absl::OkStatus() : context.commit();
+absl::Status Commit(const OpContext& context,
+                    const sparse::SparseBlock& result) {
+  return context.commit == nullptr ? absl::OkStatus() : context.commit(result);
 }
 
 absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,

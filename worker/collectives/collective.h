@@ -48,11 +48,12 @@ struct OpContext {
   // out), with their count; a non-OK status ends the operation with it
   // before anything is sent, the gradient kept. May be empty.
   std::function<absl::Status(uint64_t nonfinite)> accumulated;
-  // Called once this worker knows the result, before the residual changes
-  // (after the last message of the schedule): a non-OK status fails the
-  // operation with it, the accumulator (old residual + gradient) kept, as
-  // for any other error. The daemon's members commit here. May be empty.
-  std::function<absl::Status()> commit;
+  // Called with the result once this worker knows it, before the residual
+  // changes (after the last message of the schedule): a non-OK status fails
+  // the operation with it, the accumulator (old residual + gradient) kept,
+  // as for any other error. The daemon's members commit here (and check
+  // that they all hold the same result). May be empty.
+  std::function<absl::Status(const sparse::SparseBlock& result)> commit;
 };
 
 // What one operation cost this worker and what it produced.
@@ -175,7 +176,8 @@ absl::Status Accumulated(const OpContext& context, uint64_t nonfinite);
 
 // The result is known here: asks context.commit (if any) whether it stands.
 // Every algorithm calls it once, right before it writes the new residual.
-absl::Status Commit(const OpContext& context);
+absl::Status Commit(const OpContext& context,
+                    const sparse::SparseBlock& result);
 
 // The common start of an AllReduce: checks the sizes (InvalidArgument, and
 // nothing changes), accumulates the gradient into the residual (error

@@ -44,7 +44,7 @@ absl::StatusOr<sparse::SparseBlock> DenseRing::AllReduce(
   for (uint64_t i = 0; i < n_; ++i) {
     result.push_back(static_cast<uint32_t>(i), sum_[i]);
   }
-  GM_RETURN_IF_ERROR(Commit(context));
+  GM_RETURN_IF_ERROR(Commit(context, result));
   std::fill(residual.begin(), residual.end(), 0.0f);
   stats->result_nonzeros = result.size();
   return result;

@@ -75,7 +75,7 @@ absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
     }
   }
 
-  GM_RETURN_IF_ERROR(Commit(context));
+  GM_RETURN_IF_ERROR(Commit(context, current));
   LeaveSelected(selected, local_loss, residual);
   for (const sparse::SparseBlock& d : discarded) {
     sparse::ScatterAdd(d, residual);

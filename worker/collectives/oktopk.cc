@@ -129,7 +129,7 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
   // Where a locally selected value reached the result, the residual keeps
   // only what wire rounding took off it.
   const sparse::SparseBlock left = Intersect(local, result);
-  GM_RETURN_IF_ERROR(Commit(context));
+  GM_RETURN_IF_ERROR(Commit(context, result));
   LeaveSelected(left, Intersect(local_loss, result), residual);
   sparse::ScatterAdd(owner_loss, residual);
   stats->SetDetail("local_selected", static_cast<int64_t>(local.size()));

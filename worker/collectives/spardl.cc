@@ -113,7 +113,7 @@ absl::StatusOr<sparse::SparseBlock> SparDl::AllReduce(
   GM_RETURN_IF_ERROR(Accumulated(context, nonfinite));
   StepRunner runner(context, stats);
   GM_ASSIGN_OR_RETURN(sparse::SparseBlock result, Run(runner, stats));
-  GM_RETURN_IF_ERROR(Commit(context));
+  GM_RETURN_IF_ERROR(Commit(context, result));
   // Step 5: xi (and SAG shares) where the result has an entry.
   for (uint32_t i : result.indices) residual[i] = work_[i];
   stats->result_nonzeros = result.size();

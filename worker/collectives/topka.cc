@@ -119,10 +119,10 @@ absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
     if (!block.ok()) return PeerError(block.status(), r);
     blocks[r] = *std::move(block);
   }
-  GM_RETURN_IF_ERROR(Commit(context));
-  LeaveSelected(selected, loss, residual);
-  blocks[rank_] = std::move(selected);
+  blocks[rank_] = selected;  // k entries; `selected` still leaves below
   sparse::SparseBlock result = SumInOrder(std::move(blocks));
+  GM_RETURN_IF_ERROR(Commit(context, result));
+  LeaveSelected(selected, loss, residual);
   stats->result_nonzeros = result.size();
   return result;
 }

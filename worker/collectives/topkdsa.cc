@@ -184,7 +184,7 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
     if (!dense.ok()) return PeerError(dense.status(), r);
     dense_partitions += *dense;
   }
-  GM_RETURN_IF_ERROR(Commit(context));
+  GM_RETURN_IF_ERROR(Commit(context, result));
   LeaveSelected(selected, local_loss, residual);
   sparse::ScatterAdd(owner_loss, residual);
   sparse::ScatterAdd(owner_dropped, residual);

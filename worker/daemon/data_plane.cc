@@ -62,6 +62,17 @@ uint64_t Fnv1a(absl::string_view bytes, uint64_t hash = 14695981039346656037u) {
   return hash;
 }
 
+// FNV-1a over a result's indices and values, the same on every member.
+uint64_t ResultHash(const sparse::SparseBlock& result) {
+  const uint64_t hash = Fnv1a(
+      absl::string_view(reinterpret_cast<const char*>(result.indices.data()),
+                        result.indices.size() * sizeof(uint32_t)));
+  return Fnv1a(
+      absl::string_view(reinterpret_cast<const char*>(result.values.data()),
+                        result.values.size() * sizeof(float)),
+      hash);
+}
+
 std::string Key(const BucketName& name) {
   return absl::StrCat(name.job, "/", name.bucket);
 }
@@ -403,22 +414,24 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
                    .step = call.step,
                    .values = bucket.layout.n};
   bool refused_by_vote = false;
-  engine::Request request{
-      .buffer = bucket.buffer,
-      .gradient = gradient,
-      .operation = op,
-      .deadline = deadline,
-      .agree =
-          [&](uint64_t nonfinite) {
-            record.nonfinite = nonfinite;
-            // Its wait is the operation's (peers' skew lands there); its
-            // rounds and bytes are not the algorithm's and stay out of the
-            // stats.
-            return Agree(g, bucket, agree_op, record, deadline,
-                         &out.stats.wait_seconds);
-          },
-      .commit =
-          [&] { return Commit(g, bucket, call, deadline, &refused_by_vote); }};
+  engine::Request request{.buffer = bucket.buffer,
+                          .gradient = gradient,
+                          .operation = op,
+                          .deadline = deadline,
+                          .agree =
+                              [&](uint64_t nonfinite) {
+                                record.nonfinite = nonfinite;
+                                // Its wait is the operation's (peers' skew
+                                // lands there); its rounds and bytes are not
+                                // the algorithm's and stay out of the stats.
+                                return Agree(g, bucket, agree_op, record,
+                                             deadline, &out.stats.wait_seconds);
+                              },
+                          .commit =
+                              [&](const sparse::SparseBlock& result) {
+                                return Commit(g, bucket, call, result, deadline,
+                                              &refused_by_vote);
+                              }};
   if (bucket.per_tensor_quota) request.tensor_starts = bucket.tensor_starts;
   if (call.return_residual) {
     request.residual_out = [&](absl::Span<const float> residual) {
@@ -502,8 +515,9 @@ void DataPlane::RememberLocked(const OutcomeKey& key) {
 }
 
 absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
-                               const ReduceCall& call, absl::Time deadline,
-                               bool* refused_by_vote) {
+                               const ReduceCall& call,
+                               const sparse::SparseBlock& result,
+                               absl::Time deadline, bool* refused_by_vote) {
   const OutcomeKey key{bucket.id, call.step, g.view.epoch};
   // Yes, unless the client gave up or this worker has promised a peer that
   // asked that the step would not be applied here (Decide).
@@ -516,22 +530,41 @@ absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
     if (it->second.outcome == Outcome::kAborted) yes = false;
     if (!yes) it->second = {.outcome = Outcome::kAborted, .promised = true};
   }
-  absl::StatusOr<std::vector<std::string>> votes =
-      GatherSmall(g, OperationId("commit", bucket.buffer, call.step),
-                  yes ? "y" : "n", deadline);
+  // A yes carries a hash of the result: members that would apply different
+  // results (a corrupted message, a bug) find out here, before anyone does.
+  std::string vote = "n";
+  if (yes) {
+    const uint64_t hash = ResultHash(result);
+    vote = "y";
+    vote.append(reinterpret_cast<const char*>(&hash), sizeof(hash));
+  }
+  absl::StatusOr<std::vector<std::string>> votes = GatherSmall(
+      g, OperationId("commit", bucket.buffer, call.step), vote, deadline);
   if (!votes.ok()) {
     if (!yes) return votes.status();
     SetOutcome(key, Outcome::kInDoubt);
     return Resolve(g, key, votes.status(), deadline);
   }
+  // A no first: it explains a differing vote too.
   for (int r = 0; r < g.size(); ++r) {
-    if ((*votes)[r] != "y") {
+    const std::string& theirs = (*votes)[r];
+    if (theirs.empty() || theirs[0] != 'y') {
       SetOutcome(key, Outcome::kAborted);
       *refused_by_vote = true;
       return absl::AbortedError(absl::StrCat(
           "rank ", r,
-          " voted no (its client gave up, or it had promised a "
-          "peer in doubt to refuse the step); no member applied it"));
+          " voted no (its client gave up, or it had promised a peer in doubt "
+          "to refuse the step); no member applied it"));
+    }
+  }
+  for (int r = 0; r < g.size(); ++r) {
+    if ((*votes)[r] != vote) {
+      SetOutcome(key, Outcome::kAborted);
+      *refused_by_vote = true;
+      if (hooks_.metrics != nullptr) hooks_.metrics->mismatches().Increment();
+      return absl::AbortedError(absl::StrCat(
+          "rank ", r, "'s result differs from rank ", g.rank,
+          "'s (a corrupted message or a bug); no member applied the step"));
     }
   }
   SetOutcome(key, Outcome::kCommitted);

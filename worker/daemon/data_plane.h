@@ -25,20 +25,21 @@
 // next step carries them. Non-finite values are never kept.
 //
 // A step is all or nothing on the members that finish it. Once a worker
-// knows the result, the members vote (an all-gather of one byte: yes, or no
-// when its client has given up); only with every vote yes does a worker
-// change its residual and write the result. A worker that voted yes but did
-// not hear every vote is in doubt: it asks its peers for their outcome
-// (DataPlaneHooks::ask_outcome, answered by Decide) and applies the step iff
-// one of them did; a peer asked about a step it has not voted on promises
-// never to apply it. A worker that cannot learn the outcome by its deadline
-// plus view_wait (a peer unreachable but still a member) answers DataLoss:
-// its replica may differ from the others'. Without a view change nothing more
-// happens: the step failed, its gradient is in the residual. When membership
-// changed under the step (Aborted or Unavailable), the worker waits for the new
-// view (up to DataPlaneOptions::view_wait) and runs the same step again there
-// from the residual; every survivor whose attempt failed does the same, so they
-// meet under the same step.
+// knows the result, the members vote (an all-gather of a yes with a hash of
+// the result, or a no when its client has given up); only with every vote
+// yes, for the same result, does a worker change its residual and write the
+// result (members whose results differ all fail the step with Aborted). A
+// worker that voted yes but did not hear every vote is in doubt: it asks its
+// peers for their outcome (DataPlaneHooks::ask_outcome, answered by Decide) and
+// applies the step iff one of them did; a peer asked about a step it has not
+// voted on promises never to apply it. A worker that cannot learn the outcome
+// by its deadline plus view_wait (a peer unreachable but still a member)
+// answers DataLoss: its replica may differ from the others'. Without a view
+// change nothing more happens: the step failed, its gradient is in the
+// residual. When membership changed under the step (Aborted or Unavailable),
+// the worker waits for the new view (up to DataPlaneOptions::view_wait) and
+// runs the same step again there from the residual; every survivor whose
+// attempt failed does the same, so they meet under the same step.
 //
 // Thread-safe: one call per bucket runs at a time (a second waits, until its
 // deadline at most), calls on distinct buckets run concurrently.
@@ -233,10 +234,10 @@ class DataPlane {
                                        const Group& g,
                                        absl::Span<const float> gradient,
                                        absl::Time deadline, bool* retriable);
-  // The members' vote on the result (see the file comment).
+  // The members' vote on `result` (see the file comment).
   absl::Status Commit(const Group& g, const Bucket& bucket,
-                      const ReduceCall& call, absl::Time deadline,
-                      bool* refused_by_vote);
+                      const ReduceCall& call, const sparse::SparseBlock& result,
+                      absl::Time deadline, bool* refused_by_vote);
   // In doubt after `why`: OK if a peer applied the step, `why` if none did,
   // DataLoss if that can't be learned in time.
   absl::Status Resolve(const Group& g, const OutcomeKey& key,

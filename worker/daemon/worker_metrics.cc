@@ -98,6 +98,13 @@ WorkerMetrics::WorkerMetrics()
                      .Help("Plan changes that arrived after their start step")
                      .Register(r)
                      .Add({});
+  mismatches_ = &BuildCounter()
+                     .Name("gradmesh_worker_result_mismatches_total")
+                     .Help(
+                         "Steps refused by the members because their "
+                         "results differed")
+                     .Register(r)
+                     .Add({});
   unresolved_ = &BuildCounter()
                      .Name("gradmesh_worker_steps_in_doubt_total")
                      .Help(

@@ -15,6 +15,8 @@
 //       again on a new view after membership changed under them
 //   gradmesh_worker_steps_in_doubt_total                counter: steps whose
 //       outcome on the other members could not be learned (DataLoss)
+//   gradmesh_worker_result_mismatches_total             counter: steps the
+//       members refused because their results differed
 //   gradmesh_worker_tensors_reduced_total{fusion}       counter: tensors in
 //   gradmesh_worker_tensors_missing_total{fusion}       counter: with no entry
 //       in the result (fusion: per_tensor where the algorithm split its
@@ -76,6 +78,7 @@ class WorkerMetrics {
   prometheus::Counter& late_views() { return *late_views_; }
   prometheus::Counter& retries() { return *retries_; }
   prometheus::Counter& unresolved() { return *unresolved_; }
+  prometheus::Counter& mismatches() { return *mismatches_; }
 
  private:
   WorkerMetrics();
@@ -100,6 +103,7 @@ class WorkerMetrics {
   prometheus::Counter* late_views_;
   prometheus::Counter* retries_;
   prometheus::Counter* unresolved_;
+  prometheus::Counter* mismatches_;
   absl::Mutex norms_mu_;
   std::vector<std::string> norm_buffers_ ABSL_GUARDED_BY(norms_mu_);
 };

@@ -73,7 +73,7 @@ struct Request {
   // Called once the result is known here, before the residual changes; a
   // non-OK status fails the operation, the residual holding residual +
   // (finite) gradient (collectives::OpContext::commit).
-  std::function<absl::Status()> commit;
+  std::function<absl::Status(const sparse::SparseBlock& result)> commit;
   // Called last, success or failure, still holding the buffer: sees the
   // residual the operation left.
   std::function<void(absl::Span<const float> residual)> residual_out;

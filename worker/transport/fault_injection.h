@@ -15,6 +15,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "worker/transport/transport.h"
 
 namespace gradmesh::transport {
@@ -36,6 +37,16 @@ class FaultInjectingTransport : public Transport {
       std::function<bool(int peer, const Tag& tag, absl::string_view payload)>;
   void DropSendsIf(DropIf drop);
 
+  // Sends, in place of every later message, what `mangle` returns: nothing
+  // (dropped), two copies (duplicated), other bytes (truncated, corrupted).
+  // Mangles apply in the order they were added.
+  using Mangle = std::function<std::vector<std::string>(
+      int peer, const Tag& tag, std::string payload)>;
+  void MangleSends(Mangle mangle);
+
+  // Waits `delay` before every later send (a slow link; Send blocks).
+  void DelaySends(absl::Duration delay);
+
   int rank() const override { return base_->rank(); }
   int size() const override { return base_->size(); }
   absl::Status Send(int peer, const Tag& tag, std::string payload) override;
@@ -49,7 +60,8 @@ class FaultInjectingTransport : public Transport {
   absl::Mutex mu_;
   std::optional<int> sends_before_crash_ ABSL_GUARDED_BY(mu_);
   absl::Status crash_status_ ABSL_GUARDED_BY(mu_);
-  std::vector<DropIf> drops_ ABSL_GUARDED_BY(mu_);
+  std::vector<Mangle> mangles_ ABSL_GUARDED_BY(mu_);
+  absl::Duration delay_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradmesh::transport

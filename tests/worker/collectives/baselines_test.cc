@@ -612,13 +612,14 @@ TEST(CommitTest, EveryAlgorithmKeepsTheAccumulatorWhenTheCommitIsRefused) {
       std::vector<int> commits(kP, 0);
       std::vector<absl::Status> statuses(kP);
       testing::RunRanks(network, [&](int r, transport::Transport* t) {
-        OpContext context{.transport = t,
-                          .deadline = absl::Now() + absl::Seconds(20),
-                          .commit = [&, r]() -> absl::Status {
-                            ++commits[r];
-                            if (refuse) return absl::AbortedError("refused");
-                            return absl::OkStatus();
-                          }};
+        OpContext context{
+            .transport = t,
+            .deadline = absl::Now() + absl::Seconds(20),
+            .commit = [&, r](const sparse::SparseBlock&) -> absl::Status {
+              ++commits[r];
+              if (refuse) return absl::AbortedError("refused");
+              return absl::OkStatus();
+            }};
         OpStats stats;
         statuses[r] =
             instances[r]
