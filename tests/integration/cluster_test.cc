@@ -460,6 +460,8 @@ TEST_F(SdkClusterTest, ReportsRankAndPlanAndRefusesBadInput) {
       absl::IsInvalidArgument(c.Register("bad/name", {{"a", 10}}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
       c.Register("dup", {{"a", 10}, {"a", 10}}).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(c.Register("empty", {{"a", 0}}).status()));
 }
 
 // The worker's port takes messages of gRPC's default 4 MiB at most, on the
