@@ -35,6 +35,8 @@ def parse_args():
     p.add_argument("--interval", type=float, default=2.0,
                    help="seconds between samples")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "soak"))
+    p.add_argument("--timeout", type=float, default=3600,
+                   help="seconds before the run counts as hung and is killed")
     args = p.parse_args()
     if args.iterations < 10 or args.workers < 1 or args.n < 1:
         p.error("--iterations must be at least 10, --workers and --n positive")
@@ -101,10 +103,14 @@ def main():
         reader.start()
         while run.poll() is None:
             now = time.time()
+            if now - start > args.timeout:
+                print(f"soak: no end after {args.timeout:.0f} s; killing it")
+                run.kill()
+                break
             stats = {name: sample(pid)
                      for name, pid in processes(work).items()}
             stats = {k: v for k, v in stats.items() if v is not None}
-            if stats:
+            if stats and (not samples or stats.keys() == samples[0][2].keys()):
                 samples.append((now - start, progress["iteration"], stats))
                 print(f"soak: {progress['iteration']}/{args.iterations} "
                       f"iterations, {now - start:.0f} s", flush=True)

@@ -473,43 +473,63 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
 }
 
 Outcome DataPlane::Decide(const OutcomeKey& key) {
+  bool known = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, bucket] : buckets_)
+      known |= bucket->id == key.bucket_id;
+  }
   absl::MutexLock lock(&outcomes_mu_);
-  auto [it, inserted] = outcomes_.try_emplace(
-      key, OutcomeEntry{.outcome = Outcome::kAborted, .promised = true});
-  if (inserted) RememberLocked(key);
-  // An abort this worker settled on in doubt is not a decision others may
-  // follow: they keep asking.
-  return it->second.gave_up ? Outcome::kInDoubt : it->second.outcome;
+  auto it = outcomes_.find(key);
+  if (it != outcomes_.end()) {
+    // An abort settled on in doubt is not a decision others may follow.
+    return it->second.gave_up ? Outcome::kInDoubt : it->second.outcome;
+  }
+  // A registration this process does not hold (it restarted, or never had
+  // it): it knows nothing, and promises nothing.
+  if (!known) return Outcome::kInDoubt;
+  outcomes_.emplace(key, OutcomeEntry{.outcome = Outcome::kAborted,
+                                      .promised = true,
+                                      .at = absl::Now()});
+  outcome_order_.push_back(key);
+  ForgetOldOutcomesLocked();
+  return Outcome::kAborted;
 }
 
 Outcome DataPlane::SetOutcome(const OutcomeKey& key, Outcome outcome,
                               bool gave_up) {
   absl::MutexLock lock(&outcomes_mu_);
-  auto [it, inserted] = outcomes_.try_emplace(key);
-  if (inserted) RememberLocked(key);
+  auto [it, inserted] =
+      outcomes_.try_emplace(key, OutcomeEntry{.at = absl::Now()});
+  if (inserted) outcome_order_.push_back(key);
   OutcomeEntry& entry = it->second;
   // A promise to refuse the step is kept, whatever comes later.
   if (!(entry.promised && outcome == Outcome::kCommitted)) {
     entry.outcome = outcome;
     entry.gave_up = gave_up;
   }
-  return entry.outcome;
+  const Outcome recorded = entry.outcome;
+  ForgetOldOutcomesLocked();
+  return recorded;
 }
 
-void DataPlane::RememberLocked(const OutcomeKey& key) {
-  outcome_order_.push_back(key);
-  // The oldest decided entries go; undecided ones stay (at most one per
-  // bucket in flight), so that no promise is forgotten mid-step.
+void DataPlane::ForgetOldOutcomesLocked() {
+  // Past kOutcomesKept, decided entries older than the retention go, oldest
+  // first; undecided ones stay (at most one per bucket in flight).
+  const absl::Time old = absl::Now() - options_.outcome_retention;
   for (size_t looked = 0;
        outcomes_.size() > kOutcomesKept && looked < outcome_order_.size();
        ++looked) {
     const OutcomeKey oldest = outcome_order_.front();
+    auto it = outcomes_.find(oldest);
+    if (it != outcomes_.end() && it->second.at > old) break;
     outcome_order_.pop_front();
-    const Outcome o = outcomes_[oldest].outcome;
-    if (o == Outcome::kVoting || o == Outcome::kInDoubt) {
+    if (it == outcomes_.end()) continue;
+    if (it->second.outcome == Outcome::kVoting ||
+        it->second.outcome == Outcome::kInDoubt) {
       outcome_order_.push_back(oldest);
     } else {
-      outcomes_.erase(oldest);
+      outcomes_.erase(it);
     }
   }
 }
@@ -524,11 +544,14 @@ absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
   bool yes = call.cancelled == nullptr || !call.cancelled();
   {
     absl::MutexLock lock(&outcomes_mu_);
-    auto [it, inserted] =
-        outcomes_.try_emplace(key, OutcomeEntry{.outcome = Outcome::kVoting});
-    if (inserted) RememberLocked(key);
+    auto [it, inserted] = outcomes_.try_emplace(
+        key, OutcomeEntry{.outcome = Outcome::kVoting, .at = absl::Now()});
+    if (inserted) outcome_order_.push_back(key);
     if (it->second.outcome == Outcome::kAborted) yes = false;
-    if (!yes) it->second = {.outcome = Outcome::kAborted, .promised = true};
+    if (!yes) {
+      it->second.outcome = Outcome::kAborted;
+      it->second.promised = true;
+    }
   }
   // A yes carries a hash of the result: members that would apply different
   // results (a corrupted message, a bug) find out here, before anyone does.
@@ -571,28 +594,30 @@ absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Outcome> DataPlane::AskPeer(const Group& g, int peer,
-                                           const OutcomeKey& key,
-                                           absl::Time deadline) {
+std::optional<Outcome> DataPlane::AskPeer(const Group& g, int peer,
+                                          const OutcomeKey& key,
+                                          absl::Time deadline) {
   absl::StatusOr<Outcome> theirs =
       hooks_.ask_outcome(g.view.addresses[peer], key, deadline);
-  if (theirs.ok()) return theirs;
-  // Unreachable: gone for good once a newer view leaves it out.
+  if (theirs.ok()) return *theirs;
+  // Unreachable: gone for good once a newer view leaves it out (what it did
+  // is no one's concern then), undecided while it may still answer.
   std::shared_ptr<Group> now = views_->current();
   const bool dropped =
       now != nullptr && now->view.epoch > g.view.epoch &&
       std::find(now->view.member_ids.begin(), now->view.member_ids.end(),
                 g.view.member_ids[peer]) == now->view.member_ids.end();
-  return dropped ? Outcome::kAborted : Outcome::kVoting;
+  if (dropped) return std::nullopt;
+  return Outcome::kVoting;
 }
 
 absl::Status DataPlane::Resolve(const Group& g, const OutcomeKey& key,
                                 const absl::Status& why, absl::Time deadline) {
   // This worker voted yes and did not hear every vote: a peer that did may
-  // have applied the step. Ask them all; one that applied it decides
-  // "apply", one that refused it (or is gone from a newer view) "abort".
-  // With none undecided (still voting, or unreachable while still a
-  // member), and none applied, no member applied it: abort, as every other
+  // have applied the step. Ask every peer; any that applied it decides
+  // "apply", else any that refused it (a no vote or a promise) "abort";
+  // with some still undecided (voting, or unreachable while a member), ask
+  // again. Otherwise no live member applied it: abort, as every other
   // worker in doubt does. Past the deadline and a grace of view_wait, the
   // truth is that this worker does not know.
   if (hooks_.ask_outcome == nullptr) {
@@ -601,8 +626,9 @@ absl::Status DataPlane::Resolve(const Group& g, const OutcomeKey& key,
   }
   const absl::Time until =
       deadline + std::max(absl::Seconds(1), options_.view_wait);
+  absl::Duration pause = absl::Milliseconds(20);
   while (true) {
-    std::vector<absl::StatusOr<Outcome>> answers(g.size(), Outcome::kInDoubt);
+    std::vector<std::optional<Outcome>> answers(g.size());
     {
       const absl::Time ask_until =
           std::min(until, absl::Now() + absl::Seconds(1));
@@ -614,20 +640,19 @@ absl::Status DataPlane::Resolve(const Group& g, const OutcomeKey& key,
       }
       for (std::thread& t : asks) t.join();
     }
-    bool undecided = false;
-    for (const absl::StatusOr<Outcome>& theirs : answers) {
-      if (*theirs == Outcome::kCommitted) {
-        return SetOutcome(key, Outcome::kCommitted) == Outcome::kCommitted
-                   ? absl::OkStatus()
-                   : why;
-      }
-      if (*theirs == Outcome::kAborted) {
-        SetOutcome(key, Outcome::kAborted);
-        return why;
-      }
-      undecided = undecided || *theirs == Outcome::kVoting;
+    auto any = [&](Outcome o) {
+      return std::find(answers.begin(), answers.end(), o) != answers.end();
+    };
+    if (any(Outcome::kCommitted)) {
+      return SetOutcome(key, Outcome::kCommitted) == Outcome::kCommitted
+                 ? absl::OkStatus()
+                 : why;
     }
-    if (!undecided) {
+    if (any(Outcome::kAborted)) {
+      SetOutcome(key, Outcome::kAborted);
+      return why;
+    }
+    if (!any(Outcome::kVoting)) {
       SetOutcome(key, Outcome::kAborted, /*gave_up=*/true);
       return why;
     }
@@ -637,10 +662,10 @@ absl::Status DataPlane::Resolve(const Group& g, const OutcomeKey& key,
       return absl::DataLossError(absl::StrCat(
           "this worker could not learn whether its peers applied the step (",
           why.message(),
-          "); replicas may differ: broadcast the parameters "
-          "again"));
+          "); replicas may differ: broadcast the parameters again"));
     }
-    absl::SleepFor(absl::Milliseconds(20));
+    absl::SleepFor(pause);
+    pause = std::min(2 * pause, absl::Milliseconds(320));
   }
 }
 

@@ -139,6 +139,9 @@ struct DataPlaneOptions {
   // After an attempt that failed because membership changed, how long to
   // wait for the new view before giving up (capped by the call's deadline).
   absl::Duration view_wait = absl::Seconds(5);
+  // How long decided outcomes are kept for peers in doubt: longer than any
+  // operation timeout plus view_wait.
+  absl::Duration outcome_retention = absl::Minutes(5);
 };
 
 struct DataPlaneHooks {
@@ -190,11 +193,13 @@ class DataPlane {
                                        uint64_t sequence, int root,
                                        absl::Time deadline);
 
-  // This worker's outcome of `key`, for a peer in doubt. A step it has not
-  // voted on is refused from now on: it will vote no (kAborted). An abort
-  // it settled on in doubt itself reads kInDoubt (the asker keeps asking).
+  // This worker's outcome of `key`, for a peer in doubt. A step of a
+  // registration it holds and has not voted on is refused from now on: it
+  // will vote no (kAborted). An abort it settled on in doubt itself, or a
+  // registration it does not hold, reads kInDoubt (the asker keeps asking).
   Outcome Decide(const OutcomeKey& key);
-  // Decided outcomes kept (oldest forgotten first; undecided ones stay).
+  // Decided outcomes are forgotten only past this many and once older than
+  // DataPlaneOptions::outcome_retention; undecided ones never.
   static constexpr size_t kOutcomesKept = 4096;
 
   // The residual's L2 norm per bucket ("job/bucket"); -1 for a bucket busy
@@ -243,15 +248,16 @@ class DataPlane {
   absl::Status Resolve(const Group& g, const OutcomeKey& key,
                        const absl::Status& why, absl::Time deadline);
   // Peer `peer`'s outcome of `key`; an unreachable peer is kVoting
-  // (undecided) while it is a member of the newest view, kAborted after.
-  absl::StatusOr<Outcome> AskPeer(const Group& g, int peer,
-                                  const OutcomeKey& key, absl::Time deadline);
+  // (undecided) while it is a member of the newest view, nullopt (gone)
+  // after.
+  std::optional<Outcome> AskPeer(const Group& g, int peer,
+                                 const OutcomeKey& key, absl::Time deadline);
   // Records `outcome` (`gave_up`: an abort settled on in doubt) unless a
   // promise to refuse the step stands; returns what is recorded.
   Outcome SetOutcome(const OutcomeKey& key, Outcome outcome,
                      bool gave_up = false);
-  void RememberLocked(const OutcomeKey& key)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(outcomes_mu_);
+  // Forgets decided outcomes past kOutcomesKept and the retention.
+  void ForgetOldOutcomesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(outcomes_mu_);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
                    const sparse::SparseBlock& result, int world_size);
   // `per_tensor_quota`: whether the selections were split per tensor.
@@ -273,6 +279,7 @@ class DataPlane {
     Outcome outcome = Outcome::kVoting;
     bool promised = false;  // kAborted by a no vote or a promise: final
     bool gave_up = false;   // kAborted settled on in doubt: not a decision
+    absl::Time at;          // recorded
   };
   absl::Mutex outcomes_mu_;
   absl::flat_hash_map<OutcomeKey, OutcomeEntry> outcomes_

@@ -39,7 +39,8 @@ class FaultInjectingTransport : public Transport {
 
   // Sends, in place of every later message, what `mangle` returns: nothing
   // (dropped), two copies (duplicated), other bytes (truncated, corrupted).
-  // Mangles apply in the order they were added.
+  // Mangles apply in the order they were added, under the wrapper's lock:
+  // they must not call the transport.
   using Mangle = std::function<std::vector<std::string>(
       int peer, const Tag& tag, std::string payload)>;
   void MangleSends(Mangle mangle);

@@ -593,22 +593,29 @@ TEST(DataPlaneTest, AClientThatGivesUpMidStepStopsTheStepEverywhere) {
   const auto pushed = WriteGradients(segments, kN, 40);
   std::vector<absl::StatusOr<ReduceResult>> out(3, absl::UnknownError(""));
   std::vector<std::thread> threads;
-  // Rank 1 starts first and waits for its peers in the agreement; its
-  // client gives up meanwhile, before the vote.
-  std::atomic<bool> gone{false};
-  for (int r = 0; r < 3; ++r) {
+  // Rank 1 starts alone (its client is there when its worker checks) and
+  // waits for its peers in the agreement; its client gives up meanwhile,
+  // and only then do the peers start: the give-up lands before the vote.
+  std::atomic<bool> started{false}, gone{false};
+  threads.emplace_back([&] {
+    out[1] = w.plane(1).AllReduce({.name = {"job", "b"},
+                                   .step = 1,
+                                   .sparse = true,
+                                   .cancelled =
+                                       [&] {
+                                         started = true;
+                                         return gone.load();
+                                       }},
+                                  Soon());
+  });
+  while (!started) absl::SleepFor(absl::Milliseconds(1));
+  gone = true;
+  for (int r : {0, 2}) {
     threads.emplace_back([&, r] {
-      ReduceCall call{.name = {"job", "b"}, .step = 1, .sparse = true};
-      if (r == 1) {
-        call.cancelled = [&] { return gone.load(); };
-      } else {
-        absl::SleepFor(absl::Milliseconds(400));
-      }
-      out[r] = w.plane(r).AllReduce(call, Soon());
+      out[r] = w.plane(r).AllReduce(
+          {.name = {"job", "b"}, .step = 1, .sparse = true}, Soon());
     });
   }
-  absl::SleepFor(absl::Milliseconds(200));
-  gone = true;
   for (auto& t : threads) t.join();
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(absl::IsAborted(out[r].status()))
@@ -837,6 +844,13 @@ TEST_P(MessageFaultTest, EndsInTheSameResultEverywhereOrAnErrorEverywhere) {
   // corrupted value that leaves the result the same goes unseen: the wire
   // relies on TCP's and TLS's checksums for the bytes.)
   EXPECT_FALSE(applied);
+  if (fault == MessageFault::kTruncate) {
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(absl::IsAborted(out[r].status())) << out[r].status();
+      EXPECT_THAT(std::string(out[r].status().message()),
+                  ::testing::HasSubstr("result differs"));
+    }
+  }
   on = false;
   ExpectConservedStep(w, segments, {"job", "b"}, kN, 2, 130, pushed);
 }
@@ -861,6 +875,16 @@ INSTANTIATE_TEST_SUITE_P(Faults, MessageFaultTest,
                                            MessageFault::kTruncate,
                                            MessageFault::kCorrupt),
                          FaultName);
+
+// Asked about a registration it does not hold (it restarted, or never had
+// it), a worker knows nothing and promises nothing: the asker keeps asking.
+TEST(DataPlaneTest, DecidePromisesNothingForARegistrationItDoesNotHold) {
+  Workers w(2);
+  w.Start();
+  w.RegisterAll({"job", "b"}, {{"t", 100}});
+  EXPECT_EQ(w.plane(0).Decide({.bucket_id = 12345, .step = 1, .epoch = 1}),
+            Outcome::kInDoubt);
+}
 
 }  // namespace
 }  // namespace gradmesh::daemon

@@ -439,28 +439,36 @@ TEST(GrpcTransportTest, RefusesStreamsClaimingNoPeersRank) {
   EXPECT_EQ(net.service(1)->stats().messages_delivered, 0u);
 }
 
-// Streams may name epochs far ahead, but only so many epochs not started
-// here are held at once: one more is refused.
+// Only so many epochs not started here may hold frames at once, and none
+// far past the newest started: one more is refused.
 TEST(GrpcTransportTest, BoundsHowManyEpochsNotStartedAreHeld) {
   GrpcNetwork net(2);
   auto stub = gradmesh::v1::Peer::NewStub(net.channel(1));
-  for (uint64_t e = 0; e <= PeerService::kMaxUnopenedEpochs; ++e) {
+  auto send = [&](uint64_t epoch) {
     grpc::ClientContext context;
     auto stream = stub->Exchange(&context);
     gradmesh::v1::Frame frame;
-    frame.set_epoch(1000 + e);
+    frame.set_epoch(epoch);
     frame.set_from_rank(0);
-    stream->Write(frame);  // an empty message
+    stream->Write(frame);  // an empty message: it still holds its overhead
     stream->WritesDone();
-    EXPECT_EQ(stream->Finish().error_code(),
-              e < PeerService::kMaxUnopenedEpochs
-                  ? grpc::StatusCode::OK
-                  : grpc::StatusCode::RESOURCE_EXHAUSTED)
-        << e;
+    return stream->Finish().error_code();
+  };
+  for (uint64_t e = 1; e <= PeerService::kMaxUnopenedEpochs; ++e) {
+    EXPECT_EQ(send(e), grpc::StatusCode::OK) << e;
   }
-  // The open epoch still works.
-  ASSERT_TRUE(net.endpoint(0)->Send(1, {0, 0, 0}, "ok").ok());
-  EXPECT_EQ(*net.endpoint(1)->Recv(0, {0, 0, 0}, Soon()), "ok");
+  EXPECT_EQ(send(PeerService::kMaxUnopenedEpochs + 1),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(net.service(1)->stats().streams_refused_unopened_epochs, 1u);
+  // Retiring them makes room again; far-future epochs stay refused.
+  const uint64_t open = PeerService::kMaxUnopenedEpochs + 1;
+  net.service(1)->RetireEpochsBelow(open);
+  net.StartEpoch(open);
+  EXPECT_EQ(send(open + 1), grpc::StatusCode::OK);
+  EXPECT_EQ(send(open + 1 + PeerService::kMaxEpochsAhead),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {open, 0, 0}, "ok").ok());
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, {open, 0, 0}, Soon()), "ok");
 }
 
 }  // namespace

@@ -170,6 +170,7 @@ void PeerService::OpenEpoch(uint64_t epoch, int rank, int size) {
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) return;
   EpochState& state = StateLocked(epoch);
+  max_opened_ = std::max(max_opened_, epoch);
   state.open = true;
   state.rank = rank;
   state.size = size;
@@ -182,16 +183,17 @@ absl::StatusOr<uint64_t> PeerService::IncomingStreamOpened(uint64_t epoch,
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) return 0;  // its frames are dropped
   if (!epochs_.contains(epoch)) {
-    const size_t unopened =
-        std::count_if(epochs_.begin(), epochs_.end(),
-                      [](const auto& e) { return !e.second.open; });
-    if (unopened >= kMaxUnopenedEpochs) {
-      ++stats_.streams_refused_unopened_bytes;
-      return absl::ResourceExhaustedError(
-          absl::StrCat("frames of ", unopened,
-                       " epochs not started here are held; "
-                       "refused a stream of epoch ",
-                       epoch));
+    const size_t holding =
+        std::count_if(epochs_.begin(), epochs_.end(), [](const auto& e) {
+          return !e.second.open && e.second.unopened_bytes > 0;
+        });
+    if (holding >= kMaxUnopenedEpochs ||
+        (max_opened_ > 0 && epoch > max_opened_ + kMaxEpochsAhead)) {
+      ++stats_.streams_refused_unopened_epochs;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "refused a stream of epoch ", epoch, ": ", holding,
+          " epochs not started here hold frames, the newest started is ",
+          max_opened_));
     }
   }
   EpochState& state = StateLocked(epoch);

@@ -58,9 +58,11 @@ class PeerService final : public grpc::CallbackGenericService {
   // rank outside the group (or this one) are refused.
   void OpenEpoch(uint64_t epoch, int rank, int size);
   static constexpr uint64_t kMaxUnopenedBytes = uint64_t{256} << 20;
-  // Epochs not opened here that may hold frames at once; each message counts
-  // this many bytes on top of its own against kMaxUnopenedBytes.
+  // Epochs not opened here that may hold frames at once, and how far past
+  // the newest opened one a stream's epoch may be; each message counts
+  // kMessageOverheadBytes on top of its own against kMaxUnopenedBytes.
   static constexpr size_t kMaxUnopenedEpochs = 16;
+  static constexpr uint64_t kMaxEpochsAhead = 1024;
   static constexpr uint64_t kMessageOverheadBytes = 64;
 
   // Blocks for the message from `from` with `tag` in `epoch`. Errors: the
@@ -105,6 +107,8 @@ class PeerService final : public grpc::CallbackGenericService {
     uint64_t frames_dropped_retired_operation = 0;
     uint64_t streams_refused = 0;  // malformed frames ended the stream
     uint64_t streams_refused_unopened_bytes = 0;  // over kMaxUnopenedBytes
+    // Past kMaxUnopenedEpochs holding frames, or kMaxEpochsAhead.
+    uint64_t streams_refused_unopened_epochs = 0;
   };
   Stats stats() const;
 
@@ -167,6 +171,7 @@ class PeerService final : public grpc::CallbackGenericService {
   mutable absl::Mutex mu_;
   uint64_t min_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t unopened_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // over all epochs
+  uint64_t max_opened_ ABSL_GUARDED_BY(mu_) = 0;      // newest OpenEpoch
   absl::flat_hash_map<uint64_t, EpochState> epochs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<MailboxKey, std::deque<std::string>> mailboxes_
       ABSL_GUARDED_BY(mu_);
