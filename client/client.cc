@@ -2,6 +2,7 @@
 // and shared-memory segments (common/shm_segment.h).
 #include "gradmesh/client.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -361,5 +362,34 @@ absl::Status Client::Broadcast(TensorSet& set, int root) {
 }
 
 absl::Status Client::Barrier() { return BroadcastBucket("", 0); }
+
+absl::Status Client::ResidualCall(TensorSet& set, bool load) {
+  Impl& impl = *impl_;
+  v1::ResidualRequest request;
+  request.set_job(impl.job);
+  request.set_bucket(set.bucket());
+  request.set_action(load ? v1::ResidualRequest::LOAD
+                          : v1::ResidualRequest::SAVE);
+  grpc::ClientContext context;
+  impl.Prepare(&context);
+  v1::ResidualResponse response;
+  return ToAbsl(impl.stub->Residual(&context, request, &response));
+}
+
+absl::Status Client::SaveResidual(TensorSet& set) {
+  return ResidualCall(set, /*load=*/false);
+}
+
+absl::Status Client::LoadResidual(TensorSet& set,
+                                  absl::Span<const float> residual) {
+  if (residual.size() != set.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a residual of ", residual.size(), " values for bucket '",
+                     set.bucket(), "' of ", set.size()));
+  }
+  float* region = set.state_->segment.at<float>(set.state_->layout.residual);
+  std::copy(residual.begin(), residual.end(), region);
+  return ResidualCall(set, /*load=*/true);
+}
 
 }  // namespace gradmesh

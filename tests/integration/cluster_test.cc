@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -499,6 +500,47 @@ TEST_F(SdkClusterTest, RefusesOversizedMessagesAndServesOn) {
   ASSERT_TRUE(
       worker->GetStatus(&context, gradmesh::v1::StatusRequest(), &status).ok());
   EXPECT_EQ(status.world_size(), 3);
+}
+
+// Residuals go into a training checkpoint and come back after a restart
+// (here: a new job, which starts with none): nothing pushed before the
+// checkpoint is lost. Bad residuals are refused and change nothing.
+TEST_F(SdkClusterTest, ResidualsSurviveACheckpoint) {
+  constexpr uint64_t kN = 2000;
+  std::vector<Trainer> before =
+      ConnectAll(*cluster_, "ckpt", kN, absl::Seconds(20));
+  const StepResults first = RunStep(before, {0, 1, 2}, 0);
+  std::vector<std::vector<float>> saved;
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_TRUE(first[w].status.ok()) << first[w].status;
+    Trainer& t = before[w];
+    ASSERT_TRUE(t.client->SaveResidual(*t.set).ok());
+    saved.emplace_back(t.set->residual().begin(), t.set->residual().end());
+    EXPECT_EQ(saved[w], first[w].residual);
+  }
+  before.clear();
+
+  std::vector<Trainer> after =
+      ConnectAll(*cluster_, "ckpt-restored", kN, absl::Seconds(20));
+  Trainer& t0 = after[0];
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      t0.client->LoadResidual(*t0.set, std::vector<float>(kN - 1, 0.0f))));
+  std::vector<float> bad = saved[0];
+  bad[7] = std::nanf("");
+  EXPECT_TRUE(absl::IsInvalidArgument(t0.client->LoadResidual(*t0.set, bad)));
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_TRUE(after[w].client->LoadResidual(*after[w].set, saved[w]).ok());
+  }
+  std::vector<std::vector<float>> inputs;
+  const StepResults next = RunStep(after, {0, 1, 2}, 0, &inputs);
+  std::vector<std::vector<float>> left;
+  for (const auto& r : next) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    left.push_back(r.residual);
+  }
+  const absl::Status conserved =
+      collectives::MassBalance(inputs, saved).Check(next[0].result, left);
+  EXPECT_TRUE(conserved.ok()) << conserved;
 }
 
 TEST_F(SdkClusterTest, SecondJobOnLiveDaemonsStartsClean) {

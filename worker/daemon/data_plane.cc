@@ -266,6 +266,40 @@ absl::Status DataPlane::Unregister(const BucketName& name) {
   return absl::OkStatus();
 }
 
+absl::Status DataPlane::SaveResidual(const BucketName& name,
+                                     absl::Time deadline) {
+  GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(name));
+  GM_RETURN_IF_ERROR(Hold(*bucket, deadline));
+  absl::Cleanup release = [&] { Release(*bucket); };
+  GM_RETURN_IF_ERROR(Usable(*bucket, nullptr));
+  float* out = bucket->segment.at<float>(bucket->layout.residual);
+  std::fill(out, out + bucket->layout.n, 0.0f);  // none yet: zeros
+  engine_.ReadResidual(bucket->buffer, [&](absl::Span<const float> residual) {
+    std::copy(residual.begin(), residual.end(), out);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::LoadResidual(const BucketName& name,
+                                     absl::Time deadline) {
+  GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(name));
+  GM_RETURN_IF_ERROR(Hold(*bucket, deadline));
+  absl::Cleanup release = [&] { Release(*bucket); };
+  GM_RETURN_IF_ERROR(Usable(*bucket, nullptr));
+  const absl::Span<const float> residual(
+      bucket->segment.at<float>(bucket->layout.residual), bucket->layout.n);
+  for (size_t i = 0; i < residual.size(); ++i) {
+    if (!std::isfinite(residual[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("residual of bucket '", name.bucket,
+                       "' to load has a non-finite "
+                       "value at ",
+                       i, "; the worker's residual is unchanged"));
+    }
+  }
+  return engine_.SetResidual(bucket->buffer, residual);
+}
+
 // Every member's small payload, by rank (Bruck all-gather, ceil(log2 P)
 // rounds), under its own operation id so that it never mixes with others.
 absl::StatusOr<std::vector<std::string>> DataPlane::GatherSmall(

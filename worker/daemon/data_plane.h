@@ -184,6 +184,14 @@ class DataPlane {
   // Unmaps the bucket and forgets its residual. NotFound if unknown.
   absl::Status Unregister(const BucketName& name);
 
+  // Copies the bucket's residual into its segment's residual region (save),
+  // or the region's values into the residual, replacing it (load), for a
+  // training checkpoint. Waits for a call running on the bucket until
+  // `deadline`. InvalidArgument for an unknown bucket, or one loaded with a
+  // non-finite value (nothing changes then).
+  absl::Status SaveResidual(const BucketName& name, absl::Time deadline);
+  absl::Status LoadResidual(const BucketName& name, absl::Time deadline);
+
   absl::StatusOr<ReduceResult> AllReduce(const ReduceCall& call,
                                          absl::Time deadline);
 

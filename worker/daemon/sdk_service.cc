@@ -102,6 +102,15 @@ grpc::Status SdkService::Broadcast(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status SdkService::Residual(grpc::ServerContext* context,
+                                  const v1::ResidualRequest* request,
+                                  v1::ResidualResponse* response) {
+  const BucketName name{request->job(), request->bucket()};
+  return ToGrpc(request->action() == v1::ResidualRequest::LOAD
+                    ? plane_->LoadResidual(name, Deadline(*context))
+                    : plane_->SaveResidual(name, Deadline(*context)));
+}
+
 grpc::Status SdkService::GetStatus(grpc::ServerContext* context,
                                    const v1::StatusRequest* request,
                                    v1::StatusResponse* response) {

@@ -43,6 +43,9 @@ class SdkService final : public gradmesh::v1::Worker::Service {
   grpc::Status Broadcast(grpc::ServerContext* context,
                          const gradmesh::v1::BroadcastRequest* request,
                          gradmesh::v1::BroadcastResponse* response) override;
+  grpc::Status Residual(grpc::ServerContext* context,
+                        const gradmesh::v1::ResidualRequest* request,
+                        gradmesh::v1::ResidualResponse* response) override;
   grpc::Status GetStatus(grpc::ServerContext* context,
                          const gradmesh::v1::StatusRequest* request,
                          gradmesh::v1::StatusResponse* response) override;

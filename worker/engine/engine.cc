@@ -85,6 +85,15 @@ absl::Status Engine::Keep(absl::string_view name,
   return absl::OkStatus();
 }
 
+absl::Status Engine::SetResidual(absl::string_view name,
+                                 absl::Span<const float> residual) {
+  GM_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
+                      FindOrCreate(name, residual.size()));
+  absl::MutexLock lock(&buffer->mu);
+  std::copy(residual.begin(), residual.end(), buffer->residual.begin());
+  return absl::OkStatus();
+}
+
 void Engine::Drop(absl::string_view name) {
   std::shared_ptr<Buffer> buffer;
   {

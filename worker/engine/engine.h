@@ -103,6 +103,12 @@ class Engine {
   // call carries it. InvalidArgument for a size that does not match.
   absl::Status Keep(absl::string_view buffer, absl::Span<const float> gradient);
 
+  // Replaces the residual of `buffer` (created with that size if new) with
+  // `residual`. InvalidArgument for a size that does not match. Waits for an
+  // operation in flight on it.
+  absl::Status SetResidual(absl::string_view buffer,
+                           absl::Span<const float> residual);
+
   // Forgets `buffer` and its residual (its job has ended). Waits for an
   // operation in flight on it.
   void Drop(absl::string_view buffer);

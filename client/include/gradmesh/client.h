@@ -195,7 +195,8 @@ class TensorSet {
   absl::Span<const uint32_t> sparse_indices(uint64_t nonzeros) const;
   absl::Span<const float> sparse_values(uint64_t nonzeros) const;
 
-  // The residual the last all-reduce with return_residual left.
+  // The residual the last all-reduce with return_residual (or the last
+  // Client::SaveResidual) left.
   absl::Span<const float> residual() const;
 
  private:
@@ -259,6 +260,14 @@ class Client {
   // Returns when every worker's process has called Barrier.
   absl::Status Barrier();
 
+  // For a training checkpoint: copies the worker's residual (error feedback)
+  // of `set` into set.residual() (zeros before its first step), or replaces
+  // it with `residual` (size() values, all finite: InvalidArgument
+  // otherwise, nothing changed). Each process saves and loads its own
+  // worker's residual; load before the first step after a restart.
+  absl::Status SaveResidual(TensorSet& set);
+  absl::Status LoadResidual(TensorSet& set, absl::Span<const float> residual);
+
   // The worker's current view and plan.
   absl::StatusOr<Plan> GetPlan();
   // As of the latest call that reported them (Connect sets both).
@@ -273,6 +282,8 @@ class Client {
   explicit Client(std::shared_ptr<Impl> impl);
   // Broadcast of `bucket` from `root`; an empty bucket is a barrier.
   absl::Status BroadcastBucket(const std::string& bucket, int root);
+  // The Residual RPC for `set`: save, or load what its region holds.
+  absl::Status ResidualCall(TensorSet& set, bool load);
   std::shared_ptr<Impl> impl_;
 };
 
