@@ -273,6 +273,37 @@ void BindClient(py::module_& m) {
             ThrowIfError(status);
           },
           py::arg("set"), py::arg("root"))
+      .def(
+          "save_residual",
+          [](Client& client, PyTensorSet& set) {
+            absl::Status status;
+            {
+              py::gil_scoped_release release;
+              status = client.SaveResidual(*set.set);
+            }
+            ThrowIfError(status);
+          },
+          py::arg("set"),
+          "Copies the worker's residual of the set into set.residual().")
+      .def(
+          "load_residual",
+          [](Client& client, PyTensorSet& set,
+             py::array_t<float, py::array::c_style | py::array::forcecast>
+                 residual) {
+            if (residual.ndim() != 1) {
+              throw py::value_error("gradmesh: a residual is one-dimensional");
+            }
+            const absl::Span<const float> values(residual.data(),
+                                                 residual.size());
+            absl::Status status;
+            {
+              py::gil_scoped_release release;
+              status = client.LoadResidual(*set.set, values);
+            }
+            ThrowIfError(status);
+          },
+          py::arg("set"), py::arg("residual"),
+          "Replaces the worker's residual of the set (size values, finite).")
       .def("barrier",
            [](Client& client) {
              absl::Status status;

@@ -175,6 +175,34 @@ def test_distributed_optimizer_averages_like_one_process(num_buckets):
     assert_identical_on_every_rank(model)
 
 
+def test_optimizer_checkpoints_carry_the_residuals():
+    model = make_model()
+    optimizer = gradmesh.torch.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(), num_buckets=2)
+    x, y = all_batches(0)[gradmesh.rank()]
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    state = optimizer.state_dict()
+    residuals = state["gradmesh_residuals"]
+    assert [r.numel() for r in residuals] == [
+        b.set.size for b in optimizer._gradmesh_buckets]
+    # What is loaded is what the worker holds from then on.
+    loaded = [torch.full_like(r, 0.25 * (i + 1))
+              for i, r in enumerate(residuals)]
+    optimizer.load_state_dict(dict(state, gradmesh_residuals=loaded))
+    again = optimizer.state_dict()["gradmesh_residuals"]
+    for a, b in zip(again, loaded):
+        assert torch.equal(a, b)
+    bad = [r.clone() for r in loaded]
+    bad[0][0] = float("nan")
+    with pytest.raises(gradmesh.GradmeshError, match="non-finite"):
+        optimizer.load_state_dict(dict(state, gradmesh_residuals=bad))
+    with pytest.raises(ValueError, match="residuals for"):
+        optimizer.load_state_dict(dict(state, gradmesh_residuals=loaded[:1]))
+
+
 def test_ddp_communication_hook_returns_the_average():
     r, p = gradmesh.rank(), gradmesh.size()
     path = os.path.join(tempfile.gettempdir(),

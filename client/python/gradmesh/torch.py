@@ -171,6 +171,37 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.synchronize()
         return super(self.__class__, self).step()
 
+    def state_dict(self):
+        """The wrapped optimizer's state, and each bucket's residual on this
+        process's worker (error feedback), so that a checkpoint loses no
+        gradient that was pushed but not yet sent."""
+        state = super(self.__class__, self).state_dict()
+        if any(b.pending is not None for b in self._gradmesh_buckets):
+            raise RuntimeError("gradmesh: step() or synchronize() before "
+                               "state_dict(): all-reduces are in flight")
+        client = gradmesh._the_client()
+        residuals = []
+        for b in self._gradmesh_buckets:
+            client.save_residual(b.set)
+            residuals.append(torch.from_numpy(b.set.residual().copy()))
+        state["gradmesh_residuals"] = residuals
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Loads what state_dict() returned: the residuals go back to this
+        process's worker (call it before the first step of the new run)."""
+        state = dict(state_dict)
+        residuals = state.pop("gradmesh_residuals", None)
+        super(self.__class__, self).load_state_dict(state)
+        if residuals is None:
+            return
+        if len(residuals) != len(self._gradmesh_buckets):
+            raise ValueError(f"gradmesh: {len(residuals)} residuals for "
+                             f"{len(self._gradmesh_buckets)} buckets")
+        client = gradmesh._the_client()
+        for b, r in zip(self._gradmesh_buckets, residuals):
+            client.load_residual(b.set, r.detach().to(torch.float32).numpy())
+
     def zero_grad(self, set_to_none=False):
         # A step abandoned halfway (a skipped batch) must not leave buckets
         # in flight: finish them, then clear.
