@@ -266,38 +266,56 @@ absl::Status DataPlane::Unregister(const BucketName& name) {
   return absl::OkStatus();
 }
 
-absl::Status DataPlane::SaveResidual(const BucketName& name,
-                                     absl::Time deadline) {
+template <typename T>
+absl::StatusOr<T> DataPlane::WithBucket(
+    const BucketName& name, absl::Time deadline,
+    const std::function<bool()>& cancelled,
+    absl::FunctionRef<absl::StatusOr<T>(Bucket&)> body) {
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(name));
   GM_RETURN_IF_ERROR(Hold(*bucket, deadline));
   absl::Cleanup release = [&] { Release(*bucket); };
-  GM_RETURN_IF_ERROR(Usable(*bucket, nullptr));
-  float* out = bucket->segment.at<float>(bucket->layout.residual);
-  std::fill(out, out + bucket->layout.n, 0.0f);  // none yet: zeros
-  engine_.ReadResidual(bucket->buffer, [&](absl::Span<const float> residual) {
-    std::copy(residual.begin(), residual.end(), out);
-  });
-  return absl::OkStatus();
+  GM_RETURN_IF_ERROR(Usable(*bucket, cancelled));
+  return body(*bucket);
+}
+
+absl::Status DataPlane::SaveResidual(const BucketName& name,
+                                     absl::Time deadline) {
+  return WithBucket<bool>(
+             name, deadline, nullptr,
+             [&](Bucket& bucket) -> absl::StatusOr<bool> {
+               float* out = bucket.segment.at<float>(bucket.layout.residual);
+               engine_.ReadResidual(
+                   bucket.buffer, [&](absl::Span<const float> residual) {
+                     if (residual.empty()) {  // no step yet: zeros
+                       std::fill(out, out + bucket.layout.n, 0.0f);
+                     }
+                     std::copy(residual.begin(), residual.end(), out);
+                   });
+               return true;
+             })
+      .status();
 }
 
 absl::Status DataPlane::LoadResidual(const BucketName& name,
                                      absl::Time deadline) {
-  GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(name));
-  GM_RETURN_IF_ERROR(Hold(*bucket, deadline));
-  absl::Cleanup release = [&] { Release(*bucket); };
-  GM_RETURN_IF_ERROR(Usable(*bucket, nullptr));
-  const absl::Span<const float> residual(
-      bucket->segment.at<float>(bucket->layout.residual), bucket->layout.n);
-  for (size_t i = 0; i < residual.size(); ++i) {
-    if (!std::isfinite(residual[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("residual of bucket '", name.bucket,
-                       "' to load has a non-finite "
-                       "value at ",
-                       i, "; the worker's residual is unchanged"));
-    }
-  }
-  return engine_.SetResidual(bucket->buffer, residual);
+  return WithBucket<bool>(
+             name, deadline, nullptr,
+             [&](Bucket& bucket) -> absl::StatusOr<bool> {
+               const absl::Span<const float> residual(
+                   bucket.segment.at<float>(bucket.layout.residual),
+                   bucket.layout.n);
+               for (size_t i = 0; i < residual.size(); ++i) {
+                 if (!std::isfinite(residual[i])) {
+                   return absl::InvalidArgumentError(
+                       absl::StrCat("residual of bucket '", name.bucket,
+                                    "' to load has a non-finite value at ", i,
+                                    "; the worker's residual is unchanged"));
+                 }
+               }
+               GM_RETURN_IF_ERROR(engine_.SetResidual(bucket.buffer, residual));
+               return true;
+             })
+      .status();
 }
 
 // Every member's small payload, by rank (Bruck all-gather, ceil(log2 P)
@@ -374,13 +392,9 @@ absl::Status DataPlane::Agree(const Group& group, const Bucket& bucket,
 
 absl::StatusOr<ReduceResult> DataPlane::AllReduce(const ReduceCall& call,
                                                   absl::Time deadline) {
-  GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(call.name));
-  absl::StatusOr<ReduceResult> result = [&]() -> absl::StatusOr<ReduceResult> {
-    GM_RETURN_IF_ERROR(Hold(*bucket, deadline));
-    absl::Cleanup release = [&] { Release(*bucket); };
-    GM_RETURN_IF_ERROR(Usable(*bucket, call.cancelled));
-    return Run(call, *bucket, deadline);
-  }();
+  absl::StatusOr<ReduceResult> result = WithBucket<ReduceResult>(
+      call.name, deadline, call.cancelled,
+      [&](Bucket& bucket) { return Run(call, bucket, deadline); });
   if (!result.ok() && hooks_.metrics != nullptr) {
     hooks_.metrics->operations(absl::StatusCodeToString(result.status().code()))
         .Increment();

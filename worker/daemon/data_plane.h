@@ -55,6 +55,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -220,6 +221,13 @@ class DataPlane {
   struct AgreeRecord;
 
   absl::StatusOr<std::shared_ptr<Bucket>> Find(const BucketName& name) const;
+  // Runs `body` on bucket `name` once no other call runs on it (until
+  // `deadline`: Hold) and it is Usable; releases the bucket after.
+  template <typename T>
+  absl::StatusOr<T> WithBucket(
+      const BucketName& name, absl::Time deadline,
+      const std::function<bool()>& cancelled,
+      absl::FunctionRef<absl::StatusOr<T>(Bucket&)> body);
   // Waits until no call runs on `bucket` (DeadlineExceeded past `deadline`),
   // then marks it busy until Release.
   absl::Status Hold(Bucket& bucket, absl::Time deadline);
