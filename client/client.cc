@@ -47,9 +47,17 @@ struct Client::Impl {
   absl::flat_hash_map<grpc::ClientContext*, std::shared_ptr<void>> in_flight
       ABSL_GUARDED_BY(mu);
 
+  std::string authorization;  // "Bearer TOKEN", or empty
+
+  void Authorize(grpc::ClientContext* context) const {
+    if (!authorization.empty()) {
+      context->AddMetadata("authorization", authorization);
+    }
+  }
   void Prepare(grpc::ClientContext* context) const {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     context->set_wait_for_ready(true);
+    Authorize(context);
   }
   void SetMembership(int r, int s) {
     absl::MutexLock lock(&mu);
@@ -84,6 +92,7 @@ TensorSet::TensorSet(std::unique_ptr<State> state) : state_(std::move(state)) {}
 TensorSet::~TensorSet() {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  state_->client->Authorize(&context);
   v1::UnregisterRequest request;
   request.set_job(state_->client->job);
   request.set_bucket(state_->bucket);
@@ -202,6 +211,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   GM_ASSIGN_OR_RETURN(auto credentials, ChannelCredentials(tls));
   auto impl = std::make_shared<Impl>();
   impl->job = FromEnv(options.job, "GRADMESH_JOB", "default");
+  if (const std::string token = FromEnv(options.token, "GRADMESH_TOKEN");
+      !token.empty()) {
+    impl->authorization = absl::StrCat("Bearer ", token);
+  }
   impl->timeout = options.timeout;
   impl->stub = v1::Worker::NewStub(grpc::CreateCustomChannel(
       worker, credentials, DefaultChannelArguments()));

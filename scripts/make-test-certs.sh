@@ -1,31 +1,53 @@
 #!/usr/bin/env bash
-# Makes a test certificate authority and one certificate signed by it, for
-# gradmesh's mutual TLS on 127.0.0.1 / localhost. Every process of a test
-# cluster (coordinator, workers, clients) can use the same certificate: it is
-# valid for both server and client authentication.
+# Makes a test certificate authority and certificates signed by it, for
+# gradmesh's mutual TLS. Each certificate is valid for both server and client
+# authentication.
 #
-#   scripts/make-test-certs.sh DIR     -> DIR/ca.pem DIR/node.pem DIR/node.key
+#   scripts/make-test-certs.sh DIR [HOST...]
+#     DIR/ca.pem                   the CA
+#     DIR/node.pem, DIR/node.key   names 127.0.0.1 and localhost: every
+#                                  process of a test cluster on this machine
+#                                  can use it
+#     DIR/HOST.pem, DIR/HOST.key   for each HOST: names that host only (an IP
+#                                  address or a DNS name), as a worker that
+#                                  advertises HOST needs (docs/reliability.md)
 #
-# Not for production: the keys are unencrypted and the names are loopback.
+# Not for production: the keys are unencrypted.
 set -euo pipefail
-if [[ $# -ne 1 || "$1" == -h || "$1" == --help ]]; then
-  echo "usage: $0 DIR   (writes DIR/ca.pem, DIR/node.pem, DIR/node.key)" >&2
+if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
+  echo "usage: $0 DIR [HOST...]   (writes DIR/ca.pem, DIR/node.{pem,key}" \
+       "and DIR/HOST.{pem,key} for each HOST)" >&2
   exit 2
 fi
 dir=$1
+shift
 mkdir -p "$dir"
 cd "$dir"
 openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=gradmesh test CA" \
   -keyout ca.key -out ca.pem 2>/dev/null
-openssl req -newkey rsa:2048 -nodes -subj "/CN=gradmesh node" \
-  -keyout node.key -out node.csr 2>/dev/null
-cat > node.ext <<'EXT'
+
+# sign NAME SUBJECT_ALT_NAMES: NAME.pem and NAME.key.
+sign() {
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=$1" \
+    -keyout "$1.key" -out "$1.csr" 2>/dev/null
+  cat > "$1.ext" <<EXT
 basicConstraints = CA:FALSE
 keyUsage = digitalSignature, keyEncipherment
 extendedKeyUsage = serverAuth, clientAuth
-subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectAltName = $2
 EXT
-openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
-  -days 30 -extfile node.ext -out node.pem 2>/dev/null
-rm -f node.csr node.ext ca.srl
-echo "make-test-certs: wrote $dir/ca.pem, $dir/node.pem, $dir/node.key"
+  openssl x509 -req -in "$1.csr" -CA ca.pem -CAkey ca.key -CAcreateserial \
+    -days 30 -extfile "$1.ext" -out "$1.pem" 2>/dev/null
+  rm -f "$1.csr" "$1.ext"
+}
+
+sign node "IP:127.0.0.1, DNS:localhost"
+for host in "$@"; do
+  if [[ "$host" =~ ^[0-9.]+$ || "$host" == *:* ]]; then
+    sign "$host" "IP:$host"
+  else
+    sign "$host" "DNS:$host"
+  fi
+done
+rm -f ca.srl
+echo "make-test-certs: wrote ca.pem, node.pem, node.key${*:+ and HOST.pem, HOST.key for $*} in $dir"

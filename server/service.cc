@@ -10,6 +10,7 @@
 #include "common/metrics/metrics_endpoint.h"
 #include "common/status_macros.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
+#include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
@@ -101,6 +102,13 @@ class Metrics {
     beta_ = &gauge("gradmesh_coordinator_link_beta_seconds_per_byte",
                    "Link time per byte (fitted or configured)")
                  ->Add({});
+    refused_ = &prometheus::BuildCounter()
+                    .Name("gradmesh_coordinator_calls_refused_total")
+                    .Help(
+                        "Calls whose certificate does not name the host of "
+                        "the member they speak for")
+                    .Register(*registry_)
+                    .Add({});
   }
 
   // Serves /metrics on `listen` (empty: not served).
@@ -113,6 +121,8 @@ class Metrics {
   }
 
   int port() const { return endpoint_ == nullptr ? 0 : endpoint_->port(); }
+
+  void CountRefused() { refused_->Increment(); }
 
   void Refresh() {
     const Coordinator& coordinator = *coordinator_;
@@ -155,6 +165,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* iteration_seconds_;
   prometheus::Gauge* alpha_;
   prometheus::Gauge* beta_;
+  prometheus::Counter* refused_;
 };
 
 class Server final : public CoordinatorServer, public v1::Coordinator::Service {
@@ -208,9 +219,12 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   std::string address() const override { return address_; }
   int metrics_port() const override { return metrics_.port(); }
 
-  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest* request,
+  grpc::Status Join(grpc::ServerContext* context,
+                    const v1::JoinRequest* request,
                     v1::JoinResponse* response) override {
     const v1::NodeInfo& node = request->node();
+    GM_RETURN_IF_ERROR_GRPC(Refused(
+        CheckCaller(*context, {node.address()}, "the address it joins with")));
     const std::optional<View> known =
         request->has_view() ? std::optional(FromProto(request->view()))
                             : std::nullopt;
@@ -229,17 +243,20 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext*,
+  grpc::Status Heartbeat(grpc::ServerContext* context,
                          const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
+    GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, request->node_id()));
     GM_RETURN_IF_ERROR_GRPC(
         coordinator_.Heartbeat(request->node_id(), absl::Now()));
     response->set_epoch(coordinator_.view().epoch);
     return grpc::Status::OK;
   }
 
-  grpc::Status Leave(grpc::ServerContext*, const v1::LeaveRequest* request,
+  grpc::Status Leave(grpc::ServerContext* context,
+                     const v1::LeaveRequest* request,
                      v1::LeaveResponse*) override {
+    GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, request->node_id()));
     GM_RETURN_IF_ERROR_GRPC(coordinator_.Leave(request->node_id()));
     Log(absl::StrCat(request->node_id(), " left: epoch ",
                      coordinator_.view().epoch));
@@ -264,10 +281,11 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReportStats(grpc::ServerContext*,
+  grpc::Status ReportStats(grpc::ServerContext* context,
                            const v1::ReportStatsRequest* request,
                            v1::ReportStatsResponse*) override {
     for (const v1::IterationStats& s : request->iterations()) {
+      GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, s.node_id()));
       const uint64_t before = coordinator_.view().epoch;
       GM_RETURN_IF_ERROR_GRPC(
           coordinator_.Report({.node_id = s.node_id(),
@@ -288,6 +306,28 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   }
 
  private:
+  // OK when the caller may speak for member `node_id`: on TLS, its
+  // certificate names that member's host. Ids of no member pass (the state
+  // machine answers them).
+  absl::Status CheckSpeaksFor(const grpc::ServerContext& context,
+                              const std::string& node_id) {
+    for (const MemberInfo& m : coordinator_.view().members) {
+      if (m.node_id == node_id) {
+        return Refused(CheckCaller(context, {m.address},
+                                   absl::StrCat("member ", node_id)));
+      }
+    }
+    return absl::OkStatus();
+  }
+  // Logs and counts a refusal.
+  absl::Status Refused(absl::Status status) {
+    if (!status.ok()) {
+      metrics_.CountRefused();
+      Log(absl::StrCat("refused a call: ", status.message()));
+    }
+    return status;
+  }
+
   // Expires silent members.
   void Tick() {
     uint64_t epoch = 0;

@@ -11,10 +11,16 @@
 //   gradmesh_coordinator_plan_info{algorithm,encoding,values}  gauge = 1
 //   gradmesh_coordinator_autotuning                      gauge (0/1)
 //   gradmesh_coordinator_autotune_trial_seconds{d}       gauge: a trial's mean
-//   gradmesh_coordinator_autotune_modeled_seconds{d}     gauge: alpha-beta
-//   model gradmesh_coordinator_iteration_seconds{node}         gauge: latest
-//   report gradmesh_coordinator_link_alpha_seconds, _link_beta_seconds_per_byte
+//   gradmesh_coordinator_autotune_modeled_seconds{d}     gauge: the
+//       alpha-beta model's
+//   gradmesh_coordinator_iteration_seconds{node}         gauge: latest report
+//   gradmesh_coordinator_link_alpha_seconds, _link_beta_seconds_per_byte
+//   gradmesh_coordinator_calls_refused_total             counter
 // Each scrape reads the state machine afresh.
+//
+// With mutual TLS, a call that speaks for a member (Join, Heartbeat, Leave,
+// ReportStats) is refused with PermissionDenied, logged and counted unless
+// the caller's certificate names that member's host (grpc_util.h).
 //
 // Thread-safe. Membership is checked every 100 ms (heartbeat timeouts).
 #ifndef GRADMESH_SERVER_SERVICE_H_

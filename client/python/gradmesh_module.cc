@@ -222,7 +222,8 @@ void BindClient(py::module_& m) {
           py::arg("worker") = "", py::arg("job") = "",
           py::arg("timeout") = 300.0,
           "Connects (worker and job default to $GRADMESH_WORKER and "
-          "$GRADMESH_JOB) and waits until the worker is in a view.")
+          "$GRADMESH_JOB; over TCP the token is $GRADMESH_TOKEN) and waits "
+          "until the worker is in a view.")
       .def(
           "register",
           [](ClientPtr client, const std::string& bucket,

@@ -1,9 +1,13 @@
 #include "common/grpc/grpc_util.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
 namespace gradmesh {
@@ -75,6 +79,56 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
   options.pem_private_key = pems.key;
   options.pem_cert_chain = pems.cert;
   return grpc::SslCredentials(options);
+}
+
+std::pair<std::string, int> SplitHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || address.back() == ']' ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    return {address, 0};
+  }
+  return {address.substr(0, colon), port};
+}
+
+std::vector<std::string> CertificateNames(const grpc::AuthContext& auth) {
+  std::vector<std::string> names;
+  if (!auth.IsPeerAuthenticated()) return names;
+  for (const grpc::string_ref& name :
+       auth.FindPropertyValues(GRPC_X509_SAN_PROPERTY_NAME)) {
+    names.emplace_back(name.data(), name.size());
+  }
+  return names;
+}
+
+bool NamesHost(const std::vector<std::string>& names,
+               const std::string& address) {
+  std::string host = SplitHostPort(address).first;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::any_of(names.begin(), names.end(), [&](const std::string& n) {
+    return absl::EqualsIgnoreCase(n, host);
+  });
+}
+
+absl::Status CheckCaller(const grpc::ServerContextBase& context,
+                         const std::vector<std::string>& addresses,
+                         const std::string& who) {
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return absl::OkStatus();
+  const std::vector<std::string> names = CertificateNames(*auth);
+  for (const std::string& address : addresses) {
+    if (NamesHost(names, address)) return absl::OkStatus();
+  }
+  std::vector<std::string> hosts;
+  for (const std::string& address : addresses) {
+    hosts.push_back(SplitHostPort(address).first);
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the caller's certificate names [", absl::StrJoin(names, ", "),
+      "], not the host of ", who, " (",
+      hosts.empty() ? "no member" : absl::StrJoin(hosts, ", "), ")"));
 }
 
 grpc::ChannelArguments DefaultChannelArguments() {

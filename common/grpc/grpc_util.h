@@ -12,6 +12,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,6 +40,29 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const TlsFiles& tls);
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
     const TlsFiles& tls);
+
+// "host:port" -> (host, port); port 0 when absent or not a number. Brackets
+// around an IPv6 host are kept ("[::1]:7000" -> "[::1]").
+std::pair<std::string, int> SplitHostPort(const std::string& address);
+
+// Identity. A member's certificate names the host it advertises, as a DNS or
+// IP subject alternative name: the name its peers dial, which their TLS
+// handshake checks. Servers check the other direction with these: that a
+// caller's certificate names the host of the member it speaks for.
+//
+// The subject alternative names of the certificate `auth` was authenticated
+// with; empty when the connection is not authenticated (plaintext).
+std::vector<std::string> CertificateNames(const grpc::AuthContext& auth);
+// Whether `names` include the host of `address` ("host:port"; case is
+// ignored, brackets around an IPv6 host too).
+bool NamesHost(const std::vector<std::string>& names,
+               const std::string& address);
+// For handlers: OK when the caller's connection is plaintext (nothing to
+// check), or its certificate names the host of one of `addresses`;
+// PermissionDenied saying what it names and what `who` needed otherwise.
+absl::Status CheckCaller(const grpc::ServerContextBase& context,
+                         const std::vector<std::string>& addresses,
+                         const std::string& who);
 
 // Channel arguments used everywhere: unlimited receive size for the worker
 // service's tensors, keepalive so that a silent peer is noticed.

@@ -17,6 +17,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc/grpc_util.h"
+#include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "gradmesh/v1/peer.grpc.pb.h"
 #include "gradmesh/v1/worker.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -494,11 +497,14 @@ TEST_F(SdkClusterTest, RefusesOversizedMessagesAndServesOn) {
     EXPECT_EQ(stream->Finish().error_code(),
               grpc::StatusCode::RESOURCE_EXHAUSTED);
   }
+  // It serves on (the SDK socket: over TCP the SDK needs a token).
+  auto local = gradmesh::v1::Worker::NewStub(grpc::CreateChannel(
+      cluster_->sdk_address(0), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   gradmesh::v1::StatusResponse status;
   ASSERT_TRUE(
-      worker->GetStatus(&context, gradmesh::v1::StatusRequest(), &status).ok());
+      local->GetStatus(&context, gradmesh::v1::StatusRequest(), &status).ok());
   EXPECT_EQ(status.world_size(), 3);
 }
 
@@ -636,17 +642,35 @@ TEST_F(SdkClusterTest, SocketIsOwnerOnlyAndBroadcastReachesEveryone) {
   for (auto& t : threads) t.join();
 }
 
-// Makes a CA and a node certificate in a new directory.
-TlsFiles MakeCertificates(const std::string& name) {
+// Makes a CA and a node certificate (127.0.0.1) in a new directory, and one
+// certificate for each of `hosts` (CertificateFor).
+TlsFiles MakeCertificates(const std::string& name,
+                          const std::string& hosts = "") {
   const std::string dir = (std::filesystem::temp_directory_path() /
                            absl::StrCat("gradmesh-certs-", getpid(), "-", name))
                               .string();
-  const std::string command = absl::StrCat(
-      GRADMESH_SOURCE_DIR, "/scripts/make-test-certs.sh ", dir, " >/dev/null");
+  const std::string command =
+      absl::StrCat(GRADMESH_SOURCE_DIR, "/scripts/make-test-certs.sh ", dir,
+                   " ", hosts, " >/dev/null");
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   return {.ca = dir + "/ca.pem",
           .cert = dir + "/node.pem",
           .key = dir + "/node.key"};
+}
+
+// The certificate MakeCertificates made for `host` beside `node`.
+TlsFiles CertificateFor(const TlsFiles& node, const std::string& host) {
+  const std::string dir = std::filesystem::path(node.ca).parent_path().string();
+  return {.ca = node.ca,
+          .cert = absl::StrCat(dir, "/", host, ".pem"),
+          .key = absl::StrCat(dir, "/", host, ".key")};
+}
+
+// A file holding `token`, beside the certificates of `tls`.
+std::string WriteToken(const std::string& dir, const std::string& token) {
+  const std::string path = dir + "/sdk.token";
+  std::ofstream(path) << token << "\n";
+  return path;
 }
 
 // With mutual TLS the cluster works, and a peer without a valid certificate
@@ -658,6 +682,9 @@ TEST(TlsClusterTest, MembersTalkAndStrangersAreRefused) {
   options.cluster.workers = 3;
   options.cluster.tls = tls;
   options.cluster.coordinator_flags = {{"algo", "spardl"}, {"teams", "1"}};
+  options.cluster.worker_flags = {
+      {"sdk_token_file",
+       WriteToken(std::filesystem::path(tls.ca).parent_path(), "s3cret")}};
   options.n = 5000;
   options.iterations = 3;
   EXPECT_TRUE(RunLocal(options, nullptr).ok());
@@ -701,6 +728,7 @@ TEST(TlsClusterTest, MembersTalkAndStrangersAreRefused) {
                                .tls_ca = tls.ca,
                                .tls_cert = tls.cert,
                                .tls_key = tls.key,
+                               .token = "s3cret",
                                .timeout = absl::Seconds(10)});
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ((*good)->size(), 3);
@@ -709,6 +737,170 @@ TEST(TlsClusterTest, MembersTalkAndStrangersAreRefused) {
   for (const TlsFiles& set : {tls, stranger}) {
     std::filesystem::remove_all(std::filesystem::path(set.ca).parent_path());
   }
+}
+
+// Workers on 127.0.0.2, .3 and .4, each with a certificate naming its own
+// address only: a member's certificate cannot speak for another member, at
+// the coordinator or at a peer, and a certificate of the same CA that names
+// no member cannot ask a worker about a step's outcome. The cluster runs
+// on after every refusal.
+TEST(TlsClusterTest, AMemberCannotSpeakForAnotherOrAStrangerForAMember) {
+  const std::vector<std::string> ips = {"127.0.0.2", "127.0.0.3", "127.0.0.4"};
+  const TlsFiles tls = MakeCertificates("identity", absl::StrJoin(ips, " "));
+  LocalClusterOptions cluster_options{
+      .workers = 3,
+      .coordinator_flags = {{"algo", "spardl"}, {"teams", "1"}},
+      .tls = tls};
+  for (const std::string& ip : ips) {
+    cluster_options.hosts.push_back({.ip = ip, .tls = CertificateFor(tls, ip)});
+  }
+  auto cluster = LocalCluster::Start(cluster_options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForView(3, absl::Seconds(30)).ok());
+  auto channel = [&](const std::string& address, const TlsFiles& as) {
+    auto credentials = ChannelCredentials(as);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    return grpc::CreateChannel(address, *credentials);
+  };
+  auto deadline = [](grpc::ClientContext* context) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  };
+  const TlsFiles worker2 = CertificateFor(tls, ips[2]);
+
+  // At the coordinator: worker 2's certificate speaking for worker 0.
+  auto coordinator = gradmesh::v1::Coordinator::NewStub(
+      channel((*cluster)->coordinator_address(), worker2));
+  {
+    grpc::ClientContext context;
+    deadline(&context);
+    gradmesh::v1::HeartbeatRequest request;
+    request.set_node_id("worker-00");
+    gradmesh::v1::HeartbeatResponse response;
+    EXPECT_EQ(coordinator->Heartbeat(&context, request, &response).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    grpc::ClientContext context;
+    deadline(&context);
+    gradmesh::v1::LeaveRequest request;
+    request.set_node_id("worker-00");
+    gradmesh::v1::LeaveResponse response;
+    EXPECT_EQ(coordinator->Leave(&context, request, &response).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    grpc::ClientContext context;
+    deadline(&context);
+    gradmesh::v1::JoinRequest request;
+    request.mutable_node()->set_node_id("worker-impostor");
+    request.mutable_node()->set_address(absl::StrCat(ips[0], ":1"));
+    gradmesh::v1::JoinResponse response;
+    EXPECT_EQ(coordinator->Join(&context, request, &response).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+
+  // At worker 0: worker 2's certificate claiming rank 1 on the peer exchange.
+  gradmesh::Plan plan;
+  {
+    auto got = (*cluster)->GetPlan(0);
+    ASSERT_TRUE(got.ok()) << got.status();
+    plan = *got;
+  }
+  {
+    auto peer = gradmesh::v1::Peer::NewStub(
+        channel((*cluster)->worker_address(0), worker2));
+    grpc::ClientContext context;
+    deadline(&context);
+    auto stream = peer->Exchange(&context);
+    gradmesh::v1::Frame frame;
+    frame.set_epoch(plan.epoch);
+    frame.set_from_rank(1);
+    frame.set_message_bytes(6);
+    frame.set_data("forged");
+    stream->Write(frame);
+    stream->WritesDone();
+    EXPECT_EQ(stream->Finish().error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+
+  // At worker 0's Commit service: a stranger (127.0.0.1 is no member) and a
+  // member asking about a step.
+  auto ask = [&](const TlsFiles& as) {
+    auto commit = gradmesh::v1::Commit::NewStub(
+        channel((*cluster)->worker_address(0), as));
+    grpc::ClientContext context;
+    deadline(&context);
+    gradmesh::v1::OutcomeRequest request;
+    request.set_epoch(plan.epoch);
+    request.set_bucket_id(1);
+    request.set_step(1000000);
+    gradmesh::v1::OutcomeResponse response;
+    return commit->Outcome(&context, request, &response).error_code();
+  };
+  EXPECT_EQ(ask(tls), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(ask(worker2), grpc::StatusCode::OK);
+
+  // Nothing got in: every member is still there, at the same epoch, and a
+  // checked run passes.
+  for (int w = 0; w < 3; ++w) {
+    auto now = (*cluster)->GetPlan(w);
+    ASSERT_TRUE(now.ok()) << now.status();
+    EXPECT_EQ(now->epoch, plan.epoch) << w;
+    EXPECT_EQ(now->world_size, 3) << w;
+  }
+  EXPECT_TRUE((*cluster)->Stop().ok());
+  LocalOptions options;
+  options.cluster = cluster_options;
+  options.n = 5000;
+  options.iterations = 3;
+  EXPECT_TRUE(RunLocal(options, nullptr).ok());
+  std::filesystem::remove_all(std::filesystem::path(tls.ca).parent_path());
+}
+
+// SDK calls over TCP need the worker's token; over the unix socket they
+// need none; a worker without a token takes none over TCP.
+TEST(SdkTokenTest, CallsOverTcpNeedTheToken) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           absl::StrCat("gradmesh-token-", getpid()))
+                              .string();
+  std::filesystem::create_directories(dir);
+  LocalClusterOptions options{.workers = 2};
+  options.worker_flags = {{"sdk_token_file", WriteToken(dir, "s3cret")}};
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForView(2, absl::Seconds(30)).ok());
+  const std::string tcp = (*cluster)->worker_address(0);
+  auto connect = [](const std::string& worker, const std::string& token) {
+    return Client::Connect(
+        {.worker = worker, .token = token, .timeout = absl::Seconds(10)});
+  };
+  unsetenv("GRADMESH_TOKEN");
+  for (const std::string token : {"", "wrong", "s3cret-and-more"}) {
+    auto client = connect(tcp, token);
+    EXPECT_TRUE(absl::IsUnauthenticated(client.status()))
+        << token << ": " << client.status();
+  }
+  auto good = connect(tcp, "s3cret");
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ((*good)->size(), 2);
+  auto local = connect((*cluster)->sdk_address(0), "");
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ((*local)->size(), 2);
+  // The refusals were counted.
+  EXPECT_TRUE(absl::StrContains(
+      FetchMetrics((*cluster)->worker_metrics_port(0)),
+      "gradmesh_worker_calls_refused_total{reason=\"token\"} 3"));
+  good->reset();
+  local->reset();
+  EXPECT_TRUE((*cluster)->Stop().ok());
+
+  auto untokened = LocalCluster::Start({.workers = 1});
+  ASSERT_TRUE(untokened.ok()) << untokened.status();
+  ASSERT_TRUE((*untokened)->WaitForView(1, absl::Seconds(30)).ok());
+  auto refused = connect((*untokened)->worker_address(0), "s3cret");
+  EXPECT_TRUE(absl::IsPermissionDenied(refused.status())) << refused.status();
+  EXPECT_TRUE((*untokened)->Stop().ok());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -113,11 +113,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     }
     cluster->work_dir_ = options.work_dir;
   }
-  auto tls_args = [&](std::vector<std::string>& args) {
-    if (!options.tls.enabled()) return;
-    args.push_back(absl::StrCat("--tls_ca=", options.tls.ca));
-    args.push_back(absl::StrCat("--tls_cert=", options.tls.cert));
-    args.push_back(absl::StrCat("--tls_key=", options.tls.key));
+  auto tls_args = [&](std::vector<std::string>& args, const TlsFiles& own) {
+    const TlsFiles& tls = own.enabled() ? own : options.tls;
+    if (!tls.enabled()) return;
+    args.push_back(absl::StrCat("--tls_ca=", tls.ca));
+    args.push_back(absl::StrCat("--tls_cert=", tls.cert));
+    args.push_back(absl::StrCat("--tls_key=", tls.key));
   };
   const absl::Time deadline = absl::Now() + options.start_timeout;
 
@@ -133,7 +134,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   for (const auto& [flag, value] : options.coordinator_flags) {
     args.push_back(absl::StrCat("--", flag, "=", value));
   }
-  tls_args(args);
+  tls_args(args, {});
   cluster->coordinator_binary_ = coordinator_binary;
   cluster->coordinator_args_ = args;
   GM_RETURN_IF_ERROR(
@@ -160,7 +161,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     for (const auto& [flag, value] : options.worker_flags) {
       args.push_back(absl::StrCat("--", flag, "=", value));
     }
-    tls_args(args);
+    tls_args(args, host.tls);
     GM_RETURN_IF_ERROR(cluster->Spawn(worker_binary, name, args, host.netns,
                                       &cluster->workers_[w]));
   }

@@ -48,11 +48,12 @@ struct LocalClusterOptions {
   TlsFiles tls;  // given to every process and client when set
   absl::Duration start_timeout = absl::Seconds(30);
   // Empty: every worker on 127.0.0.1 here. Else one per worker: the
-  // namespace (a name under /var/run/netns, as `ip netns add` makes) and
-  // the address its peer and metrics services bind to there.
+  // namespace (a name under /var/run/netns, as `ip netns add` makes; empty:
+  // this one) and the address its peer and metrics services bind to there.
   struct Host {
     std::string netns;
     std::string ip;
+    TlsFiles tls;  // its own certificate, naming `ip`; empty: the cluster's
   };
   std::vector<Host> hosts;
   // The coordinator's listen address host; with `hosts`, one that every

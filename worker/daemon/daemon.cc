@@ -4,16 +4,21 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <deque>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/cli.h"
+#include "common/grpc/grpc_util.h"
 #include "common/status_macros.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "worker/daemon/coordinator_client.h"
@@ -36,15 +41,21 @@ namespace v1 = ::gradmesh::v1;
 // Frames (a chunk and a small header) fit gRPC's default receive limit.
 static_assert(transport::kMaxChunkBytes + 4096 <= 4 << 20);
 
-// "host:port" -> (host, port); port 0 when absent or not a number.
-std::pair<std::string, int> SplitHostPort(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
-    return {address, 0};
+// The token in `path`, without surrounding white space.
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read the SDK token file '", path, "'"));
   }
-  return {address.substr(0, colon), port};
+  std::stringstream contents;
+  contents << in.rdbuf();
+  const std::string token(absl::StripAsciiWhitespace(contents.str()));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the SDK token file '", path, "' is empty"));
+  }
+  return token;
 }
 
 std::string HostName() {
@@ -99,6 +110,10 @@ class Daemon final : public WorkerDaemon {
   // Destroys retired groups (their streams' close may wait) off the
   // operations' path, until Stop.
   void ReapLoop();
+  // The Commit service's check: on TLS, the caller's certificate names the
+  // host of a member of `epoch` (of any view remembered, if that one is not).
+  absl::Status AdmitAsker(const grpc::ServerContext& context, uint64_t epoch);
+  static constexpr size_t kViewsRemembered = 16;
 
   const DaemonOptions options_;
   std::string advertise_;
@@ -120,6 +135,9 @@ class Daemon final : public WorkerDaemon {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   transport::PeerService::Stats drops_seen_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_
+      ABSL_GUARDED_BY(mu_);
+  // The members' addresses of the latest views installed, oldest first.
+  std::deque<std::pair<uint64_t, std::vector<std::string>>> recent_members_
       ABSL_GUARDED_BY(mu_);
 };
 
@@ -173,9 +191,23 @@ absl::Status Daemon::Init() {
 
 absl::Status Daemon::StartServer() {
   GM_ASSIGN_OR_RETURN(auto server_credentials, ServerCredentials(options_.tls));
-  sdk_ = std::make_unique<SdkService>(plane_.get(), views_.get(),
-                                      options_.operation_timeout);
-  outcomes_ = std::make_unique<OutcomeService>(plane_.get());
+  std::string token;
+  if (!options_.sdk_token_file.empty()) {
+    GM_ASSIGN_OR_RETURN(token, ReadToken(options_.sdk_token_file));
+  }
+  sdk_ = std::make_unique<SdkService>(
+      plane_.get(), views_.get(),
+      SdkService::Options{.operation_timeout = options_.operation_timeout,
+                          .token = std::move(token),
+                          .on_refused = [this](const absl::Status& why) {
+                            metrics_->calls_refused("token").Increment();
+                            Log(absl::StrCat("refused an SDK call: ",
+                                             why.message()));
+                          }});
+  outcomes_ = std::make_unique<OutcomeService>(
+      plane_.get(), [this](const grpc::ServerContext& context, uint64_t epoch) {
+        return AdmitAsker(context, epoch);
+      });
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen, server_credentials, &port);
@@ -304,6 +336,32 @@ void Daemon::InstallView(const v1::View& view) {
   if (change->replaced != nullptr) {
     peers_.RetireEpochsBelow(change->replaced->view.epoch + 1);
   }
+  absl::MutexLock lock(&mu_);
+  recent_members_.emplace_back(group.view.epoch, group.view.addresses);
+  if (recent_members_.size() > kViewsRemembered) recent_members_.pop_front();
+}
+
+absl::Status Daemon::AdmitAsker(const grpc::ServerContext& context,
+                                uint64_t epoch) {
+  std::vector<std::string> members;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [e, addresses] : recent_members_) {
+      if (e == epoch) members = addresses;
+    }
+    if (members.empty()) {
+      for (const auto& [e, addresses] : recent_members_) {
+        members.insert(members.end(), addresses.begin(), addresses.end());
+      }
+    }
+  }
+  absl::Status admitted =
+      CheckCaller(context, members, absl::StrCat("a member of epoch ", epoch));
+  if (!admitted.ok()) {
+    metrics_->calls_refused("identity").Increment();
+    Log(absl::StrCat("refused an outcome ask: ", admitted.message()));
+  }
+  return admitted;
 }
 
 void Daemon::Report(const ReduceResult& result) {
@@ -331,6 +389,16 @@ void Daemon::Refresh() {
       .Increment(
           static_cast<double>(now.frames_dropped_retired_operation -
                               drops_seen_.frames_dropped_retired_operation));
+  metrics_->calls_refused("malformed")
+      .Increment(static_cast<double>(now.streams_refused -
+                                     drops_seen_.streams_refused));
+  metrics_->calls_refused("limits").Increment(static_cast<double>(
+      now.streams_refused_unopened_bytes + now.streams_refused_unopened_epochs -
+      drops_seen_.streams_refused_unopened_bytes -
+      drops_seen_.streams_refused_unopened_epochs));
+  metrics_->calls_refused("identity")
+      .Increment(static_cast<double>(now.streams_refused_identity -
+                                     drops_seen_.streams_refused_identity));
   drops_seen_ = now;
 }
 

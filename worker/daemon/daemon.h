@@ -40,6 +40,9 @@ struct DaemonOptions {
   std::string node_id;         // default: the advertised address
   std::string metrics_listen;  // host:port for /metrics; empty: off
   std::string sdk_socket;      // unix socket path for the SDK; empty: none
+  // A file holding the token SDK calls over TCP must bear (sdk_service.h);
+  // empty: SDK calls over TCP are refused.
+  std::string sdk_token_file;
   TlsFiles tls;
   absl::Duration operation_timeout = absl::Seconds(30);
   absl::Duration heartbeat_interval = absl::Milliseconds(500);

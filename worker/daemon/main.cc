@@ -23,8 +23,12 @@ ABSL_FLAG(
     std::string, node_id, "",
     "stable identity; ranks sort by it (default: the advertised address)");
 ABSL_FLAG(std::string, sdk_socket, "",
-          "also serve the SDK on this unix socket path (mode 0600); empty: "
-          "the SDK dials --listen");
+          "serve the SDK on this unix socket path (mode 0600); over TCP "
+          "(--listen) it needs --sdk_token_file");
+ABSL_FLAG(std::string, sdk_token_file, "",
+          "file holding the token that SDK clients over TCP must give "
+          "($GRADMESH_TOKEN); without one, only the unix socket serves the "
+          "SDK");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus /metrics on host:port (empty: off)");
 ABSL_FLAG(double, operation_timeout_s, 30,
@@ -59,6 +63,7 @@ int main(int argc, char** argv) {
        .node_id = absl::GetFlag(FLAGS_node_id),
        .metrics_listen = absl::GetFlag(FLAGS_metrics_listen),
        .sdk_socket = absl::GetFlag(FLAGS_sdk_socket),
+       .sdk_token_file = absl::GetFlag(FLAGS_sdk_token_file),
        .tls = gradmesh::TlsFilesFromFlags(),
        .operation_timeout =
            timeout > 0 ? absl::Seconds(timeout) : absl::ZeroDuration(),

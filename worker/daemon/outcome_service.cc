@@ -30,6 +30,7 @@ State ToProto(Outcome outcome) {
 grpc::Status OutcomeService::Outcome(grpc::ServerContext* context,
                                      const v1::OutcomeRequest* request,
                                      v1::OutcomeResponse* response) {
+  GM_RETURN_IF_ERROR_GRPC(admit_(*context, request->epoch()));
   response->set_state(ToProto(plane_->Decide({.bucket_id = request->bucket_id(),
                                               .step = request->step(),
                                               .epoch = request->epoch()})));

@@ -1,7 +1,10 @@
 // The Commit service: a worker in doubt about a step asks its peers what
-// they decided (DataPlane::Decide answers), over the peer port.
+// they decided (DataPlane::Decide answers), over the peer port. An ask can
+// make this worker promise to refuse a step, so only members may ask: `admit`
+// says whether the caller was a member of the step's epoch (an error is
+// returned as the call's status).
 //
-//   OutcomeService outcomes(&plane);
+//   OutcomeService outcomes(&plane, admit);
 //   builder.RegisterService(&outcomes);
 //   ... AskOutcome(channel, key, deadline)  // from a peer
 //
@@ -9,7 +12,10 @@
 #ifndef GRADMESH_WORKER_DAEMON_OUTCOME_SERVICE_H_
 #define GRADMESH_WORKER_DAEMON_OUTCOME_SERVICE_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -21,7 +27,10 @@ namespace gradmesh::daemon {
 
 class OutcomeService final : public gradmesh::v1::Commit::Service {
  public:
-  explicit OutcomeService(DataPlane* plane) : plane_(plane) {}
+  using Admit = std::function<absl::Status(const grpc::ServerContext& context,
+                                           uint64_t epoch)>;
+  OutcomeService(DataPlane* plane, Admit admit)
+      : plane_(plane), admit_(std::move(admit)) {}
 
   grpc::Status Outcome(grpc::ServerContext* context,
                        const gradmesh::v1::OutcomeRequest* request,
@@ -29,6 +38,7 @@ class OutcomeService final : public gradmesh::v1::Commit::Service {
 
  private:
   DataPlane* const plane_;
+  const Admit admit_;
 };
 
 // The outcome of `key` at the worker behind `channel`: its Decide. The

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
 
 namespace gradmesh::daemon {
@@ -9,6 +11,14 @@ namespace gradmesh::daemon {
 namespace v1 = ::gradmesh::v1;
 
 namespace {
+
+// Whether `a` equals `b`, in a time that does not tell where they differ.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ |= a[i] ^ b[i];
+  return differ == 0;
+}
 
 void SetPlan(const PlanInfo& plan, v1::Plan* out) {
   out->set_algorithm(plan.algorithm);
@@ -23,8 +33,32 @@ void SetPlan(const PlanInfo& plan, v1::Plan* out) {
 
 }  // namespace
 
+absl::Status SdkService::Admit(const grpc::ServerContext& context) const {
+  if (absl::StartsWith(context.peer(), "unix:")) return absl::OkStatus();
+  absl::Status refused;
+  if (options_.token.empty()) {
+    refused = absl::PermissionDeniedError(
+        "this worker takes SDK calls over TCP only with a token: start it "
+        "with --sdk_token_file, and give clients the token "
+        "($GRADMESH_TOKEN), or use its unix socket (--sdk_socket)");
+  } else {
+    const auto& metadata = context.client_metadata();
+    const auto header = metadata.find("authorization");
+    const std::string expected = absl::StrCat("Bearer ", options_.token);
+    if (header == metadata.end() ||
+        !ConstantTimeEquals(
+            absl::string_view(header->second.data(), header->second.size()),
+            expected)) {
+      refused = absl::UnauthenticatedError(
+          "SDK calls over TCP need the worker's token ($GRADMESH_TOKEN)");
+    }
+  }
+  if (!refused.ok() && options_.on_refused) options_.on_refused(refused);
+  return refused;
+}
+
 absl::Time SdkService::Deadline(const grpc::ServerContext& context) const {
-  const absl::Time cap = absl::Now() + operation_timeout_;
+  const absl::Time cap = absl::Now() + options_.operation_timeout;
   const auto client = context.deadline();
   // No deadline from the client reads as a far future.
   if (client >=
@@ -37,6 +71,7 @@ absl::Time SdkService::Deadline(const grpc::ServerContext& context) const {
 grpc::Status SdkService::Register(grpc::ServerContext* context,
                                   const v1::RegisterRequest* request,
                                   v1::RegisterResponse* response) {
+  GM_RETURN_IF_ERROR_GRPC(Admit(*context));
   std::vector<TensorSpec> tensors;
   for (const v1::TensorSpec& t : request->tensors()) {
     tensors.push_back({.name = t.name(), .size = t.size()});
@@ -55,12 +90,14 @@ grpc::Status SdkService::Register(grpc::ServerContext* context,
 grpc::Status SdkService::Unregister(grpc::ServerContext* context,
                                     const v1::UnregisterRequest* request,
                                     v1::UnregisterResponse* response) {
+  GM_RETURN_IF_ERROR_GRPC(Admit(*context));
   return ToGrpc(plane_->Unregister({request->job(), request->bucket()}));
 }
 
 grpc::Status SdkService::AllReduce(grpc::ServerContext* context,
                                    const v1::AllReduceRequest* request,
                                    v1::AllReduceResponse* response) {
+  GM_RETURN_IF_ERROR_GRPC(Admit(*context));
   const ReduceCall call{
       .name = {request->job(), request->bucket()},
       .step = request->step(),
@@ -90,6 +127,7 @@ grpc::Status SdkService::AllReduce(grpc::ServerContext* context,
 grpc::Status SdkService::Broadcast(grpc::ServerContext* context,
                                    const v1::BroadcastRequest* request,
                                    v1::BroadcastResponse* response) {
+  GM_RETURN_IF_ERROR_GRPC(Admit(*context));
   const absl::Time start = absl::Now();
   absl::StatusOr<Membership> done = plane_->Broadcast(
       {request->job(), request->bucket()}, request->sequence(), request->root(),
@@ -105,6 +143,7 @@ grpc::Status SdkService::Broadcast(grpc::ServerContext* context,
 grpc::Status SdkService::Residual(grpc::ServerContext* context,
                                   const v1::ResidualRequest* request,
                                   v1::ResidualResponse* response) {
+  GM_RETURN_IF_ERROR_GRPC(Admit(*context));
   const BucketName name{request->job(), request->bucket()};
   return ToGrpc(request->action() == v1::ResidualRequest::LOAD
                     ? plane_->LoadResidual(name, Deadline(*context))
@@ -114,6 +153,7 @@ grpc::Status SdkService::Residual(grpc::ServerContext* context,
 grpc::Status SdkService::GetStatus(grpc::ServerContext* context,
                                    const v1::StatusRequest* request,
                                    v1::StatusResponse* response) {
+  GM_RETURN_IF_ERROR_GRPC(Admit(*context));
   {
     absl::MutexLock lock(&mu_);
     response->set_node_id(node_id_);

@@ -5,11 +5,18 @@
 // Each call's deadline is the client's, capped by the daemon's operation
 // timeout.
 //
+// Who may call: anyone who can open the unix socket (it is owner-only).
+// Over TCP a call must bear the worker's token, as gRPC metadata
+// "authorization: Bearer TOKEN", or it is refused with Unauthenticated; a
+// worker without a token refuses every call over TCP (PermissionDenied).
+//
 // Thread-safe (the data plane is).
 #ifndef GRADMESH_WORKER_DAEMON_SDK_SERVICE_H_
 #define GRADMESH_WORKER_DAEMON_SDK_SERVICE_H_
 
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -21,9 +28,14 @@ namespace gradmesh::daemon {
 
 class SdkService final : public gradmesh::v1::Worker::Service {
  public:
-  SdkService(DataPlane* plane, ViewTracker* views,
-             absl::Duration operation_timeout)
-      : plane_(plane), views_(views), operation_timeout_(operation_timeout) {}
+  struct Options {
+    absl::Duration operation_timeout;
+    std::string token;  // empty: no calls over TCP
+    // Told of each refused call (the daemon counts and logs it).
+    std::function<void(const absl::Status&)> on_refused;
+  };
+  SdkService(DataPlane* plane, ViewTracker* views, Options options)
+      : plane_(plane), views_(views), options_(std::move(options)) {}
 
   // The node id GetStatus reports (known once the port is bound).
   void set_node_id(std::string node_id) {
@@ -52,10 +64,12 @@ class SdkService final : public gradmesh::v1::Worker::Service {
 
  private:
   absl::Time Deadline(const grpc::ServerContext& context) const;
+  // The token check above, first in every handler.
+  absl::Status Admit(const grpc::ServerContext& context) const;
 
   DataPlane* const plane_;
   ViewTracker* const views_;
-  const absl::Duration operation_timeout_;
+  const Options options_;
   absl::Mutex mu_;
   std::string node_id_ ABSL_GUARDED_BY(mu_);
 };

@@ -56,6 +56,10 @@ WorkerMetrics::WorkerMetrics()
                          .Name("gradmesh_worker_frames_dropped_total")
                          .Help("Peer frames dropped, by reason")
                          .Register(r);
+  calls_refused_ = &BuildCounter()
+                        .Name("gradmesh_worker_calls_refused_total")
+                        .Help("Peer streams and calls refused, by reason")
+                        .Register(r);
   tensors_reduced_ = &BuildCounter()
                           .Name("gradmesh_worker_tensors_reduced_total")
                           .Help(
@@ -173,6 +177,9 @@ prometheus::Counter& WorkerMetrics::operations(const std::string& code) {
 }
 prometheus::Counter& WorkerMetrics::frames_dropped(const std::string& reason) {
   return frames_dropped_->Add({{"reason", reason}});
+}
+prometheus::Counter& WorkerMetrics::calls_refused(const std::string& reason) {
+  return calls_refused_->Add({{"reason", reason}});
 }
 prometheus::Counter& WorkerMetrics::tensors_reduced(const std::string& fusion) {
   return tensors_reduced_->Add({{"fusion", fusion}});

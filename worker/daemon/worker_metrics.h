@@ -10,6 +10,9 @@
 //   gradmesh_worker_teams / _epoch / _rank / _world_size gauges
 //   gradmesh_worker_operations_total{code}              counter (OK or error)
 //   gradmesh_worker_frames_dropped_total{reason}        counter
+//   gradmesh_worker_calls_refused_total{reason}         counter: peer streams
+//       and calls refused: malformed, limits (held epochs' bounds), identity
+//       (a certificate not naming the member's host), token (SDK over TCP)
 //   gradmesh_worker_late_views_total                    counter
 //   gradmesh_worker_step_retries_total                  counter: steps run
 //       again on a new view after membership changed under them
@@ -68,6 +71,7 @@ class WorkerMetrics {
       const std::vector<std::pair<std::string, double>>& norms);
   prometheus::Counter& operations(const std::string& code);
   prometheus::Counter& frames_dropped(const std::string& reason);
+  prometheus::Counter& calls_refused(const std::string& reason);
   prometheus::Counter& tensors_reduced(const std::string& fusion);
   prometheus::Counter& tensors_missing(const std::string& fusion);
   prometheus::Gauge& bsag_h() { return *bsag_h_; }
@@ -93,6 +97,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>* residual_norm_;
   prometheus::Family<prometheus::Counter>* operations_;
   prometheus::Family<prometheus::Counter>* frames_dropped_;
+  prometheus::Family<prometheus::Counter>* calls_refused_;
   prometheus::Family<prometheus::Counter>* tensors_reduced_;
   prometheus::Family<prometheus::Counter>* tensors_missing_;
   prometheus::Gauge* bsag_h_;

@@ -120,6 +120,9 @@ struct ClientOptions {
   // Mutual TLS for a host:port worker (all three or none). Empty:
   // $GRADMESH_TLS_CA, $GRADMESH_TLS_CERT, $GRADMESH_TLS_KEY.
   std::string tls_ca, tls_cert, tls_key;
+  // The worker's SDK token (its --sdk_token_file), which every call over TCP
+  // needs; calls over the unix socket need none. Empty: $GRADMESH_TOKEN.
+  std::string token;
   // Limit of every call, waiting for the worker and its peers included.
   absl::Duration timeout = absl::Minutes(5);
 };

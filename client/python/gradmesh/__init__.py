@@ -74,7 +74,8 @@ def init(worker=None, job=None, timeout=300.0):
     """Connects to this node's worker and waits until it is in a view.
 
     worker and job default to $GRADMESH_WORKER and $GRADMESH_JOB, which
-    `gradmesh run` sets. Calling init again is a no-op.
+    `gradmesh run` sets. A worker reached over TCP (host:port) wants its SDK
+    token in $GRADMESH_TOKEN. Calling init again is a no-op.
     """
     global _client
     with _lock:

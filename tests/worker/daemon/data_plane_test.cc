@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/multi_rank.h"
@@ -674,6 +675,107 @@ TEST(DataPlaneTest, AStepCutByAViewChangeRunsAgainOnTheNewView) {
   EXPECT_EQ(Sparse(segments[0], kN, out[0]->nonzeros).values,
             Sparse(segments[1], kN, out[1]->nonzeros).values);
 }
+
+// Worker 3 of 4 (SparDL, d = 2) dies in a phase of a step: from its
+// `GetParam().message`-th message of the step on, it sends nothing and
+// answers no one. Its sends in a step, in order: the step's agreement (3),
+// SRS, R-SAG and Bruck (one round each: teams of 2), then its vote (2
+// rounds). The survivors get the view without it (d = 1), as the
+// coordinator publishes it after the heartbeat timeout. Before its vote is
+// out, they run the step again there: OK on every survivor, on the new epoch,
+// with identical results, and nothing lost (their inputs = result +
+// residuals). Once its vote is out, a survivor may have applied the step; then
+// the others learn it and apply it too (all four inputs = result + all four
+// residuals). Either way the survivors agree. (A victim that heard every vote
+// may apply the step while the survivors run it again: it is out of the view
+// by then, and its trainer must take the parameters again when it rejoins.)
+struct DeathPoint {
+  std::string phase;
+  int message;  // worker 3's sends of the step before it dies
+  enum Outcome {
+    kVictimFails,  // before its vote: the survivors run the step again
+    kRerun,        // its vote reached no one: likewise, whatever it does
+    kEither,       // its vote is out: the survivors rerun or apply, together
+  } outcome;
+  friend void PrintTo(const DeathPoint& p, std::ostream* os) {
+    *os << p.phase << " (after " << p.message << " messages)";
+  }
+};
+class WorkerDiesInPhaseTest : public ::testing::TestWithParam<DeathPoint> {};
+
+TEST_P(WorkerDiesInPhaseTest, SurvivorsRunTheStepAgainWithoutIt) {
+  constexpr uint64_t kN = 400;
+  constexpr int kVictim = 3;
+  Workers w(4, {.algorithm = "spardl", .density = 0.1, .teams = 2});
+  std::atomic<bool> armed = false;
+  std::atomic<int> sent = 0;
+  absl::Notification dead;
+  w.DropSendsIf(kVictim, [&](int, const transport::Tag&, absl::string_view) {
+    if (!armed) return false;
+    if (sent++ < GetParam().message) return false;
+    if (!dead.HasBeenNotified()) dead.Notify();
+    return true;
+  });
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  const auto pushed = WriteGradients(segments, kN, 70);
+  armed = true;
+  std::vector<absl::StatusOr<ReduceResult>> out(4, absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      const absl::Time deadline = r == kVictim
+                                      ? absl::Now() + absl::Seconds(1)
+                                      : absl::Now() + absl::Seconds(15);
+      out[r] = w.plane(r).AllReduce({.name = {"job", "b"},
+                                     .step = 1,
+                                     .sparse = true,
+                                     .return_residual = true},
+                                    deadline);
+    });
+  }
+  ASSERT_TRUE(dead.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  w.Unreachable(kVictim);
+  absl::SleepFor(absl::Milliseconds(100));
+  ViewInfo survivors = w.View(2, {0, 1, 2});
+  survivors.plan.teams = 1;
+  for (int r = 0; r < 3; ++r) w.Install(r, survivors);
+  for (auto& thread : threads) thread.join();
+  ASSERT_TRUE(out[0].ok()) << out[0].status();
+  const uint64_t epoch = out[0]->epoch;
+  if (GetParam().outcome == DeathPoint::kVictimFails) {
+    EXPECT_FALSE(out[kVictim].ok());
+  }
+  if (GetParam().outcome != DeathPoint::kEither) {
+    EXPECT_EQ(epoch, 2u);
+  }
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(out[r].ok()) << r << ": " << out[r].status();
+    EXPECT_EQ(out[r]->epoch, epoch);
+    EXPECT_EQ(out[r]->world_size, epoch == 2 ? 3 : 4);
+    EXPECT_EQ(Sparse(segments[r], kN, out[r]->nonzeros).values,
+              Sparse(segments[0], kN, out[0]->nonzeros).values);
+  }
+  const int applied = epoch == 2 ? 3 : 4;  // whose inputs the step holds
+  const testing::MassBalance balance(
+      std::vector<std::vector<float>>(pushed.begin(), pushed.begin() + applied),
+      std::vector<std::vector<float>>(applied, std::vector<float>(kN, 0)));
+  std::vector<std::vector<float>> residuals;
+  for (int r = 0; r < applied; ++r)
+    residuals.push_back(Residual(segments[r], kN));
+  EXPECT_TRUE(
+      balance.Holds(Sparse(segments[0], kN, out[0]->nonzeros), residuals));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Phases, WorkerDiesInPhaseTest,
+    ::testing::Values(DeathPoint{"agreement", 0, DeathPoint::kVictimFails},
+                      DeathPoint{"srs", 3, DeathPoint::kVictimFails},
+                      DeathPoint{"sag", 4, DeathPoint::kVictimFails},
+                      DeathPoint{"bruck", 5, DeathPoint::kVictimFails},
+                      DeathPoint{"vote", 6, DeathPoint::kRerun},
+                      DeathPoint{"vote_round_2", 7, DeathPoint::kEither}),
+    [](const auto& p) { return p.param.phase; });
 
 // A yes vote: "y" and the result's 8-byte hash (agreement records are 32
 // bytes).

@@ -221,7 +221,7 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
 
 GrpcTransport::GrpcTransport(GrpcTransportOptions options)
     : options_(std::move(options)) {
-  options_.service->OpenEpoch(options_.epoch, options_.rank, size());
+  options_.service->OpenEpoch(options_.epoch, options_.rank, options_.peers);
   streams_.resize(options_.peers.size());
   counters_.bytes_sent_to.assign(options_.peers.size(), 0);
   counters_.bytes_received_from.assign(options_.peers.size(), 0);

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc/grpc_util.h"
 #include "common/status_macros.h"
 #include "worker/transport/grpc/frame_codec.h"
 
@@ -48,8 +50,8 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
     if (accepted.ok()) {
       ++frames_;
       if (received_ == message_bytes_) {
-        accepted = service_->Deliver(epoch_, from_, tag_, std::move(message_),
-                                     frames_);
+        accepted = service_->Deliver(epoch_, from_, stream_, tag_,
+                                     std::move(message_), frames_);
         message_ = std::string();
         frames_ = 0;
       }
@@ -58,7 +60,11 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
       StartRead(&buffer_);
       return;
     }
-    if (!absl::IsResourceExhausted(accepted)) service_->CountRefused();
+    // Over the limits and impostors are counted apart.
+    if (!absl::IsResourceExhausted(accepted) &&
+        !absl::IsPermissionDenied(accepted)) {
+      service_->CountRefused();
+    }
     refused_ = accepted;
     Finish(ToGrpcStatus(accepted));
   }
@@ -88,9 +94,16 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
         return absl::InvalidArgumentError(
             absl::StrCat("a stream claims rank ", header.from_rank));
       }
-      GM_ASSIGN_OR_RETURN(
-          stream_, service_->IncomingStreamOpened(
-                       header.epoch, static_cast<int>(header.from_rank)));
+      const std::shared_ptr<const grpc::AuthContext> auth =
+          context_->auth_context();
+      std::optional<std::vector<std::string>> names;
+      if (auth != nullptr && auth->IsPeerAuthenticated()) {
+        names = CertificateNames(*auth);
+      }
+      GM_ASSIGN_OR_RETURN(stream_,
+                          service_->IncomingStreamOpened(
+                              header.epoch, static_cast<int>(header.from_rank),
+                              names ? &*names : nullptr));
       identified_ = true;
       epoch_ = header.epoch;
       from_ = static_cast<int>(header.from_rank);
@@ -166,20 +179,70 @@ PeerService::EpochState& PeerService::StateLocked(uint64_t epoch) {
   return epochs_[epoch];
 }
 
-void PeerService::OpenEpoch(uint64_t epoch, int rank, int size) {
+void PeerService::OpenEpoch(uint64_t epoch, int rank,
+                            std::vector<std::string> peers) {
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) return;
   EpochState& state = StateLocked(epoch);
   max_opened_ = std::max(max_opened_, epoch);
   state.open = true;
   state.rank = rank;
-  state.size = size;
+  state.peers = std::move(peers);
   unopened_bytes_ -= state.unopened_bytes;
   state.unopened_bytes = 0;
+  VerifyHeldLocked(epoch, state);
 }
 
-absl::StatusOr<uint64_t> PeerService::IncomingStreamOpened(uint64_t epoch,
-                                                           int from) {
+absl::Status PeerService::CheckSenderLocked(
+    EpochState& state, int from, const std::vector<std::string>* names) {
+  if (from >= static_cast<int>(state.peers.size()) || from == state.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a stream claims rank ", from, ", not a peer of rank ",
+                     state.rank, " in a group of ", state.peers.size()));
+  }
+  if (names == nullptr || NamesHost(*names, state.peers[from])) {
+    return absl::OkStatus();
+  }
+  ++stats_.streams_refused_identity;
+  return absl::PermissionDeniedError(absl::StrCat(
+      "a stream claims rank ", from, " (", state.peers[from],
+      "), but its certificate names [", absl::StrJoin(*names, ", "), "]"));
+}
+
+void PeerService::VerifyHeldLocked(uint64_t epoch, EpochState& state) {
+  std::vector<uint64_t> numbers;  // oldest stream first
+  for (const auto& [number, held] : state.unverified) numbers.push_back(number);
+  std::sort(numbers.begin(), numbers.end());
+  for (uint64_t number : numbers) {
+    Unverified& held = state.unverified[number];
+    if (const absl::Status allowed =
+            CheckSenderLocked(state, held.from, &held.names);
+        !allowed.ok()) {
+      if (!absl::IsPermissionDenied(allowed)) ++stats_.streams_refused;
+      state.refused_streams.insert(number);
+      continue;
+    }
+    uint64_t& newest = state.newest_in[held.from];
+    newest = std::max(newest, number);
+    for (auto& [tag, message] : held.messages) {
+      if (state.retired.contains(tag.operation)) continue;
+      mailboxes_[MailboxKey{epoch, held.from, tag}].push_back(
+          std::move(message));
+    }
+    if (held.ended.has_value()) {
+      auto& [clean, why] = *held.ended;
+      if (clean) {
+        state.gone.try_emplace(held.from, std::move(why));
+      } else {
+        BreakLocked(state, held.from, number, newest, why);
+      }
+    }
+  }
+  state.unverified.clear();
+}
+
+absl::StatusOr<uint64_t> PeerService::IncomingStreamOpened(
+    uint64_t epoch, int from, const std::vector<std::string>* names) {
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) return 0;  // its frames are dropped
   if (!epochs_.contains(epoch)) {
@@ -197,24 +260,32 @@ absl::StatusOr<uint64_t> PeerService::IncomingStreamOpened(uint64_t epoch,
     }
   }
   EpochState& state = StateLocked(epoch);
-  if (state.open && (from >= state.size || from == state.rank)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a stream of epoch ", epoch, " claims rank ", from,
-        ", not a peer of rank ", state.rank, " in a group of ", state.size));
+  if (state.open) {
+    GM_RETURN_IF_ERROR(CheckSenderLocked(state, from, names));
   }
   const uint64_t number = state.next_number++;
-  state.newest_in[from] = number;
+  if (!state.open && names != nullptr) {
+    state.unverified[number] = Unverified{.from = from, .names = *names};
+  } else {
+    state.newest_in[from] = number;
+  }
   return number;
 }
 
-absl::Status PeerService::Deliver(uint64_t epoch, int from, const Tag& tag,
-                                  std::string message, uint64_t frames) {
+absl::Status PeerService::Deliver(uint64_t epoch, int from, uint64_t stream,
+                                  const Tag& tag, std::string message,
+                                  uint64_t frames) {
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) {
     stats_.frames_dropped_old_epoch += frames;
     return absl::OkStatus();
   }
   EpochState& state = StateLocked(epoch);
+  if (state.refused_streams.contains(stream)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the stream claiming rank ", from, " of epoch ", epoch,
+        " was refused: its certificate does not name that rank's host"));
+  }
   if (state.retired.contains(tag.operation)) {
     stats_.frames_dropped_retired_operation += frames;
     return absl::OkStatus();
@@ -234,6 +305,11 @@ absl::Status PeerService::Deliver(uint64_t epoch, int from, const Tag& tag,
   }
   NoteOperationLocked(state, tag.operation);
   ++stats_.messages_delivered;
+  if (auto held = state.unverified.find(stream);
+      held != state.unverified.end()) {
+    held->second.messages.emplace_back(tag, std::move(message));
+    return absl::OkStatus();
+  }
   mailboxes_[MailboxKey{epoch, from, tag}].push_back(std::move(message));
   return absl::OkStatus();
 }
@@ -243,6 +319,12 @@ void PeerService::StreamEnded(uint64_t epoch, int from, uint64_t stream,
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) return;
   EpochState& state = StateLocked(epoch);
+  if (state.refused_streams.contains(stream)) return;  // spoke for no one
+  if (auto held = state.unverified.find(stream);
+      held != state.unverified.end()) {
+    held->second.ended.emplace(clean, std::move(why));
+    return;
+  }
   if (clean) {
     state.gone.try_emplace(from, std::move(why));
     return;

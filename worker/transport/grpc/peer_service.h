@@ -10,6 +10,13 @@
 // start an epoch first), up to kMaxUnopenedBytes in all: past that the stream
 // is refused.
 //
+// Identity: on a TLS connection, a stream speaks for the rank it claims only
+// if the caller's certificate names that rank's host (grpc_util.h); other
+// streams are refused with PermissionDenied and counted, and their end says
+// nothing about the rank they claimed. A stream of an epoch not opened yet
+// is checked when it opens: until then its messages are held apart. On a
+// plaintext connection the network is trusted and nothing is checked.
+//
 // Failures, and what they fail:
 //   - a stream that breaks (either direction: the peer's incoming stream, or
 //     this process's outgoing stream to it, as GrpcTransport reports) fails
@@ -30,7 +37,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -53,10 +63,12 @@ class PeerService final : public grpc::CallbackGenericService {
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* context) override;
 
-  // Records that this process runs `epoch` as `rank` of `size`: its frames
-  // are no longer held against kMaxUnopenedBytes, and streams claiming a
-  // rank outside the group (or this one) are refused.
-  void OpenEpoch(uint64_t epoch, int rank, int size);
+  // Records that this process runs `epoch` as `rank` of a group whose
+  // members serve at `peers` (index = rank): its frames are no longer held
+  // against kMaxUnopenedBytes, and streams claiming a rank outside the group
+  // (or this one), or whose certificate does not name that rank's host, are
+  // refused, those already admitted included.
+  void OpenEpoch(uint64_t epoch, int rank, std::vector<std::string> peers);
   static constexpr uint64_t kMaxUnopenedBytes = uint64_t{256} << 20;
   // Epochs not opened here that may hold frames at once, and how far past
   // the newest opened one a stream's epoch may be; each message counts
@@ -109,18 +121,26 @@ class PeerService final : public grpc::CallbackGenericService {
     uint64_t streams_refused_unopened_bytes = 0;  // over kMaxUnopenedBytes
     // Past kMaxUnopenedEpochs holding frames, or kMaxEpochsAhead.
     uint64_t streams_refused_unopened_epochs = 0;
+    // Certificates that do not name the host of the rank claimed.
+    uint64_t streams_refused_identity = 0;
   };
   Stats stats() const;
 
  private:
   class Reactor;
 
+  struct Unverified {
+    int from = -1;
+    std::vector<std::string> names;  // the certificate's
+    std::deque<std::pair<Tag, std::string>> messages;
+    std::optional<std::pair<bool, absl::Status>> ended;  // clean, why
+  };
   struct EpochState {
     absl::Status aborted;  // OK unless aborted
     bool open = false;     // OpenEpoch was called
     int rank = -1;
-    int size = 0;
-    uint64_t unopened_bytes = 0;                  // held while not open
+    std::vector<std::string> peers;  // addresses, index = rank (once open)
+    uint64_t unopened_bytes = 0;     // held while not open
     absl::flat_hash_map<int, absl::Status> gone;  // closed: peer -> why
     // Operations in flight (bounded, oldest first) with the number they were
     // noted at, and those a break failed: operation -> peer -> why. Streams
@@ -135,6 +155,10 @@ class PeerService final : public grpc::CallbackGenericService {
         broken;
     absl::flat_hash_set<uint64_t> retired;  // operations
     std::deque<uint64_t> retired_order;     // oldest first
+    // TLS streams admitted before the epoch opened, by stream number: their
+    // messages wait here until OpenEpoch checks who sent them.
+    absl::flat_hash_map<uint64_t, Unverified> unverified;
+    absl::flat_hash_set<uint64_t> refused_streams;  // failed that check
   };
   struct MailboxKey {
     uint64_t epoch;
@@ -149,12 +173,14 @@ class PeerService final : public grpc::CallbackGenericService {
 
   // Called by reactors. Deliver counts a drop when the message is stale;
   // it refuses (an error ends the stream) a message past the unopened bytes.
-  absl::Status Deliver(uint64_t epoch, int from, const Tag& tag,
-                       std::string message, uint64_t frames);
+  absl::Status Deliver(uint64_t epoch, int from, uint64_t stream,
+                       const Tag& tag, std::string message, uint64_t frames);
   // Admits an incoming stream of `epoch` from `from` and returns its number:
-  // an error for a sender no group of `epoch` has (once it is open), or for
-  // one epoch too many not opened here.
-  absl::StatusOr<uint64_t> IncomingStreamOpened(uint64_t epoch, int from);
+  // an error for a sender no group of `epoch` has (once it is open), for a
+  // certificate that does not name its host (`names`: null on plaintext),
+  // or for one epoch too many not opened here.
+  absl::StatusOr<uint64_t> IncomingStreamOpened(
+      uint64_t epoch, int from, const std::vector<std::string>* names);
   // `clean`: the peer closed the stream itself (its epoch is over).
   void StreamEnded(uint64_t epoch, int from, uint64_t stream, bool clean,
                    absl::Status why);
@@ -163,6 +189,15 @@ class PeerService final : public grpc::CallbackGenericService {
                    uint64_t newest, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountRefused();
+  // Whether a stream from `from` may speak in `state` (open): a peer's rank,
+  // and, unless `names` is null (plaintext), a certificate naming its host.
+  // Counts an identity refusal.
+  absl::Status CheckSenderLocked(EpochState& state, int from,
+                                 const std::vector<std::string>* names)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OpenEpoch's check of the streams admitted before it.
+  void VerifyHeldLocked(uint64_t epoch, EpochState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void NoteOperationLocked(EpochState& state, uint64_t operation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
