@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -137,6 +138,186 @@ class ClusterTest : public ::testing::Test {
   }
   std::unique_ptr<LocalCluster> cluster_;
 };
+
+// Worker 2 stalls (SIGSTOP) before a step: the survivors run the step
+// without it once the coordinator drops it, and its own trainer's call ends
+// at its deadline. Resumed (SIGCONT), it rejoins at a newer epoch; the next
+// step runs on all four, and a Broadcast from a survivor brings its trainer
+// the current parameters.
+TEST_F(ClusterTest, AStalledWorkerIsDroppedThenRejoins) {
+  constexpr absl::Duration kTimeout = absl::Seconds(6);
+  Start(4,
+        {{"algo", "spardl"}, {"teams", "2"}, {"heartbeat_timeout_ms", "1500"}},
+        {{"operation_timeout_s", "6"}, {"heartbeat_interval_ms", "250"}});
+  std::vector<Trainer> trainers =
+      ConnectAll(*cluster_, "stall", 10000, kTimeout);
+  const StepResults warm = RunStep(trainers, {0, 1, 2, 3}, 0);
+  for (const auto& r : warm) ASSERT_TRUE(r.status.ok()) << r.status;
+
+  cluster_->Kill(2, SIGSTOP);
+  const absl::Time start = absl::Now();
+  const StepResults during = RunStep(trainers, {0, 1, 2, 3}, 1);
+  EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(3));
+  for (int w : {0, 1, 3}) {
+    ASSERT_TRUE(during[w].status.ok()) << w << ": " << during[w].status;
+    EXPECT_EQ(during[w].info.world_size, 3);
+    EXPECT_GT(during[w].info.epoch, warm[0].info.epoch);
+    EXPECT_EQ(during[w].result.values, during[0].result.values);
+  }
+  EXPECT_TRUE(absl::IsDeadlineExceeded(during[2].status)) << during[2].status;
+
+  cluster_->Kill(2, SIGCONT);
+  ASSERT_TRUE(cluster_->WaitForView(4, absl::Seconds(20)).ok());
+  const StepResults after = RunStep(trainers, {0, 1, 2, 3}, 2);
+  for (const auto& r : after) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 4);
+    EXPECT_GT(r.info.epoch, during[0].info.epoch);
+    EXPECT_EQ(r.result.values, after[0].result.values);
+  }
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      Trainer& t = trainers[w];
+      std::fill(t.set->values().begin(), t.set->values().end(), float(w + 1));
+      ASSERT_TRUE(t.client->Broadcast(*t.set, /*root=*/0).ok());
+      for (float v : t.set->values()) ASSERT_EQ(v, 1.0f);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Four emulated hosts: network namespaces gmf0..3 (10.78.0.1-4), each
+// joined to bridge gmfbr0 (10.78.0.254, where the coordinator listens) by a
+// veth pair whose outer end is gmfv<i>. Skipped where namespaces can't be
+// made (they need root).
+class LinkCutTest : public ::testing::Test {
+ protected:
+  static constexpr int kHosts = 4;
+
+  void SetUp() override {
+    RemoveAll();
+    if (!Run("ip link add gmfbr0 type bridge")) {
+      GTEST_SKIP() << "cannot create network namespaces here (needs root)";
+    }
+    ASSERT_TRUE(Run("ip addr add 10.78.0.254/24 dev gmfbr0"));
+    ASSERT_TRUE(Run("ip link set gmfbr0 up"));
+    for (int i = 0; i < kHosts; ++i) {
+      const std::string ns = absl::StrCat("gmf", i);
+      ASSERT_TRUE(Run(absl::StrCat("ip netns add ", ns)));
+      ASSERT_TRUE(Run(absl::StrCat("ip link add gmfv", i,
+                                   " type veth peer name eth0 netns ", ns)));
+      ASSERT_TRUE(
+          Run(absl::StrCat("ip link set gmfv", i, " master gmfbr0 up")));
+      ASSERT_TRUE(Run(absl::StrCat("ip -n ", ns, " addr add 10.78.0.", i + 1,
+                                   "/24 dev eth0")));
+      ASSERT_TRUE(Run(absl::StrCat("ip -n ", ns, " link set eth0 up")));
+      ASSERT_TRUE(Run(absl::StrCat("ip -n ", ns, " link set lo up")));
+      hosts_.push_back({.netns = ns, .ip = absl::StrCat("10.78.0.", i + 1)});
+    }
+  }
+  void TearDown() override {
+    if (cluster_ != nullptr) {
+      EXPECT_TRUE(cluster_->Stop().ok());
+    }
+    cluster_.reset();
+    RemoveAll();
+  }
+
+  static bool Run(const std::string& command) {
+    return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+  }
+  static void RemoveAll() {
+    for (int i = 0; i < kHosts; ++i) {
+      Run(absl::StrCat("ip netns del gmf", i));
+      Run(absl::StrCat("ip link del gmfv", i));
+    }
+    Run("ip link del gmfbr0");
+  }
+  // Sets host `host`'s link down or up.
+  static void Link(int host, bool up) {
+    ASSERT_TRUE(
+        Run(absl::StrCat("ip link set gmfv", host, up ? " up" : " down")));
+  }
+
+  std::vector<LocalClusterOptions::Host> hosts_;
+  std::unique_ptr<LocalCluster> cluster_;
+};
+
+// A link cut shorter than the heartbeat timeout: the step in flight ends
+// (OK or an error) within the operation timeout and the next one succeeds
+// on the same members. One longer than it: worker 2 is dropped, the others
+// run the step without it; back, it rejoins, the next step runs on all four
+// and a Broadcast brings its trainer the current parameters.
+TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
+  constexpr absl::Duration kTimeout = absl::Seconds(8);
+  auto cluster = LocalCluster::Start(
+      {.workers = kHosts,
+       .coordinator_flags = {{"algo", "spardl"},
+                             {"teams", "2"},
+                             {"heartbeat_timeout_ms", "2000"}},
+       .worker_flags = {{"operation_timeout_s", "8"},
+                        {"heartbeat_interval_ms", "250"}},
+       .hosts = hosts_,
+       .coordinator_host = "10.78.0.254"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  cluster_ = *std::move(cluster);
+  ASSERT_TRUE(cluster_->WaitForView(kHosts, absl::Seconds(30)).ok());
+  std::vector<Trainer> trainers = ConnectAll(*cluster_, "cut", 10000, kTimeout);
+  const StepResults warm = RunStep(trainers, {0, 1, 2, 3}, 0);
+  for (const auto& r : warm) ASSERT_TRUE(r.status.ok()) << r.status;
+
+  // Brief: 500 ms down during a step.
+  Link(2, false);
+  std::thread restore([] {
+    absl::SleepFor(absl::Milliseconds(500));
+    Link(2, true);
+  });
+  absl::Time start = absl::Now();
+  const StepResults brief = RunStep(trainers, {0, 1, 2, 3}, 1);
+  restore.join();
+  EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(2));
+  for (int w = 0; w < kHosts; ++w) {  // either is right: say which it was
+    std::cerr << "brief cut, worker " << w << ": " << brief[w].status
+              << " after " << absl::FormatDuration(absl::Now() - start) << "\n";
+  }
+  const StepResults healed = RunStep(trainers, {0, 1, 2, 3}, 2);
+  for (const auto& r : healed) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 4);
+    EXPECT_EQ(r.result.values, healed[0].result.values);
+  }
+
+  // Long: 4 s down, past the heartbeat timeout.
+  Link(2, false);
+  start = absl::Now();
+  const StepResults cut = RunStep(trainers, {0, 1, 2, 3}, 3);
+  EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(2));
+  for (int w : {0, 1, 3}) {
+    ASSERT_TRUE(cut[w].status.ok()) << w << ": " << cut[w].status;
+    EXPECT_EQ(cut[w].info.world_size, 3);
+    EXPECT_EQ(cut[w].result.values, cut[0].result.values);
+  }
+  EXPECT_FALSE(cut[2].status.ok());
+  Link(2, true);
+  ASSERT_TRUE(cluster_->WaitForView(kHosts, absl::Seconds(20)).ok());
+  const StepResults back = RunStep(trainers, {0, 1, 2, 3}, 4);
+  for (const auto& r : back) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 4);
+    EXPECT_EQ(r.result.values, back[0].result.values);
+  }
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kHosts; ++w) {
+    threads.emplace_back([&, w] {
+      Trainer& t = trainers[w];
+      std::fill(t.set->values().begin(), t.set->values().end(), float(w + 1));
+      ASSERT_TRUE(t.client->Broadcast(*t.set, /*root=*/0).ok());
+      for (float v : t.set->values()) ASSERT_EQ(v, 1.0f);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
 
 // 50 iterations of every algorithm on 4 and 6 processes: RunLocal checks each
 // iteration (bitwise-identical results on every worker, and the inputs equal
