@@ -223,8 +223,13 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                     const v1::JoinRequest* request,
                     v1::JoinResponse* response) override {
     const v1::NodeInfo& node = request->node();
-    GM_RETURN_IF_ERROR_GRPC(Refused(
-        CheckCaller(*context, {node.address()}, "the address it joins with")));
+    // Its certificate names the host it joins with and, for a node id of a
+    // member, that member's host (no one takes another's id).
+    if (!node.address().empty()) {
+      GM_RETURN_IF_ERROR_GRPC(Refused(CheckCaller(
+          *context, {node.address()}, "the address it joins with")));
+    }
+    GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, node.node_id()));
     const std::optional<View> known =
         request->has_view() ? std::optional(FromProto(request->view()))
                             : std::nullopt;

@@ -91,9 +91,15 @@ std::pair<std::string, int> SplitHostPort(const std::string& address) {
   return {address.substr(0, colon), port};
 }
 
+bool OverTls(const grpc::AuthContext& auth) {
+  const std::vector<grpc::string_ref> type =
+      auth.FindPropertyValues(GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME);
+  return !type.empty() && type.front() == GRPC_SSL_TRANSPORT_SECURITY_TYPE;
+}
+
 std::vector<std::string> CertificateNames(const grpc::AuthContext& auth) {
   std::vector<std::string> names;
-  if (!auth.IsPeerAuthenticated()) return names;
+  if (!OverTls(auth)) return names;
   for (const grpc::string_ref& name :
        auth.FindPropertyValues(GRPC_X509_SAN_PROPERTY_NAME)) {
     names.emplace_back(name.data(), name.size());
@@ -116,7 +122,7 @@ absl::Status CheckCaller(const grpc::ServerContextBase& context,
                          const std::vector<std::string>& addresses,
                          const std::string& who) {
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  if (auth == nullptr || !auth->IsPeerAuthenticated()) return absl::OkStatus();
+  if (auth == nullptr || !OverTls(*auth)) return absl::OkStatus();
   const std::vector<std::string> names = CertificateNames(*auth);
   for (const std::string& address : addresses) {
     if (NamesHost(names, address)) return absl::OkStatus();

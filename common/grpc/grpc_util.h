@@ -50,14 +50,17 @@ std::pair<std::string, int> SplitHostPort(const std::string& address);
 // handshake checks. Servers check the other direction with these: that a
 // caller's certificate names the host of the member it speaks for.
 //
+// Whether the connection of `auth` is TLS (with mutual TLS: a certificate of
+// the CA, whatever names it holds).
+bool OverTls(const grpc::AuthContext& auth);
 // The subject alternative names of the certificate `auth` was authenticated
-// with; empty when the connection is not authenticated (plaintext).
+// with; empty on plaintext or for a certificate without any.
 std::vector<std::string> CertificateNames(const grpc::AuthContext& auth);
 // Whether `names` include the host of `address` ("host:port"; case is
 // ignored, brackets around an IPv6 host too).
 bool NamesHost(const std::vector<std::string>& names,
                const std::string& address);
-// For handlers: OK when the caller's connection is plaintext (nothing to
+// For handlers: OK when the caller's connection is not TLS (nothing to
 // check), or its certificate names the host of one of `addresses`;
 // PermissionDenied saying what it names and what `who` needed otherwise.
 absl::Status CheckCaller(const grpc::ServerContextBase& context,

@@ -980,6 +980,17 @@ TEST(TlsClusterTest, AMemberCannotSpeakForAnotherOrAStrangerForAMember) {
               grpc::StatusCode::PERMISSION_DENIED);
   }
 
+  {  // worker 2's certificate taking worker 0's node id, at its own address
+    grpc::ClientContext context;
+    deadline(&context);
+    gradmesh::v1::JoinRequest request;
+    request.mutable_node()->set_node_id("worker-00");
+    request.mutable_node()->set_address(absl::StrCat(ips[2], ":1"));
+    gradmesh::v1::JoinResponse response;
+    EXPECT_EQ(coordinator->Join(&context, request, &response).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+
   // At worker 0: worker 2's certificate claiming rank 1 on the peer exchange.
   gradmesh::Plan plan;
   {
@@ -1006,20 +1017,22 @@ TEST(TlsClusterTest, AMemberCannotSpeakForAnotherOrAStrangerForAMember) {
 
   // At worker 0's Commit service: a stranger (127.0.0.1 is no member) and a
   // member asking about a step.
-  auto ask = [&](const TlsFiles& as) {
+  auto ask = [&](const TlsFiles& as, uint64_t epoch) {
     auto commit = gradmesh::v1::Commit::NewStub(
         channel((*cluster)->worker_address(0), as));
     grpc::ClientContext context;
     deadline(&context);
     gradmesh::v1::OutcomeRequest request;
-    request.set_epoch(plan.epoch);
+    request.set_epoch(epoch);
     request.set_bucket_id(1);
     request.set_step(1000000);
     gradmesh::v1::OutcomeResponse response;
     return commit->Outcome(&context, request, &response).error_code();
   };
-  EXPECT_EQ(ask(tls), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(ask(worker2), grpc::StatusCode::OK);
+  EXPECT_EQ(ask(tls, plan.epoch), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(ask(worker2, plan.epoch), grpc::StatusCode::OK);
+  // No promise for an epoch not installed there yet.
+  EXPECT_EQ(ask(worker2, plan.epoch + 5), grpc::StatusCode::UNAVAILABLE);
 
   // Nothing got in: every member is still there, at the same epoch, and a
   // checked run passes.

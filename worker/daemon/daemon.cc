@@ -111,7 +111,8 @@ class Daemon final : public WorkerDaemon {
   // operations' path, until Stop.
   void ReapLoop();
   // The Commit service's check: on TLS, the caller's certificate names the
-  // host of a member of `epoch` (of any view remembered, if that one is not).
+  // host of a member of `epoch` (of any view remembered, for an older one).
+  // Unavailable for an epoch newer than every view installed here.
   absl::Status AdmitAsker(const grpc::ServerContext& context, uint64_t epoch);
   static constexpr size_t kViewsRemembered = 16;
 
@@ -346,10 +347,16 @@ absl::Status Daemon::AdmitAsker(const grpc::ServerContext& context,
   std::vector<std::string> members;
   {
     absl::MutexLock lock(&mu_);
+    // An epoch not installed here yet: no one can be checked against it (and
+    // an ask could plant a promise for a step not run yet).
+    if (recent_members_.empty() || epoch > recent_members_.back().first) {
+      return absl::UnavailableError(
+          absl::StrCat("epoch ", epoch, " is not installed here yet"));
+    }
     for (const auto& [e, addresses] : recent_members_) {
       if (e == epoch) members = addresses;
     }
-    if (members.empty()) {
+    if (members.empty()) {  // older than those remembered: any member then
       for (const auto& [e, addresses] : recent_members_) {
         members.insert(members.end(), addresses.begin(), addresses.end());
       }

@@ -1,8 +1,8 @@
 // The Commit service: a worker in doubt about a step asks its peers what
 // they decided (DataPlane::Decide answers), over the peer port. An ask can
 // make this worker promise to refuse a step, so only members may ask: `admit`
-// says whether the caller was a member of the step's epoch (an error is
-// returned as the call's status).
+// says whether the caller was a member of the step's epoch, which this
+// worker must have installed (an error is returned as the call's status).
 //
 //   OutcomeService outcomes(&plane, admit);
 //   builder.RegisterService(&outcomes);

@@ -697,6 +697,10 @@ struct DeathPoint {
     kRerun,        // its vote reached no one: likewise, whatever it does
     kEither,       // its vote is out: the survivors rerun or apply, together
   } outcome;
+  // What the first message it does not send is: its tag's step, and its
+  // size (0: any), so that the test checks it dies where it says.
+  uint32_t step;
+  size_t bytes;
   friend void PrintTo(const DeathPoint& p, std::ostream* os) {
     *os << p.phase << " (after " << p.message << " messages)";
   }
@@ -710,12 +714,19 @@ TEST_P(WorkerDiesInPhaseTest, SurvivorsRunTheStepAgainWithoutIt) {
   std::atomic<bool> armed = false;
   std::atomic<int> sent = 0;
   absl::Notification dead;
-  w.DropSendsIf(kVictim, [&](int, const transport::Tag&, absl::string_view) {
-    if (!armed) return false;
-    if (sent++ < GetParam().message) return false;
-    if (!dead.HasBeenNotified()) dead.Notify();
-    return true;
-  });
+  uint32_t died_at_step = 0;  // written before `dead` is notified
+  size_t died_at_bytes = 0;
+  w.DropSendsIf(kVictim,
+                [&](int, const transport::Tag& tag, absl::string_view payload) {
+                  if (!armed) return false;
+                  if (sent++ < GetParam().message) return false;
+                  if (!dead.HasBeenNotified()) {
+                    died_at_step = tag.step;
+                    died_at_bytes = payload.size();
+                    dead.Notify();
+                  }
+                  return true;
+                });
   w.Start();
   auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
   const auto pushed = WriteGradients(segments, kN, 70);
@@ -734,13 +745,18 @@ TEST_P(WorkerDiesInPhaseTest, SurvivorsRunTheStepAgainWithoutIt) {
                                     deadline);
     });
   }
-  ASSERT_TRUE(dead.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const bool died = dead.WaitForNotificationWithTimeout(absl::Seconds(10));
   w.Unreachable(kVictim);
   absl::SleepFor(absl::Milliseconds(100));
   ViewInfo survivors = w.View(2, {0, 1, 2});
   survivors.plan.teams = 1;
   for (int r = 0; r < 3; ++r) w.Install(r, survivors);
   for (auto& thread : threads) thread.join();
+  ASSERT_TRUE(died);
+  EXPECT_EQ(died_at_step, GetParam().step);
+  if (GetParam().bytes > 0) {
+    EXPECT_EQ(died_at_bytes, GetParam().bytes);
+  }
   ASSERT_TRUE(out[0].ok()) << out[0].status();
   const uint64_t epoch = out[0]->epoch;
   if (GetParam().outcome == DeathPoint::kVictimFails) {
@@ -769,12 +785,15 @@ TEST_P(WorkerDiesInPhaseTest, SurvivorsRunTheStepAgainWithoutIt) {
 
 INSTANTIATE_TEST_SUITE_P(
     Phases, WorkerDiesInPhaseTest,
-    ::testing::Values(DeathPoint{"agreement", 0, DeathPoint::kVictimFails},
-                      DeathPoint{"srs", 3, DeathPoint::kVictimFails},
-                      DeathPoint{"sag", 4, DeathPoint::kVictimFails},
-                      DeathPoint{"bruck", 5, DeathPoint::kVictimFails},
-                      DeathPoint{"vote", 6, DeathPoint::kRerun},
-                      DeathPoint{"vote_round_2", 7, DeathPoint::kEither}),
+    // Agreement records are 32 bytes, votes 9; the schedule's phases
+    // number their rounds from 0, 4096 and 8192.
+    ::testing::Values(DeathPoint{"agreement", 0, DeathPoint::kVictimFails, 0,
+                                 32},
+                      DeathPoint{"srs", 3, DeathPoint::kVictimFails, 0, 0},
+                      DeathPoint{"sag", 4, DeathPoint::kVictimFails, 4096, 0},
+                      DeathPoint{"bruck", 5, DeathPoint::kVictimFails, 8192, 0},
+                      DeathPoint{"vote", 6, DeathPoint::kRerun, 0, 9},
+                      DeathPoint{"vote_round_2", 7, DeathPoint::kEither, 1, 9}),
     [](const auto& p) { return p.param.phase; });
 
 // A yes vote: "y" and the result's 8-byte hash (agreement records are 32

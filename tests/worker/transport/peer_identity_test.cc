@@ -177,6 +177,7 @@ TEST_F(PeerIdentityTest, CutsAnOpenImpostorStreamWhenTheEpochOpens) {
   for (int i = 0; i < 200 && service_.stats().messages_delivered < 2; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
+  ASSERT_EQ(service_.stats().messages_delivered, 2u);  // both held
   Open(3);
   impostor->Send(3, /*from=*/1, 1, "forged");
   EXPECT_EQ(impostor->Finish(), grpc::StatusCode::PERMISSION_DENIED);
@@ -185,6 +186,36 @@ TEST_F(PeerIdentityTest, CutsAnOpenImpostorStreamWhenTheEpochOpens) {
   EXPECT_EQ(*Receive(3, 2, 1), "more");
   EXPECT_TRUE(absl::IsDeadlineExceeded(Receive(3, 1, 0).status()));
   EXPECT_EQ(own->Finish(), grpc::StatusCode::OK);
+}
+
+// An impostor's stream that breaks before the epoch opens says nothing about
+// the rank it claimed: Receive from that rank waits, as for a silent peer.
+TEST_F(PeerIdentityTest, AnImpostorsBreakBeforeOpeningFailsNothing) {
+  auto impostor = Connect("127.0.0.3");
+  impostor->Send(4, /*from=*/1, 0, "forged");
+  for (int i = 0; i < 200 && service_.stats().messages_delivered < 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  impostor->context.TryCancel();
+  impostor->stream->Finish();
+  absl::SleepFor(absl::Milliseconds(100));
+  Open(4);
+  const auto m = Receive(4, 1, 0);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(m.status())) << m.status();
+}
+
+// Streams of an epoch not opened yet are bounded per rank they claim.
+TEST_F(PeerIdentityTest, BoundsTheStreamsHeldPerRank) {
+  for (size_t i = 0; i < PeerService::kMaxHeldStreamsPerRank; ++i) {
+    auto held = Connect("127.0.0.2");
+    held->Send(5, /*from=*/1, static_cast<uint32_t>(i), "");
+    EXPECT_EQ(held->Finish(), grpc::StatusCode::OK) << i;
+  }
+  auto one_more = Connect("127.0.0.2");
+  one_more->Send(5, /*from=*/1, 99, "");
+  EXPECT_EQ(one_more->Finish(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  Open(5);  // the member's held messages arrive
+  EXPECT_EQ(*Receive(5, 1, 0), "");
 }
 
 }  // namespace

@@ -97,7 +97,7 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
       const std::shared_ptr<const grpc::AuthContext> auth =
           context_->auth_context();
       std::optional<std::vector<std::string>> names;
-      if (auth != nullptr && auth->IsPeerAuthenticated()) {
+      if (auth != nullptr && OverTls(*auth)) {
         names = CertificateNames(*auth);
       }
       GM_ASSIGN_OR_RETURN(stream_,
@@ -122,7 +122,8 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
                          header.message_bytes, " bytes"));
       }
       tag_ = tag;
-      service_->NoteOperation(epoch_, tag.operation);
+      GM_RETURN_IF_ERROR(
+          service_->NoteIncoming(epoch_, stream_, tag.operation));
       message_bytes_ = header.message_bytes;
       received_ = 0;
       try {
@@ -210,22 +211,25 @@ absl::Status PeerService::CheckSenderLocked(
 }
 
 void PeerService::VerifyHeldLocked(uint64_t epoch, EpochState& state) {
-  std::vector<uint64_t> numbers;  // oldest stream first
-  for (const auto& [number, held] : state.unverified) numbers.push_back(number);
-  std::sort(numbers.begin(), numbers.end());
-  for (uint64_t number : numbers) {
-    Unverified& held = state.unverified[number];
-    if (const absl::Status allowed =
-            CheckSenderLocked(state, held.from, &held.names);
-        !allowed.ok()) {
+  std::vector<uint64_t> passed;  // oldest stream first
+  for (auto& [number, held] : state.unverified) {
+    const absl::Status allowed =
+        CheckSenderLocked(state, held.from, &held.names);
+    if (allowed.ok()) {
+      passed.push_back(number);
+      uint64_t& newest = state.newest_in[held.from];
+      newest = std::max(newest, number);
+    } else {
       if (!absl::IsPermissionDenied(allowed)) ++stats_.streams_refused;
-      state.refused_streams.insert(number);
-      continue;
+      if (!held.ended.has_value()) state.refused_streams[number] = allowed;
     }
-    uint64_t& newest = state.newest_in[held.from];
-    newest = std::max(newest, number);
+  }
+  std::sort(passed.begin(), passed.end());
+  for (uint64_t number : passed) {
+    Unverified& held = state.unverified[number];
     for (auto& [tag, message] : held.messages) {
       if (state.retired.contains(tag.operation)) continue;
+      NoteOperationLocked(state, tag.operation);
       mailboxes_[MailboxKey{epoch, held.from, tag}].push_back(
           std::move(message));
     }
@@ -234,7 +238,7 @@ void PeerService::VerifyHeldLocked(uint64_t epoch, EpochState& state) {
       if (clean) {
         state.gone.try_emplace(held.from, std::move(why));
       } else {
-        BreakLocked(state, held.from, number, newest, why);
+        BreakLocked(state, held.from, number, state.newest_in[held.from], why);
       }
     }
   }
@@ -263,6 +267,26 @@ absl::StatusOr<uint64_t> PeerService::IncomingStreamOpened(
   if (state.open) {
     GM_RETURN_IF_ERROR(CheckSenderLocked(state, from, names));
   }
+  if (!state.open && names != nullptr) {
+    // Held until the epoch opens: its names count against what epochs not
+    // started may hold, and a rank may have only so many such streams.
+    uint64_t cost = kMessageOverheadBytes;
+    for (const std::string& name : *names) cost += name.size();
+    const auto same_rank = [&](const auto& held) {
+      return held.second.from == from;
+    };
+    if (static_cast<size_t>(std::count_if(state.unverified.begin(),
+                                          state.unverified.end(), same_rank)) >=
+            kMaxHeldStreamsPerRank ||
+        cost > kMaxUnopenedBytes - unopened_bytes_) {
+      ++stats_.streams_refused_unopened_bytes;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("refused a stream of epoch ", epoch, " claiming rank ",
+                       from, ": too much is held for epochs not started here"));
+    }
+    state.unopened_bytes += cost;
+    unopened_bytes_ += cost;
+  }
   const uint64_t number = state.next_number++;
   if (!state.open && names != nullptr) {
     state.unverified[number] = Unverified{.from = from, .names = *names};
@@ -281,10 +305,9 @@ absl::Status PeerService::Deliver(uint64_t epoch, int from, uint64_t stream,
     return absl::OkStatus();
   }
   EpochState& state = StateLocked(epoch);
-  if (state.refused_streams.contains(stream)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the stream claiming rank ", from, " of epoch ", epoch,
-        " was refused: its certificate does not name that rank's host"));
+  if (auto refused = state.refused_streams.find(stream);
+      refused != state.refused_streams.end()) {
+    return refused->second;
   }
   if (state.retired.contains(tag.operation)) {
     stats_.frames_dropped_retired_operation += frames;
@@ -303,13 +326,14 @@ absl::Status PeerService::Deliver(uint64_t epoch, int from, uint64_t stream,
     state.unopened_bytes += cost;
     unopened_bytes_ += cost;
   }
-  NoteOperationLocked(state, tag.operation);
   ++stats_.messages_delivered;
   if (auto held = state.unverified.find(stream);
       held != state.unverified.end()) {
+    // Its operation is noted once the sender is known (VerifyHeldLocked).
     held->second.messages.emplace_back(tag, std::move(message));
     return absl::OkStatus();
   }
+  NoteOperationLocked(state, tag.operation);
   mailboxes_[MailboxKey{epoch, from, tag}].push_back(std::move(message));
   return absl::OkStatus();
 }
@@ -319,7 +343,7 @@ void PeerService::StreamEnded(uint64_t epoch, int from, uint64_t stream,
   absl::MutexLock lock(&mu_);
   if (epoch < min_epoch_) return;
   EpochState& state = StateLocked(epoch);
-  if (state.refused_streams.contains(stream)) return;  // spoke for no one
+  if (state.refused_streams.erase(stream) > 0) return;  // spoke for no one
   if (auto held = state.unverified.find(stream);
       held != state.unverified.end()) {
     held->second.ended.emplace(clean, std::move(why));
@@ -335,6 +359,21 @@ void PeerService::StreamEnded(uint64_t epoch, int from, uint64_t stream,
 void PeerService::CountRefused() {
   absl::MutexLock lock(&mu_);
   ++stats_.streams_refused;
+}
+
+absl::Status PeerService::NoteIncoming(uint64_t epoch, uint64_t stream,
+                                       uint64_t operation) {
+  absl::MutexLock lock(&mu_);
+  if (epoch < min_epoch_) return absl::OkStatus();
+  EpochState& state = StateLocked(epoch);
+  if (auto refused = state.refused_streams.find(stream);
+      refused != state.refused_streams.end()) {
+    return refused->second;
+  }
+  if (!state.unverified.contains(stream)) {
+    NoteOperationLocked(state, operation);
+  }
+  return absl::OkStatus();
 }
 
 void PeerService::NoteOperation(uint64_t epoch, uint64_t operation) {

@@ -76,6 +76,9 @@ class PeerService final : public grpc::CallbackGenericService {
   static constexpr size_t kMaxUnopenedEpochs = 16;
   static constexpr uint64_t kMaxEpochsAhead = 1024;
   static constexpr uint64_t kMessageOverheadBytes = 64;
+  // TLS streams of an epoch not opened yet, per rank they claim (each also
+  // counts kMessageOverheadBytes and its certificate's names).
+  static constexpr size_t kMaxHeldStreamsPerRank = 16;
 
   // Blocks for the message from `from` with `tag` in `epoch`. Errors: the
   // epoch's abort status; Unavailable once the sender's stream broke while
@@ -158,7 +161,8 @@ class PeerService final : public grpc::CallbackGenericService {
     // TLS streams admitted before the epoch opened, by stream number: their
     // messages wait here until OpenEpoch checks who sent them.
     absl::flat_hash_map<uint64_t, Unverified> unverified;
-    absl::flat_hash_set<uint64_t> refused_streams;  // failed that check
+    // Streams that failed that check and still run: why.
+    absl::flat_hash_map<uint64_t, absl::Status> refused_streams;
   };
   struct MailboxKey {
     uint64_t epoch;
@@ -181,6 +185,11 @@ class PeerService final : public grpc::CallbackGenericService {
   // or for one epoch too many not opened here.
   absl::StatusOr<uint64_t> IncomingStreamOpened(
       uint64_t epoch, int from, const std::vector<std::string>* names);
+  // A message of `operation` starts on incoming stream `stream`: notes the
+  // operation in flight, unless the stream's sender is not known yet. The
+  // refusal of a stream refused when its epoch opened.
+  absl::Status NoteIncoming(uint64_t epoch, uint64_t stream,
+                            uint64_t operation);
   // `clean`: the peer closed the stream itself (its epoch is over).
   void StreamEnded(uint64_t epoch, int from, uint64_t stream, bool clean,
                    absl::Status why);
