@@ -101,6 +101,34 @@ StepResults RunStep(std::vector<Trainer>& trainers,
   return results;
 }
 
+// Every trainer fills its bucket with its worker's index + 1 and takes
+// root's through Broadcast.
+void ExpectBroadcastReachesAll(std::vector<Trainer>& trainers, int root) {
+  std::vector<std::thread> threads;
+  for (int w = 0; w < static_cast<int>(trainers.size()); ++w) {
+    threads.emplace_back([&, w] {
+      Trainer& t = trainers[w];
+      std::fill(t.set->values().begin(), t.set->values().end(), float(w + 1));
+      ASSERT_TRUE(t.client->Broadcast(*t.set, root).ok());
+      for (float v : t.set->values()) ASSERT_EQ(v, float(root + 1));
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// The status of coordinator `method` called with `request`.
+template <typename Request, typename Response>
+grpc::StatusCode CallCoordinator(
+    gradmesh::v1::Coordinator::Stub& stub,
+    grpc::Status (gradmesh::v1::Coordinator::Stub::*method)(
+        grpc::ClientContext*, const Request&, Response*),
+    const Request& request) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  Response response;
+  return (stub.*method)(&context, request, &response).error_code();
+}
+
 // GET http://127.0.0.1:port/metrics (curl, which scripts/setup.sh installs).
 std::string FetchMetrics(int port) {
   const std::string command =
@@ -175,16 +203,7 @@ TEST_F(ClusterTest, AStalledWorkerIsDroppedThenRejoins) {
     EXPECT_GT(r.info.epoch, during[0].info.epoch);
     EXPECT_EQ(r.result.values, after[0].result.values);
   }
-  std::vector<std::thread> threads;
-  for (int w = 0; w < 4; ++w) {
-    threads.emplace_back([&, w] {
-      Trainer& t = trainers[w];
-      std::fill(t.set->values().begin(), t.set->values().end(), float(w + 1));
-      ASSERT_TRUE(t.client->Broadcast(*t.set, /*root=*/0).ok());
-      for (float v : t.set->values()) ASSERT_EQ(v, 1.0f);
-    });
-  }
-  for (auto& t : threads) t.join();
+  ExpectBroadcastReachesAll(trainers, /*root=*/0);
 }
 
 // Four emulated hosts: network namespaces gmf0..3 (10.78.0.1-4), each
@@ -307,16 +326,7 @@ TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
     EXPECT_EQ(r.info.world_size, 4);
     EXPECT_EQ(r.result.values, back[0].result.values);
   }
-  std::vector<std::thread> threads;
-  for (int w = 0; w < kHosts; ++w) {
-    threads.emplace_back([&, w] {
-      Trainer& t = trainers[w];
-      std::fill(t.set->values().begin(), t.set->values().end(), float(w + 1));
-      ASSERT_TRUE(t.client->Broadcast(*t.set, /*root=*/0).ok());
-      for (float v : t.set->values()) ASSERT_EQ(v, 1.0f);
-    });
-  }
-  for (auto& t : threads) t.join();
+  ExpectBroadcastReachesAll(trainers, /*root=*/0);
 }
 
 // 50 iterations of every algorithm on 4 and 6 processes: RunLocal checks each
@@ -951,44 +961,26 @@ TEST(TlsClusterTest, AMemberCannotSpeakForAnotherOrAStrangerForAMember) {
   // At the coordinator: worker 2's certificate speaking for worker 0.
   auto coordinator = gradmesh::v1::Coordinator::NewStub(
       channel((*cluster)->coordinator_address(), worker2));
-  {
-    grpc::ClientContext context;
-    deadline(&context);
-    gradmesh::v1::HeartbeatRequest request;
-    request.set_node_id("worker-00");
-    gradmesh::v1::HeartbeatResponse response;
-    EXPECT_EQ(coordinator->Heartbeat(&context, request, &response).error_code(),
-              grpc::StatusCode::PERMISSION_DENIED);
-  }
-  {
-    grpc::ClientContext context;
-    deadline(&context);
-    gradmesh::v1::LeaveRequest request;
-    request.set_node_id("worker-00");
-    gradmesh::v1::LeaveResponse response;
-    EXPECT_EQ(coordinator->Leave(&context, request, &response).error_code(),
-              grpc::StatusCode::PERMISSION_DENIED);
-  }
-  {
-    grpc::ClientContext context;
-    deadline(&context);
-    gradmesh::v1::JoinRequest request;
-    request.mutable_node()->set_node_id("worker-impostor");
-    request.mutable_node()->set_address(absl::StrCat(ips[0], ":1"));
-    gradmesh::v1::JoinResponse response;
-    EXPECT_EQ(coordinator->Join(&context, request, &response).error_code(),
-              grpc::StatusCode::PERMISSION_DENIED);
-  }
-
-  {  // worker 2's certificate taking worker 0's node id, at its own address
-    grpc::ClientContext context;
-    deadline(&context);
-    gradmesh::v1::JoinRequest request;
-    request.mutable_node()->set_node_id("worker-00");
-    request.mutable_node()->set_address(absl::StrCat(ips[2], ":1"));
-    gradmesh::v1::JoinResponse response;
-    EXPECT_EQ(coordinator->Join(&context, request, &response).error_code(),
-              grpc::StatusCode::PERMISSION_DENIED);
+  auto call = [&](auto method, const auto& request) {
+    return CallCoordinator(*coordinator, method, request);
+  };
+  gradmesh::v1::HeartbeatRequest heartbeat;
+  heartbeat.set_node_id("worker-00");
+  EXPECT_EQ(call(&gradmesh::v1::Coordinator::Stub::Heartbeat, heartbeat),
+            grpc::StatusCode::PERMISSION_DENIED);
+  gradmesh::v1::LeaveRequest leave;
+  leave.set_node_id("worker-00");
+  EXPECT_EQ(call(&gradmesh::v1::Coordinator::Stub::Leave, leave),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // A new node id at worker 0's host, and worker 0's id at its own host.
+  for (const auto& [id, ip] :
+       {std::pair{"worker-impostor", ips[0]}, std::pair{"worker-00", ips[2]}}) {
+    gradmesh::v1::JoinRequest join;
+    join.mutable_node()->set_node_id(id);
+    join.mutable_node()->set_address(absl::StrCat(ip, ":1"));
+    EXPECT_EQ(call(&gradmesh::v1::Coordinator::Stub::Join, join),
+              grpc::StatusCode::PERMISSION_DENIED)
+        << id;
   }
 
   // At worker 0: worker 2's certificate claiming rank 1 on the peer exchange.
