@@ -30,13 +30,25 @@ std::string FromEnv(const std::string& given, const char* variable,
   return value != nullptr && *value != '\0' ? value : fallback;
 }
 
+// How long a worker that stopped answering (Unavailable) gets to accept a
+// connection again before it counts as gone.
+constexpr absl::Duration kGoneAfter = absl::Seconds(1);
+constexpr absl::string_view kWorkerGonePayload = "gradmesh.dev/worker-gone";
+
 }  // namespace
+
+bool IsWorkerGone(const absl::Status& status) {
+  return status.GetPayload(kWorkerGonePayload).has_value();
+}
 
 // The connection, shared by the client and its tensor sets.
 struct Client::Impl {
   std::string job;
   absl::Duration timeout;
+  std::string worker;
+  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Worker::Stub> stub;
+  bool connected = false;  // set once, before the client is handed out
 
   absl::Mutex mu;
   int rank ABSL_GUARDED_BY(mu) = -1;
@@ -54,10 +66,26 @@ struct Client::Impl {
       context->AddMetadata("authorization", authorization);
     }
   }
+  // Calls wait for the worker to be up while connecting; once connected,
+  // a worker that can't be reached fails them at once (Check).
   void Prepare(grpc::ClientContext* context) const {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    context->set_wait_for_ready(true);
+    context->set_wait_for_ready(!connected);
     Authorize(context);
+  }
+  // A call's status; Unavailable because the worker can't be reached any
+  // more (no connection within kGoneAfter) says so (IsWorkerGone).
+  absl::Status Check(const grpc::Status& status) const {
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || !connected ||
+        channel->WaitForConnected(
+            absl::ToChronoTime(absl::Now() + kGoneAfter))) {
+      return ToAbsl(status);
+    }
+    absl::Status gone = absl::UnavailableError(
+        absl::StrCat("the worker at ", worker, " is gone (",
+                     status.error_message(), "): this trainer should stop"));
+    gone.SetPayload(kWorkerGonePayload, absl::Cord("1"));
+    return gone;
   }
   void SetMembership(int r, int s) {
     absl::MutexLock lock(&mu);
@@ -159,7 +187,7 @@ absl::StatusOr<ReduceInfo> Handle::Wait() {
   }
   call_->done.WaitForNotification();
   call_->waited = true;
-  GM_RETURN_IF_ERROR(ToAbsl(call_->status));
+  GM_RETURN_IF_ERROR(call_->client->Check(call_->status));
   const v1::AllReduceResponse& r = call_->response;
   call_->client->SetMembership(r.rank(), r.world_size());
   return ReduceInfo{.nonzeros = r.nonzeros(),
@@ -216,8 +244,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
     impl->authorization = absl::StrCat("Bearer ", token);
   }
   impl->timeout = options.timeout;
-  impl->stub = v1::Worker::NewStub(grpc::CreateCustomChannel(
-      worker, credentials, DefaultChannelArguments()));
+  impl->worker = worker;
+  impl->channel =
+      grpc::CreateCustomChannel(worker, credentials, DefaultChannelArguments());
+  impl->stub = v1::Worker::NewStub(impl->channel);
   std::unique_ptr<Client> client(new Client(std::move(impl)));
   // Wait for a view that has this worker in it.
   const absl::Time deadline = absl::Now() + options.timeout;
@@ -231,6 +261,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
+  client->impl_->connected = true;
   return client;
 }
 
@@ -238,8 +269,8 @@ absl::StatusOr<Plan> Client::GetPlan() {
   grpc::ClientContext context;
   impl_->Prepare(&context);
   v1::StatusResponse response;
-  GM_RETURN_IF_ERROR(
-      ToAbsl(impl_->stub->GetStatus(&context, v1::StatusRequest(), &response)));
+  GM_RETURN_IF_ERROR(impl_->Check(
+      impl_->stub->GetStatus(&context, v1::StatusRequest(), &response)));
   const v1::Plan& p = response.plan();
   if (response.rank() >= 0) {
     impl_->SetMembership(response.rank(), response.world_size());
@@ -309,7 +340,7 @@ absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
       impl_->stub->Register(&context, request, &response);
   // Mapped on both sides now (or never will be): the name can go.
   GM_RETURN_IF_ERROR(SharedSegment::Unlink(name));
-  GM_RETURN_IF_ERROR(ToAbsl(status));
+  GM_RETURN_IF_ERROR(impl_->Check(status));
   impl_->SetMembership(response.rank(), response.world_size());
   return std::unique_ptr<TensorSet>(new TensorSet(std::move(state)));
 }
@@ -365,7 +396,7 @@ absl::Status Client::BroadcastBucket(const std::string& bucket, int root) {
   impl.Prepare(&context);
   v1::BroadcastResponse response;
   GM_RETURN_IF_ERROR(
-      ToAbsl(impl.stub->Broadcast(&context, request, &response)));
+      impl.Check(impl.stub->Broadcast(&context, request, &response)));
   impl.SetMembership(response.rank(), response.world_size());
   return absl::OkStatus();
 }
@@ -386,7 +417,7 @@ absl::Status Client::ResidualCall(TensorSet& set, bool load) {
   grpc::ClientContext context;
   impl.Prepare(&context);
   v1::ResidualResponse response;
-  return ToAbsl(impl.stub->Residual(&context, request, &response));
+  return impl.Check(impl.stub->Residual(&context, request, &response));
 }
 
 absl::Status Client::SaveResidual(TensorSet& set) {

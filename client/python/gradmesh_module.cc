@@ -337,14 +337,19 @@ PYBIND11_MODULE(_gradmesh, m) {
   // GradmeshError(message) with .code: the status code's name ("ABORTED").
   static py::exception<StatusError> error(m, "GradmeshError",
                                           PyExc_RuntimeError);
+  // WorkerGoneError(GradmeshError): this process's worker is gone
+  // (gradmesh::IsWorkerGone); the trainer should stop.
+  static py::exception<StatusError> gone(m, "WorkerGoneError", error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       const std::string code = absl::StatusCodeToString(e.status.code());
-      py::object exc = py::handle(error.ptr())(std::string(e.status.message()));
+      const py::handle type =
+          gradmesh::IsWorkerGone(e.status) ? gone.ptr() : error.ptr();
+      py::object exc = type(std::string(e.status.message()));
       exc.attr("code") = code;
-      PyErr_SetObject(error.ptr(), exc.ptr());
+      PyErr_SetObject(type.ptr(), exc.ptr());
     }
   });
   gradmesh::python::BindTypes(m);

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -282,9 +283,12 @@ bool SignalPending(int signal_fd) {
 
 // The copies, from their start until the last one has ended: forwards their
 // output, and stops them all when one fails or a termination signal comes.
+// A copy that fails after its worker is gone (`worker_gone(rank)`) is lost,
+// not failed: the others go on without it, unless none is left.
 class Supervisor {
  public:
-  Supervisor(int signal_fd, int copies) : signal_fd_(signal_fd) {
+  Supervisor(int signal_fd, int copies, std::function<bool(int)> worker_gone)
+      : signal_fd_(signal_fd), worker_gone_(std::move(worker_gone)) {
     copies_.resize(copies);
     for (int r = 0; r < copies; ++r) copies_[r].rank = r;
   }
@@ -304,6 +308,7 @@ class Supervisor {
   void Wait();
 
   bool failed() const { return failed_; }
+  const std::vector<int>& lost() const { return lost_; }
   bool interrupted() const { return interrupted_; }
   const std::string& failure() const { return failure_; }
   int exit_code() const {
@@ -320,7 +325,9 @@ class Supervisor {
   void KillLate();
 
   const int signal_fd_;
+  const std::function<bool(int)> worker_gone_;
   std::vector<Copy> copies_;
+  std::vector<int> lost_;  // ranks
   bool stopping_ = false;
   bool interrupted_ = false;
   bool failed_ = false;
@@ -405,10 +412,18 @@ void Supervisor::Reap() {
     const pid_t reaped = waitpid(copy.pid, &status, WNOHANG);
     if (reaped == 0 || (reaped < 0 && errno != ECHILD)) continue;
     copy.pid = -1;  // with ECHILD, reaped elsewhere: its status is unknown
-    if (reaped > 0 && !stopping_ && status != 0) {
-      Fail(absl::StrCat("rank ", copy.rank, " ", Describe(status)),
-           ExitCode(status));
+    if (reaped <= 0 || stopping_ || status == 0) continue;
+    if (worker_gone_(copy.rank) && lost_.size() + 1 < copies_.size()) {
+      lost_.push_back(copy.rank);
+      std::fprintf(stderr,
+                   "gradmesh run: rank %d %s: its worker is gone; the other "
+                   "%zu go on\n",
+                   copy.rank, Describe(status).c_str(),
+                   copies_.size() - lost_.size());
+      continue;
     }
+    Fail(absl::StrCat("rank ", copy.rank, " ", Describe(status)),
+         ExitCode(status));
   }
 }
 
@@ -468,9 +483,15 @@ int Finish(const Supervisor& supervisor, LocalCluster& cluster) {
   if (supervisor.failed()) {
     std::fprintf(stderr, "gradmesh run: %s (cluster logs kept in %s)\n",
                  supervisor.failure().c_str(), cluster.work_dir().c_str());
-  } else if (!supervisor.interrupted()) {
+  } else if (!supervisor.interrupted() && supervisor.lost().empty()) {
     std::fprintf(stderr, "gradmesh run: all %d processes exited 0\n",
                  cluster.size());
+  } else if (!supervisor.interrupted()) {
+    std::fprintf(stderr,
+                 "gradmesh run: the other %zu processes exited 0; lost with "
+                 "their workers: rank %s\n",
+                 cluster.size() - supervisor.lost().size(),
+                 absl::StrJoin(supervisor.lost(), ", ").c_str());
   }
   return supervisor.exit_code();
 }
@@ -502,7 +523,8 @@ int Supervise(const RunOptions& options, const std::string& program,
     environments.push_back(
         Environment(RankVariables(options, cluster, job, r)));
   }
-  Supervisor supervisor(signal_fd, copies);
+  Supervisor supervisor(signal_fd, copies,
+                        [&cluster](int rank) { return cluster.Exited(rank); });
   supervisor.StartAll(program, options.command, std::move(environments));
   supervisor.Wait();
   return Finish(supervisor, cluster);

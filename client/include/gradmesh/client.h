@@ -46,7 +46,11 @@
 //     new view came in time, or another member's caller gave up). Go on with
 //     the next step (rank() and size() may have changed): the failed step's
 //     gradient is in the residual already.
-//   - Unavailable: the worker or a peer is gone or shutting down.
+//   - Unavailable: the worker or a peer is gone or shutting down. When this
+//     client's own worker can't be reached any more, IsWorkerGone says so:
+//     that trainer should stop (its worker's registrations are gone); the
+//     other members go on without it. Calls never wait for a worker that is
+//     gone, once connected.
 //   - DeadlineExceeded: ClientOptions::timeout passed. Cancelled: the client
 //     was destroyed with the call in flight. After either, the memory is the
 //     caller's again: a worker that had not started the step drops it
@@ -169,6 +173,10 @@ struct AllReduceOptions {
 };
 
 class Client;
+
+// Whether `status` (from a Client call) says that the client's worker is
+// gone: it did not accept a connection again within a second.
+bool IsWorkerGone(const absl::Status& status);
 
 // A registered bucket: tensors fused in registration order, in memory shared
 // with the worker. Destroying it unregisters the bucket (its residual is

@@ -23,7 +23,10 @@ stays in the worker's residual and joins a later step (error feedback), so
 nothing is lost. Errors from the cluster raise GradmeshError, whose .code is
 the status code's name: "ABORTED" (membership changed: go on with the next
 step), "UNAVAILABLE", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT" (bad input,
-buckets that differ between processes, NaN or Inf in a gradient).
+buckets that differ between processes, NaN or Inf in a gradient). When this
+process's own worker is gone, the error is a WorkerGoneError (a
+GradmeshError): stop; the other processes go on without this one, and
+`gradmesh run` lets them.
 """
 
 import os
@@ -38,6 +41,7 @@ from gradmesh._gradmesh import (  # noqa: F401  (re-exported)
     Plan,
     ReduceInfo,
     TensorSet,
+    WorkerGoneError,
 )
 
 Sum = "sum"
