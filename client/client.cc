@@ -3,6 +3,7 @@
 #include "gradmesh/client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -49,6 +50,7 @@ struct Client::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Worker::Stub> stub;
   bool connected = false;  // set once, before the client is handed out
+  mutable std::atomic<bool> gone = false;  // Check's verdict, once reached
 
   absl::Mutex mu;
   int rank ABSL_GUARDED_BY(mu) = -1;
@@ -73,19 +75,36 @@ struct Client::Impl {
     context->set_wait_for_ready(!connected);
     Authorize(context);
   }
-  // A call's status; Unavailable because the worker can't be reached any
-  // more (no connection within kGoneAfter) says so (IsWorkerGone).
+  // A call's status. Unavailable because the worker refuses connections
+  // (none within kGoneAfter, and the last attempt failed rather than still
+  // being under way, as with a stalled worker) says so (IsWorkerGone), now
+  // and for every later call.
   absl::Status Check(const grpc::Status& status) const {
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || !connected ||
-        channel->WaitForConnected(
-            absl::ToChronoTime(absl::Now() + kGoneAfter))) {
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || !connected) {
       return ToAbsl(status);
     }
-    absl::Status gone = absl::UnavailableError(
+    if (!gone.load()) {
+      if (!RefusesConnections()) return ToAbsl(status);
+      gone = true;
+    }
+    absl::Status why = absl::UnavailableError(
         absl::StrCat("the worker at ", worker, " is gone (",
                      status.error_message(), "): this trainer should stop"));
-    gone.SetPayload(kWorkerGonePayload, absl::Cord("1"));
-    return gone;
+    why.SetPayload(kWorkerGonePayload, absl::Cord("1"));
+    return why;
+  }
+  // Whether the worker fails a connection attempt within kGoneAfter (and
+  // none succeeds): refused, not merely slow to answer.
+  bool RefusesConnections() const {
+    const auto until = absl::ToChronoTime(absl::Now() + kGoneAfter);
+    bool refused = false;
+    grpc_connectivity_state state = channel->GetState(true);
+    while (state != GRPC_CHANNEL_READY) {
+      refused = refused || state == GRPC_CHANNEL_TRANSIENT_FAILURE;
+      if (!channel->WaitForStateChange(state, until)) break;
+      state = channel->GetState(true);
+    }
+    return refused && state != GRPC_CHANNEL_READY;
   }
   void SetMembership(int r, int s) {
     absl::MutexLock lock(&mu);

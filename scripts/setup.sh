@@ -11,7 +11,7 @@ packages=(
   clang clang-format libclang-rt-14-dev python3 openssl curl
   python3-dev pybind11-dev python3-numpy python3-torch python3-matplotlib
   python3-pytest dataset-fashion-mnist
-  libgloo-dev libopenmpi-dev openmpi-bin iproute2
+  libgloo-dev libopenmpi-dev openmpi-bin iproute2 procps
 )
 
 missing=()

@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -295,10 +294,11 @@ TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
   absl::Time start = absl::Now();
   const StepResults brief = RunStep(trainers, {0, 1, 2, 3}, 1);
   restore.join();
-  EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(2));
-  for (int w = 0; w < kHosts; ++w) {  // either is right: say which it was
-    std::cerr << "brief cut, worker " << w << ": " << brief[w].status
-              << " after " << absl::FormatDuration(absl::Now() - start) << "\n";
+  // TCP retransmits what the cut lost: the step completes everywhere.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  for (const auto& r : brief) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 4);
   }
   const StepResults healed = RunStep(trainers, {0, 1, 2, 3}, 2);
   for (const auto& r : healed) {
@@ -309,8 +309,13 @@ TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
 
   // Long: 4 s down, past the heartbeat timeout.
   Link(2, false);
+  std::thread restore_later([] {
+    absl::SleepFor(absl::Seconds(4));
+    Link(2, true);
+  });
   start = absl::Now();
   const StepResults cut = RunStep(trainers, {0, 1, 2, 3}, 3);
+  restore_later.join();
   EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(2));
   for (int w : {0, 1, 3}) {
     ASSERT_TRUE(cut[w].status.ok()) << w << ": " << cut[w].status;
@@ -318,9 +323,15 @@ TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
     EXPECT_EQ(cut[w].result.values, cut[0].result.values);
   }
   EXPECT_FALSE(cut[2].status.ok());
-  Link(2, true);
   ASSERT_TRUE(cluster_->WaitForView(kHosts, absl::Seconds(20)).ok());
-  const StepResults back = RunStep(trainers, {0, 1, 2, 3}, 4);
+  // A peer connection that the cut left with data unacknowledged past TCP's
+  // user timeout (gRPC sets it to the keepalive timeout, 5 s) dies now, and
+  // may take the first step with it: an error within the operation timeout,
+  // no hang. The next step succeeds on all four.
+  start = absl::Now();
+  RunStep(trainers, {0, 1, 2, 3}, 4);  // OK, or errors in time
+  EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(2));
+  const StepResults back = RunStep(trainers, {0, 1, 2, 3}, 5);
   for (const auto& r : back) {
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.info.world_size, 4);
@@ -407,6 +418,13 @@ TEST_F(ClusterTest, KillNineMidIterationThenContinueWithoutIt) {
   }
   for (int w : {0, 1, 3}) carried.push_back(warm[w].residual);
   EXPECT_LT(took, kTimeout + absl::Seconds(2));
+  // Worker 2's trainer learns at once that its worker is gone.
+  {
+    const absl::Time asked = absl::Now();
+    auto gone = trainers[2].client->AllReduce(*trainers[2].set, 3);
+    EXPECT_TRUE(IsWorkerGone(gone.status())) << gone.status();
+    EXPECT_LT(absl::Now() - asked, absl::Seconds(3));
+  }
   const absl::Status conserved =
       collectives::MassBalance(pushed, carried).Check(during[0].result, kept);
   EXPECT_TRUE(conserved.ok()) << conserved;

@@ -324,7 +324,9 @@ absl::Status LocalCluster::RestartCoordinator() {
 
 bool LocalCluster::Exited(int worker) {
   Process& p = workers_[worker];
-  if (p.pid > 0 && waitpid(p.pid, nullptr, WNOHANG) == p.pid) p.pid = -1;
+  if (p.pid > 0 && waitpid(p.pid, &p.exit_status, WNOHANG) == p.pid) {
+    p.pid = -1;
+  }
   return p.pid <= 0;
 }
 
@@ -333,7 +335,7 @@ void LocalCluster::Kill(int worker, int signal) {
   if (p.pid <= 0) return;
   kill(p.pid, signal);
   if (signal == SIGKILL) {
-    waitpid(p.pid, nullptr, 0);
+    waitpid(p.pid, &p.exit_status, 0);
     p.pid = -1;
   }
 }

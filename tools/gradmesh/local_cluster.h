@@ -104,6 +104,8 @@ class LocalCluster {
   bool alive(int worker) const { return workers_[worker].pid > 0; }
   // Whether worker `worker`'s process has exited (reaping it if so).
   bool Exited(int worker);
+  // Its wait status once reaped (Exited, or Kill with SIGKILL).
+  int exit_status(int worker) const { return workers_[worker].exit_status; }
 
   // A temporary work_dir is removed with the cluster unless this is called
   // (when something failed and its logs matter).
@@ -116,7 +118,8 @@ class LocalCluster {
  private:
   struct Process {
     pid_t pid = -1;
-    std::string name;  // "coordinator", "worker-03"
+    int exit_status = 0;  // once reaped
+    std::string name;     // "coordinator", "worker-03"
     std::string address;
     int metrics_port = 0;
     std::string sdk_address;

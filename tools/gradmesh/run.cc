@@ -38,6 +38,10 @@ namespace {
 constexpr size_t kMaxLine = 64 << 10;  // longer lines are cut
 constexpr absl::Duration kKillAfter = absl::Seconds(10);
 constexpr absl::Duration kTick = absl::Milliseconds(100);
+// How long a copy that failed waits for its worker to be seen gone (it may
+// refuse connections a moment before it can be reaped) before it counts as
+// failed.
+constexpr absl::Duration kWorkerGoneGrace = absl::Seconds(3);
 
 using Variables = std::vector<std::pair<std::string, std::string>>;
 
@@ -283,8 +287,9 @@ bool SignalPending(int signal_fd) {
 
 // The copies, from their start until the last one has ended: forwards their
 // output, and stops them all when one fails or a termination signal comes.
-// A copy that fails after its worker is gone (`worker_gone(rank)`) is lost,
-// not failed: the others go on without it, unless none is left.
+// A copy that fails after its worker is gone (`worker_gone(rank)`, within
+// kWorkerGoneGrace of the copy's end) is lost, not failed: the others go on
+// without it, unless none is left.
 class Supervisor {
  public:
   Supervisor(int signal_fd, int copies, std::function<bool(int)> worker_gone)
@@ -320,6 +325,9 @@ class Supervisor {
   void PollOnce();
   void ReadSignals();
   void Reap();
+  // Lost or failed, for each undecided copy whose worker is gone or whose
+  // grace is over (`at_end`: waits for that).
+  void Decide(bool at_end);
   void Fail(std::string failure, int code);
   void StopAll();
   void KillLate();
@@ -328,6 +336,14 @@ class Supervisor {
   const std::function<bool(int)> worker_gone_;
   std::vector<Copy> copies_;
   std::vector<int> lost_;  // ranks
+  // Copies that failed while their worker still ran: rank, wait status and
+  // until when its worker may still be seen gone.
+  struct Undecided {
+    int rank;
+    int status;
+    absl::Time until;
+  };
+  std::vector<Undecided> undecided_;
   bool stopping_ = false;
   bool interrupted_ = false;
   bool failed_ = false;
@@ -358,8 +374,10 @@ void Supervisor::Wait() {
     ReadSignals();  // before Reap: a copy that died of our Ctrl-C is no
                     // failure
     Reap();
+    Decide(/*at_end=*/false);
     KillLate();
   }
+  Decide(/*at_end=*/true);
   for (Copy& copy : copies_) {
     Close(copy.out);
     Close(copy.err);
@@ -413,17 +431,32 @@ void Supervisor::Reap() {
     if (reaped == 0 || (reaped < 0 && errno != ECHILD)) continue;
     copy.pid = -1;  // with ECHILD, reaped elsewhere: its status is unknown
     if (reaped <= 0 || stopping_ || status == 0) continue;
-    if (worker_gone_(copy.rank) && lost_.size() + 1 < copies_.size()) {
-      lost_.push_back(copy.rank);
+    undecided_.push_back({.rank = copy.rank,
+                          .status = status,
+                          .until = absl::Now() + kWorkerGoneGrace});
+  }
+}
+
+void Supervisor::Decide(bool at_end) {
+  while (!undecided_.empty() && !stopping_) {
+    const Undecided u = undecided_.front();
+    if (worker_gone_(u.rank) && lost_.size() + 1 < copies_.size()) {
+      lost_.push_back(u.rank);
       std::fprintf(stderr,
                    "gradmesh run: rank %d %s: its worker is gone; the other "
                    "%zu go on\n",
-                   copy.rank, Describe(status).c_str(),
+                   u.rank, Describe(u.status).c_str(),
                    copies_.size() - lost_.size());
+    } else if (absl::Now() >= u.until || lost_.size() + 1 >= copies_.size()) {
+      Fail(absl::StrCat("rank ", u.rank, " ", Describe(u.status)),
+           ExitCode(u.status));
+    } else if (at_end) {
+      absl::SleepFor(kTick);
       continue;
+    } else {
+      return;  // asked again at the next tick
     }
-    Fail(absl::StrCat("rank ", copy.rank, " ", Describe(status)),
-         ExitCode(status));
+    undecided_.erase(undecided_.begin());
   }
 }
 
@@ -474,7 +507,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> StartCluster(
 
 // Stops the cluster after the copies, reports, and returns the exit code.
 int Finish(const Supervisor& supervisor, LocalCluster& cluster) {
-  if (supervisor.failed()) cluster.KeepWorkDir();
+  if (supervisor.failed() || !supervisor.lost().empty()) cluster.KeepWorkDir();
+  for (int rank : supervisor.lost()) {
+    std::fprintf(stderr, "gradmesh run: worker %d %s (its log: %s)\n", rank,
+                 Describe(cluster.exit_status(rank)).c_str(),
+                 cluster.worker_log(rank).c_str());
+  }
   if (const absl::Status stopped = cluster.Stop(); !stopped.ok()) {
     cluster.KeepWorkDir();
     std::fprintf(stderr, "gradmesh run: stopping the cluster: %s\n",

@@ -204,8 +204,20 @@ TEST_F(PeerIdentityTest, AnImpostorsBreakBeforeOpeningFailsNothing) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(m.status())) << m.status();
 }
 
-// Streams of an epoch not opened yet are bounded per rank they claim.
+// Streams of an epoch not opened yet are bounded per rank they claim; those
+// that end having carried no whole message are forgotten, so they can't
+// crowd the rank out.
 TEST_F(PeerIdentityTest, BoundsTheStreamsHeldPerRank) {
+  for (size_t i = 0; i < 2 * PeerService::kMaxHeldStreamsPerRank; ++i) {
+    auto empty = Connect("127.0.0.3");
+    v1::Frame frame;  // 3 bytes of a 10-byte message, then the end
+    frame.set_epoch(5);
+    frame.set_from_rank(1);
+    frame.set_message_bytes(10);
+    frame.set_data("abc");
+    empty->stream->Write(frame);
+    EXPECT_EQ(empty->Finish(), grpc::StatusCode::OK) << i;
+  }
   for (size_t i = 0; i < PeerService::kMaxHeldStreamsPerRank; ++i) {
     auto held = Connect("127.0.0.2");
     held->Send(5, /*from=*/1, static_cast<uint32_t>(i), "");

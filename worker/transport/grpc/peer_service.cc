@@ -220,8 +220,12 @@ void PeerService::VerifyHeldLocked(uint64_t epoch, EpochState& state) {
       uint64_t& newest = state.newest_in[held.from];
       newest = std::max(newest, number);
     } else {
-      if (!absl::IsPermissionDenied(allowed)) ++stats_.streams_refused;
-      if (!held.ended.has_value()) state.refused_streams[number] = allowed;
+      if (held.ended.has_value()) {
+        // Counted here: no later frame of it will be.
+        if (!absl::IsPermissionDenied(allowed)) ++stats_.streams_refused;
+      } else {
+        state.refused_streams[number] = allowed;
+      }
     }
   }
   std::sort(passed.begin(), passed.end());
@@ -243,6 +247,7 @@ void PeerService::VerifyHeldLocked(uint64_t epoch, EpochState& state) {
     }
   }
   state.unverified.clear();
+  state.unverified_per_rank.clear();
 }
 
 absl::StatusOr<uint64_t> PeerService::IncomingStreamOpened(
@@ -270,29 +275,25 @@ absl::StatusOr<uint64_t> PeerService::IncomingStreamOpened(
   if (!state.open && names != nullptr) {
     // Held until the epoch opens: its names count against what epochs not
     // started may hold, and a rank may have only so many such streams.
-    uint64_t cost = kMessageOverheadBytes;
-    for (const std::string& name : *names) cost += name.size();
-    const auto same_rank = [&](const auto& held) {
-      return held.second.from == from;
-    };
-    if (static_cast<size_t>(std::count_if(state.unverified.begin(),
-                                          state.unverified.end(), same_rank)) >=
-            kMaxHeldStreamsPerRank ||
-        cost > kMaxUnopenedBytes - unopened_bytes_) {
+    uint64_t charge = kMessageOverheadBytes;
+    for (const std::string& name : *names) charge += name.size();
+    if (state.unverified_per_rank[from] >= kMaxHeldStreamsPerRank ||
+        charge > kMaxUnopenedBytes - unopened_bytes_) {
       ++stats_.streams_refused_unopened_bytes;
       return absl::ResourceExhaustedError(
           absl::StrCat("refused a stream of epoch ", epoch, " claiming rank ",
                        from, ": too much is held for epochs not started here"));
     }
-    state.unopened_bytes += cost;
-    unopened_bytes_ += cost;
+    state.unopened_bytes += charge;
+    unopened_bytes_ += charge;
+    ++state.unverified_per_rank[from];
+    const uint64_t number = state.next_number++;
+    state.unverified[number] =
+        Unverified{.from = from, .names = *names, .charge = charge};
+    return number;
   }
   const uint64_t number = state.next_number++;
-  if (!state.open && names != nullptr) {
-    state.unverified[number] = Unverified{.from = from, .names = *names};
-  } else {
-    state.newest_in[from] = number;
-  }
+  state.newest_in[from] = number;
   return number;
 }
 
@@ -346,7 +347,16 @@ void PeerService::StreamEnded(uint64_t epoch, int from, uint64_t stream,
   if (state.refused_streams.erase(stream) > 0) return;  // spoke for no one
   if (auto held = state.unverified.find(stream);
       held != state.unverified.end()) {
-    held->second.ended.emplace(clean, std::move(why));
+    if (!held->second.messages.empty()) {
+      held->second.ended.emplace(clean, std::move(why));
+      return;
+    }
+    // Nothing to hand over: forget it (a stream that carried nothing says
+    // nothing worth keeping until the epoch opens).
+    state.unopened_bytes -= held->second.charge;
+    unopened_bytes_ -= held->second.charge;
+    --state.unverified_per_rank[held->second.from];
+    state.unverified.erase(held);
     return;
   }
   if (clean) {

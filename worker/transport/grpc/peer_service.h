@@ -77,7 +77,8 @@ class PeerService final : public grpc::CallbackGenericService {
   static constexpr uint64_t kMaxEpochsAhead = 1024;
   static constexpr uint64_t kMessageOverheadBytes = 64;
   // TLS streams of an epoch not opened yet, per rank they claim (each also
-  // counts kMessageOverheadBytes and its certificate's names).
+  // counts kMessageOverheadBytes and its certificate's names); one that ends
+  // having carried no message is forgotten at once.
   static constexpr size_t kMaxHeldStreamsPerRank = 16;
 
   // Blocks for the message from `from` with `tag` in `epoch`. Errors: the
@@ -135,6 +136,7 @@ class PeerService final : public grpc::CallbackGenericService {
   struct Unverified {
     int from = -1;
     std::vector<std::string> names;  // the certificate's
+    uint64_t charge = 0;  // against the unopened bytes, for the entry itself
     std::deque<std::pair<Tag, std::string>> messages;
     std::optional<std::pair<bool, absl::Status>> ended;  // clean, why
   };
@@ -161,6 +163,7 @@ class PeerService final : public grpc::CallbackGenericService {
     // TLS streams admitted before the epoch opened, by stream number: their
     // messages wait here until OpenEpoch checks who sent them.
     absl::flat_hash_map<uint64_t, Unverified> unverified;
+    absl::flat_hash_map<int, size_t> unverified_per_rank;  // claimed rank
     // Streams that failed that check and still run: why.
     absl::flat_hash_map<uint64_t, absl::Status> refused_streams;
   };
