@@ -124,7 +124,8 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
   auto present = members_.find(member.node_id);
   if (known != nullptr && known->epoch == epoch_ && epoch_ > 0 &&
       present != members_.end() &&
-      present->second.info.address == member.address) {
+      present->second.info.address == member.address &&
+      present->second.info.incarnation == member.incarnation) {
     present->second.last_seen = std::max(present->second.last_seen, now);
     return ViewLocked();
   }

@@ -80,6 +80,7 @@ struct MemberInfo {
   std::string host;
   int gpus = 0;
   std::string gpu_name;
+  uint64_t incarnation = 0;  // NodeInfo.incarnation
 };
 
 // The coordinator's flags for the plan.

@@ -32,6 +32,7 @@ v1::View ToProto(const View& view, uint64_t incarnation) {
     node->set_host(m.host);
     node->set_gpus(m.gpus);
     node->set_gpu_name(m.gpu_name);
+    node->set_incarnation(m.incarnation);
   }
   v1::Plan* plan = out.mutable_plan();
   plan->set_algorithm(view.plan.algorithm);
@@ -52,7 +53,8 @@ View FromProto(const v1::View& view) {
                            .address = m.address(),
                            .host = m.host(),
                            .gpus = m.gpus(),
-                           .gpu_name = m.gpu_name()});
+                           .gpu_name = m.gpu_name(),
+                           .incarnation = m.incarnation()});
   }
   const v1::Plan& p = view.plan();
   out.plan = {.algorithm = p.algorithm(),
@@ -237,7 +239,8 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                                    .address = node.address(),
                                    .host = node.host(),
                                    .gpus = node.gpus(),
-                                   .gpu_name = node.gpu_name()},
+                                   .gpu_name = node.gpu_name(),
+                                   .incarnation = node.incarnation()},
                                   absl::Now(), known ? &*known : nullptr);
     if (!view.ok()) return ToGrpc(view.status());
     *response->mutable_view() = ToProto(*view, incarnation_);

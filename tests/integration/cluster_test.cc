@@ -340,6 +340,84 @@ TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
   ExpectBroadcastReachesAll(trainers, /*root=*/0);
 }
 
+// Worker 2 is killed and started again: a new process, without the
+// bucket. Once it is back in the view, the survivors' next step fails at
+// once with FailedPrecondition (its gradient kept); every trainer registers
+// again (worker 2's is a new one), the survivors carry their residuals over,
+// a Broadcast brings everyone rank 0's parameters, and the next step runs on
+// all four, conserving what the survivors held.
+TEST_F(ClusterTest, ARestartedWorkerRejoinsThroughRegisterAndBroadcast) {
+  constexpr absl::Duration kTimeout = absl::Seconds(8);
+  constexpr uint64_t kN = 10000;
+  Start(4,
+        {{"algo", "spardl"}, {"teams", "2"}, {"heartbeat_timeout_ms", "1500"}},
+        {{"operation_timeout_s", "8"}, {"heartbeat_interval_ms", "250"}});
+  std::vector<Trainer> trainers =
+      ConnectAll(*cluster_, "restart", kN, kTimeout);
+  for (const auto& r : RunStep(trainers, {0, 1, 2, 3}, 0)) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+  }
+  cluster_->Kill(2, SIGKILL);
+  trainers[2] = {};
+  for (const auto& r : RunStep(trainers, {0, 1, 3}, 1)) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 3);
+  }
+  ASSERT_TRUE(cluster_->RestartWorker(2).ok());
+  ASSERT_TRUE(cluster_->WaitForView(4, absl::Seconds(20)).ok());
+
+  const absl::Time start = absl::Now();
+  for (const auto& r : RunStep(trainers, {0, 1, 3}, 2)) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(r.status)) << r.status;
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+
+  // Everyone registers again; the survivors keep their residuals.
+  std::vector<std::vector<float>> kept(4);
+  for (int w : {0, 1, 3}) {
+    Trainer& t = trainers[w];
+    ASSERT_TRUE(t.client->SaveResidual(*t.set).ok());
+    kept[w].assign(t.set->residual().begin(), t.set->residual().end());
+    t.set.reset();
+  }
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      Trainer& t = trainers[w];
+      if (t.client == nullptr) {
+        auto client = Client::Connect({.worker = cluster_->sdk_address(w),
+                                       .job = "restart",
+                                       .timeout = kTimeout});
+        ASSERT_TRUE(client.ok()) << client.status();
+        t.client = *std::move(client);
+      }
+      auto set = t.client->Register("g", {{"g", kN}});
+      ASSERT_TRUE(set.ok()) << set.status();
+      t.set = *std::move(set);
+      if (!kept[w].empty()) {
+        ASSERT_TRUE(t.client->LoadResidual(*t.set, kept[w]).ok());
+      } else {
+        kept[w].assign(kN, 0.0f);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ExpectBroadcastReachesAll(trainers, /*root=*/0);
+
+  std::vector<std::vector<float>> pushed;
+  const StepResults after = RunStep(trainers, {0, 1, 2, 3}, 0, &pushed);
+  std::vector<std::vector<float>> left;
+  for (const auto& r : after) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 4);
+    EXPECT_EQ(r.result.values, after[0].result.values);
+    left.push_back(r.residual);
+  }
+  const absl::Status conserved =
+      collectives::MassBalance(pushed, kept).Check(after[0].result, left);
+  EXPECT_TRUE(conserved.ok()) << conserved;
+}
+
 // 50 iterations of every algorithm on 4 and 6 processes: RunLocal checks each
 // iteration (bitwise-identical results on every worker, and the inputs equal
 // the result plus the residuals, index by index).

@@ -162,6 +162,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       args.push_back(absl::StrCat("--", flag, "=", value));
     }
     tls_args(args, host.tls);
+    cluster->workers_[w].start = {worker_binary, args, host.netns};
     GM_RETURN_IF_ERROR(cluster->Spawn(worker_binary, name, args, host.netns,
                                       &cluster->workers_[w]));
   }
@@ -320,6 +321,15 @@ absl::Status LocalCluster::RestartCoordinator() {
   }
   return StartCoordinator(coordinator_.address,
                           absl::Now() + options_.start_timeout);
+}
+
+absl::Status LocalCluster::RestartWorker(int worker) {
+  Kill(worker, SIGKILL);
+  Process& p = workers_[worker];
+  p.client.reset();
+  GM_RETURN_IF_ERROR(
+      Spawn(p.start.binary, p.name, p.start.args, p.start.netns, &p));
+  return AwaitPortFile(&p, absl::Now() + options_.start_timeout);
 }
 
 bool LocalCluster::Exited(int worker) {

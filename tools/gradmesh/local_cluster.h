@@ -99,6 +99,10 @@ class LocalCluster {
   // the same address; returns once it serves.
   absl::Status RestartCoordinator();
 
+  // Kills worker `worker` (SIGKILL) if it runs, and starts a new process in
+  // its place (same flags and node id, a new port): a new incarnation.
+  absl::Status RestartWorker(int worker);
+
   // Sends `signal` to worker `worker` and, for SIGKILL, reaps it.
   void Kill(int worker, int signal);
   bool alive(int worker) const { return workers_[worker].pid > 0; }
@@ -124,6 +128,11 @@ class LocalCluster {
     int metrics_port = 0;
     std::string sdk_address;
     std::unique_ptr<gradmesh::Client> client;  // for status, made on demand
+    struct {
+      std::string binary;
+      std::vector<std::string> args;  // Spawn's
+      std::string netns;
+    } start;  // how a worker was started, for RestartWorker
   };
 
   LocalCluster() = default;

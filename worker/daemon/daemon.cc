@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -69,6 +70,7 @@ ViewInfo ToViewInfo(const v1::View& view) {
   for (const v1::NodeInfo& m : view.members()) {
     info.member_ids.push_back(m.node_id());
     info.addresses.push_back(m.address());
+    info.incarnations.push_back(m.incarnation());
   }
   const v1::Plan& p = view.plan();
   info.plan = {.algorithm = p.algorithm(),
@@ -117,6 +119,8 @@ class Daemon final : public WorkerDaemon {
   static constexpr size_t kViewsRemembered = 16;
 
   const DaemonOptions options_;
+  // This process's start, as peers see it in views (NodeInfo.incarnation).
+  const uint64_t incarnation_ = absl::Uniform<uint64_t>(absl::BitGen());
   std::string advertise_;
   std::string sdk_address_;
   std::string node_id_;
@@ -252,6 +256,7 @@ v1::NodeInfo Daemon::Node() const {
   node.set_node_id(node_id_);
   node.set_address(advertise_);
   node.set_host(HostName());
+  node.set_incarnation(incarnation_);
 #ifdef GRADMESH_HAS_CUDA
   node.set_gpus(kernels::CudaDeviceCount());
   if (node.gpus() > 0) node.set_gpu_name(kernels::CudaDeviceDescription());

@@ -37,6 +37,9 @@ struct DataPlane::Bucket {
   std::string descriptor;  // bucket name, tensor names and sizes, options
   uint64_t fingerprint = 0;
   std::vector<uint64_t> tensor_starts;  // each tensor's first index
+  // The members (node id, incarnation) that registered it: a step on a view
+  // with anyone else needs the bucket registered again.
+  absl::flat_hash_set<std::pair<std::string, uint64_t>> members;
   bool per_tensor_quota = true;
   SegmentLayout layout{0};
   SharedSegment segment;
@@ -58,6 +61,25 @@ uint64_t Fnv1a(absl::string_view bytes, uint64_t hash = 14695981039346656037u) {
   for (unsigned char c : bytes) {
     hash ^= c;
     hash *= 1099511628211u;
+  }
+  return hash;
+}
+
+// Member `rank`'s incarnation in `group`'s view (0 where views carry none).
+uint64_t Incarnation(const Group& group, int rank) {
+  const auto& all = group.view.incarnations;
+  return rank < static_cast<int>(all.size()) ? all[rank] : 0;
+}
+
+// A hash of `group`'s members and their incarnations.
+uint64_t MembershipHash(const Group& group) {
+  uint64_t hash = Fnv1a("members");
+  for (int r = 0; r < group.size(); ++r) {
+    const uint64_t incarnation = Incarnation(group, r);
+    hash = Fnv1a(group.view.member_ids[r], hash);
+    hash = Fnv1a(absl::string_view(reinterpret_cast<const char*>(&incarnation),
+                                   sizeof(incarnation)),
+                 hash);
   }
   return hash;
 }
@@ -174,7 +196,18 @@ absl::StatusOr<Membership> DataPlane::Register(
   // never reuses the operation ids of the one before.
   std::string mine = bucket->descriptor;
   mine.append(reinterpret_cast<const char*>(&nonce), sizeof(nonce));
-  const uint64_t op = OperationId("register", name.job, index);
+  const uint64_t membership = MembershipHash(*group);
+  uint64_t number = 0;  // under this membership
+  {
+    absl::MutexLock lock(&mu_);
+    auto job = jobs_.find(name.job);
+    if (job != jobs_.end() && job->second.membership == membership &&
+        index >= job->second.base) {
+      number = index - job->second.base;
+    }
+  }
+  const uint64_t op = OperationId(
+      "register", absl::StrCat(name.job, "/", absl::Hex(membership)), number);
   GM_ASSIGN_OR_RETURN(std::vector<std::string> all,
                       GatherSmall(*group, op, std::move(mine), deadline));
   for (int r = 0; r < group->size(); ++r) {
@@ -191,12 +224,17 @@ absl::StatusOr<Membership> DataPlane::Register(
   }
   std::memcpy(&bucket->id, all[0].data() + all[0].size() - sizeof(nonce),
               sizeof(nonce));
+  for (int r = 0; r < group->size(); ++r) {
+    bucket->members.emplace(group->view.member_ids[r], Incarnation(*group, r));
+  }
   bucket->buffer = absl::StrCat(bucket->key, "#", absl::Hex(bucket->id));
   std::shared_ptr<Bucket> replaced;
   {
     absl::MutexLock lock(&mu_);
     std::shared_ptr<Bucket>& slot = buckets_[bucket->key];
     replaced = std::exchange(slot, bucket);
+    JobRegistrations& job = jobs_[name.job];
+    if (job.membership != membership) job = {membership, index};
   }
   // The same bucket registered again: its process is gone or starts over.
   if (replaced != nullptr) Forget(*replaced);
@@ -420,6 +458,7 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   }
   absl::StatusOr<std::shared_ptr<Group>> group =
       refused.ok() ? views_->Acquire(call.step, deadline) : refused;
+  if (group.ok()) group = RegisteredOn(bucket, *std::move(group));
   if (!group.ok()) {
     // Nothing is lost: the next step carries this gradient.
     engine_.Keep(bucket.buffer, bucket.values()).IgnoreError();
@@ -442,10 +481,30 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
     if (!views_->AwaitNewer(failed, wait)) return out;
     group = views_->Acquire(call.step, deadline);
     if (!group.ok() || (*group)->view.epoch == failed) return out;
+    // (The gradient is in the residual already.)
+    if (group = RegisteredOn(bucket, *std::move(group)); !group.ok()) {
+      return group.status();
+    }
     if (hooks_.metrics != nullptr) hooks_.metrics->retries().Increment();
     zeros.assign(bucket.layout.n, 0.0f);
     gradient = zeros;
   }
+}
+
+absl::StatusOr<std::shared_ptr<Group>> DataPlane::RegisteredOn(
+    const Bucket& bucket, std::shared_ptr<Group> group) const {
+  for (int r = 0; r < group->size(); ++r) {
+    const std::string& id = group->view.member_ids[r];
+    if (!bucket.members.contains(std::pair(id, Incarnation(*group, r)))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "member ", id, " (rank ", r, " of epoch ", group->view.epoch,
+          ") joined or restarted after bucket '", bucket.name.bucket,
+          "' was registered: register the bucket again on every process "
+          "(then broadcast the parameters); this step's gradient is in the "
+          "residual"));
+    }
+  }
+  return group;
 }
 
 absl::StatusOr<ReduceResult> DataPlane::Attempt(

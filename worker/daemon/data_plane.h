@@ -175,7 +175,9 @@ class DataPlane {
   // this user's alone.
   // `index` numbers the caller's registrations in the job (0, 1, ... for
   // every attempt): the members' registrations with equal numbers are
-  // compared. `options` are part of what must agree.
+  // compared, counting from the first successful one under the current
+  // membership (so a restarted member's trainer, counting from 0, meets the
+  // others). `options` are part of what must agree.
   absl::StatusOr<Membership> Register(const BucketName& name,
                                       const std::vector<TensorSpec>& tensors,
                                       const std::string& shm_name,
@@ -251,6 +253,10 @@ class DataPlane {
                                    absl::Time deadline);
   // One attempt of a step on `g`; *retriable tells whether its failure came
   // from a membership change (not from a member's vote).
+  // `group`, if every member of it registered `bucket` (the same process);
+  // FailedPrecondition naming one that did not.
+  absl::StatusOr<std::shared_ptr<Group>> RegisteredOn(
+      const Bucket& bucket, std::shared_ptr<Group> group) const;
   absl::StatusOr<ReduceResult> Attempt(const ReduceCall& call, Bucket& bucket,
                                        const Group& g,
                                        absl::Span<const float> gradient,
@@ -290,6 +296,15 @@ class DataPlane {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Bucket>> buckets_
       ABSL_GUARDED_BY(mu_);
+  // Per job: the membership (a hash of its ids and incarnations) of its
+  // last successful registration, and the caller's index that was #0 under
+  // it. Registrations are numbered from 0 again under a new membership, so
+  // that a restarted member's trainer (which counts from 0) meets the others.
+  struct JobRegistrations {
+    uint64_t membership = 0;
+    uint64_t base = 0;
+  };
+  absl::flat_hash_map<std::string, JobRegistrations> jobs_ ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
   struct OutcomeEntry {
     Outcome outcome = Outcome::kVoting;

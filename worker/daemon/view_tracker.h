@@ -69,6 +69,8 @@ struct ViewInfo {
   uint64_t epoch = 0;
   std::vector<std::string> member_ids;  // index = rank
   std::vector<std::string> addresses;   // index = rank
+  // Each member's process start (NodeInfo.incarnation); empty: all 0.
+  std::vector<uint64_t> incarnations;
   PlanInfo plan;
   uint64_t start_step = 0;  // 0: at once
 };

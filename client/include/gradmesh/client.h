@@ -51,6 +51,13 @@
 //     that trainer should stop (its worker's registrations are gone); the
 //     other members go on without it. Calls never wait for a worker that is
 //     gone, once connected.
+//   - FailedPrecondition: a member joined, or its worker restarted, after the
+//     bucket was registered (the new process has no registration). Every
+//     process gets it at the same step. Each then saves the residual if it
+//     wants it kept (SaveResidual), destroys the TensorSet, registers again
+//     (collective, the newcomer's trainer too), loads the residual back, and
+//     takes the parameters through Broadcast. The step's gradient is in the
+//     residual.
 //   - DeadlineExceeded: ClientOptions::timeout passed. Cancelled: the client
 //     was destroyed with the call in flight. After either, the memory is the
 //     caller's again: a worker that had not started the step drops it
