@@ -93,18 +93,17 @@ struct Client::Impl {
     why.SetPayload(kWorkerGonePayload, absl::Cord("1"));
     return why;
   }
-  // Whether the worker fails a connection attempt within kGoneAfter (and
-  // none succeeds): refused, not merely slow to answer.
+  // Whether the worker's channel ends kGoneAfter in a failed connection
+  // attempt: refused, not merely slow to answer (a stalled worker's stays
+  // connecting) nor back (ready).
   bool RefusesConnections() const {
     const auto until = absl::ToChronoTime(absl::Now() + kGoneAfter);
-    bool refused = false;
     grpc_connectivity_state state = channel->GetState(true);
-    while (state != GRPC_CHANNEL_READY) {
-      refused = refused || state == GRPC_CHANNEL_TRANSIENT_FAILURE;
-      if (!channel->WaitForStateChange(state, until)) break;
+    while (state != GRPC_CHANNEL_READY &&
+           channel->WaitForStateChange(state, until)) {
       state = channel->GetState(true);
     }
-    return refused && state != GRPC_CHANNEL_READY;
+    return state == GRPC_CHANNEL_TRANSIENT_FAILURE;
   }
   void SetMembership(int r, int s) {
     absl::MutexLock lock(&mu);

@@ -30,18 +30,21 @@ fi
 cat > "$work/parts/src.sources" <<SRC
 Types: deb-src
 URIs: $mirror
-Suites: bookworm
+Suites: bookworm bookworm-updates
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
 apt_opts=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$work/parts"
-          -o "Dir::State::Lists=$work/lists" -o APT::Sandbox::User=root)
+          -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
+          -o APT::Sandbox::User=root)
+mkdir -p "$work/cache/archives/partial"
 apt-get "${apt_opts[@]}" update -qq
-version=$(dpkg-query -W -f='${Version}' libabsl-dev)
+version=$(dpkg-query -W -f='${source:Version}' libabsl-dev)
 (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq \
     "abseil=$version")
-tar -C "$work" -xzf "$work"/abseil_*.orig.tar.gz
-src=$(find "$work" -maxdepth 1 -type d -name 'abseil*' | head -1)
+# With Debian's patches, as libabsl-dev was built.
+(cd "$work" && dpkg-source -x --no-check abseil_*.dsc src >/dev/null)
+src="$work/src"
 cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_STANDARD=20 -DABSL_PROPAGATE_CXX_STD=ON \
     -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DBUILD_TESTING=OFF \

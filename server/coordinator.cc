@@ -154,6 +154,8 @@ bool Coordinator::AdoptLocked(const View& known, const MemberInfo& member,
   members_.insert_or_assign(member.node_id,
                             Member{.info = member, .last_seen = now});
   epoch_ = known.epoch;
+  membership_epoch_ =
+      known.membership_epoch > 0 ? known.membership_epoch : known.epoch;
   start_step_ = known.start_step;
   plan_ = known.plan;
   round_.reset();
@@ -347,9 +349,10 @@ void Coordinator::MembershipChangedLocked() {
     }
     RankLocked(0);
     PublishTrialOrResultLocked(0);
-    return;
+  } else {
+    PublishLocked(FixedPlan(world_size), 0);
   }
-  PublishLocked(FixedPlan(world_size), 0);
+  membership_epoch_ = epoch_;
 }
 
 void Coordinator::RankLocked(size_t from) {
@@ -449,7 +452,10 @@ void Coordinator::PublishTrialOrResultLocked(uint64_t start_step) {
 }
 
 View Coordinator::ViewLocked() const {
-  View view{.epoch = epoch_, .plan = plan_, .start_step = start_step_};
+  View view{.epoch = epoch_,
+            .plan = plan_,
+            .start_step = start_step_,
+            .membership_epoch = membership_epoch_};
   view.members.reserve(members_.size());
   for (const auto& [node_id, member] : members_) {
     view.members.push_back(member.info);

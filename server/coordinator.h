@@ -117,6 +117,8 @@ struct View {
   // membership starts switch_lead_steps past the highest step reported, so
   // every member switches at the same step without a pause.
   uint64_t start_step = 0;
+  // The epoch at which these members first formed a view (View proto).
+  uint64_t membership_epoch = 0;
 };
 
 // One worker's figures for one operation of one epoch.
@@ -249,6 +251,7 @@ class Coordinator {
 
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t membership_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // View's
   uint64_t start_step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t max_step_ ABSL_GUARDED_BY(mu_) = 0;  // highest step reported
   std::map<std::string, Member, std::less<>> members_ ABSL_GUARDED_BY(mu_);

@@ -25,6 +25,7 @@ v1::View ToProto(const View& view, uint64_t incarnation) {
   out.set_incarnation(incarnation);
   out.set_epoch(view.epoch);
   out.set_start_step(view.start_step);
+  out.set_membership_epoch(view.membership_epoch);
   for (const MemberInfo& m : view.members) {
     v1::NodeInfo* node = out.add_members();
     node->set_node_id(m.node_id);
@@ -47,7 +48,9 @@ v1::View ToProto(const View& view, uint64_t incarnation) {
 }
 
 View FromProto(const v1::View& view) {
-  View out{.epoch = view.epoch(), .start_step = view.start_step()};
+  View out{.epoch = view.epoch(),
+           .start_step = view.start_step(),
+           .membership_epoch = view.membership_epoch()};
   for (const v1::NodeInfo& m : view.members()) {
     out.members.push_back({.node_id = m.node_id(),
                            .address = m.address(),

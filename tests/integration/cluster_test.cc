@@ -354,12 +354,16 @@ TEST_F(ClusterTest, ARestartedWorkerRejoinsThroughRegisterAndBroadcast) {
         {{"operation_timeout_s", "8"}, {"heartbeat_interval_ms", "250"}});
   std::vector<Trainer> trainers =
       ConnectAll(*cluster_, "restart", kN, kTimeout);
+  // The usual start: rank 0's parameters everywhere (so the survivors'
+  // broadcast counters are ahead of a new trainer's).
+  ExpectBroadcastReachesAll(trainers, /*root=*/0);
   for (const auto& r : RunStep(trainers, {0, 1, 2, 3}, 0)) {
     ASSERT_TRUE(r.status.ok()) << r.status;
   }
   cluster_->Kill(2, SIGKILL);
   trainers[2] = {};
-  for (const auto& r : RunStep(trainers, {0, 1, 3}, 1)) {
+  const StepResults lost = RunStep(trainers, {0, 1, 3}, 1);
+  for (const auto& r : lost) {
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.info.world_size, 3);
   }
@@ -367,17 +371,24 @@ TEST_F(ClusterTest, ARestartedWorkerRejoinsThroughRegisterAndBroadcast) {
   ASSERT_TRUE(cluster_->WaitForView(4, absl::Seconds(20)).ok());
 
   const absl::Time start = absl::Now();
-  for (const auto& r : RunStep(trainers, {0, 1, 3}, 2)) {
+  std::vector<std::vector<float>> refused_inputs;
+  for (const auto& r : RunStep(trainers, {0, 1, 3}, 2, &refused_inputs)) {
     EXPECT_TRUE(absl::IsFailedPrecondition(r.status)) << r.status;
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 
-  // Everyone registers again; the survivors keep their residuals.
+  // Everyone registers again; the survivors keep their residuals, which
+  // hold the refused step's gradient.
   std::vector<std::vector<float>> kept(4);
-  for (int w : {0, 1, 3}) {
+  for (int i = 0; i < 3; ++i) {
+    const int w = std::vector<int>{0, 1, 3}[i];
     Trainer& t = trainers[w];
     ASSERT_TRUE(t.client->SaveResidual(*t.set).ok());
     kept[w].assign(t.set->residual().begin(), t.set->residual().end());
+    for (uint64_t j = 0; j < kN; ++j) {
+      ASSERT_FLOAT_EQ(kept[w][j], lost[i].residual[j] + refused_inputs[i][j])
+          << w << " " << j;
+    }
     t.set.reset();
   }
   std::vector<std::thread> threads;

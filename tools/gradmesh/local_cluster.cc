@@ -327,6 +327,9 @@ absl::Status LocalCluster::RestartWorker(int worker) {
   Kill(worker, SIGKILL);
   Process& p = workers_[worker];
   p.client.reset();
+  // Keep the previous process's log beside the new one's.
+  const std::string log = worker_log(worker);
+  std::rename(log.c_str(), (log + ".previous").c_str());
   GM_RETURN_IF_ERROR(
       Spawn(p.start.binary, p.name, p.start.args, p.start.netns, &p));
   return AwaitPortFile(&p, absl::Now() + options_.start_timeout);

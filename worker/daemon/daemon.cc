@@ -66,7 +66,9 @@ std::string HostName() {
 }
 
 ViewInfo ToViewInfo(const v1::View& view) {
-  ViewInfo info{.epoch = view.epoch(), .start_step = view.start_step()};
+  ViewInfo info{.epoch = view.epoch(),
+                .start_step = view.start_step(),
+                .membership_epoch = view.membership_epoch()};
   for (const v1::NodeInfo& m : view.members()) {
     info.member_ids.push_back(m.node_id());
     info.addresses.push_back(m.address());
@@ -291,7 +293,12 @@ std::shared_ptr<Group> Daemon::MakeGroup(const ViewInfo& view) {
   auto group = std::make_shared<Group>();
   group->view = view;
   for (int r = 0; r < group->size(); ++r) {
-    if (view.member_ids[r] == node_id_) group->rank = r;
+    // A later process with this node id is another member, not this one.
+    const uint64_t incarnation = view.incarnations[r];
+    if (view.member_ids[r] == node_id_ &&
+        (incarnation == 0 || incarnation == incarnation_)) {
+      group->rank = r;
+    }
   }
   if (group->rank < 0) return group;
   const PlanInfo& plan = view.plan;

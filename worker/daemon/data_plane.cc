@@ -71,17 +71,9 @@ uint64_t Incarnation(const Group& group, int rank) {
   return rank < static_cast<int>(all.size()) ? all[rank] : 0;
 }
 
-// A hash of `group`'s members and their incarnations.
-uint64_t MembershipHash(const Group& group) {
-  uint64_t hash = Fnv1a("members");
-  for (int r = 0; r < group.size(); ++r) {
-    const uint64_t incarnation = Incarnation(group, r);
-    hash = Fnv1a(group.view.member_ids[r], hash);
-    hash = Fnv1a(absl::string_view(reinterpret_cast<const char*>(&incarnation),
-                                   sizeof(incarnation)),
-                 hash);
-  }
-  return hash;
+// An operation-id scope under `group`'s membership.
+std::string MembershipScope(absl::string_view scope, const Group& group) {
+  return absl::StrCat(scope, "/", group.view.membership_epoch);
 }
 
 // FNV-1a over a result's indices and values, the same on every member.
@@ -196,18 +188,9 @@ absl::StatusOr<Membership> DataPlane::Register(
   // never reuses the operation ids of the one before.
   std::string mine = bucket->descriptor;
   mine.append(reinterpret_cast<const char*>(&nonce), sizeof(nonce));
-  const uint64_t membership = MembershipHash(*group);
-  uint64_t number = 0;  // under this membership
-  {
-    absl::MutexLock lock(&mu_);
-    auto job = jobs_.find(name.job);
-    if (job != jobs_.end() && job->second.membership == membership &&
-        index >= job->second.base) {
-      number = index - job->second.base;
-    }
-  }
-  const uint64_t op = OperationId(
-      "register", absl::StrCat(name.job, "/", absl::Hex(membership)), number);
+  const uint64_t op =
+      OperationId("register", MembershipScope(name.job, *group),
+                  Renumber(absl::StrCat(name.job, "#register"), *group, index));
   GM_ASSIGN_OR_RETURN(std::vector<std::string> all,
                       GatherSmall(*group, op, std::move(mine), deadline));
   for (int r = 0; r < group->size(); ++r) {
@@ -233,8 +216,6 @@ absl::StatusOr<Membership> DataPlane::Register(
     absl::MutexLock lock(&mu_);
     std::shared_ptr<Bucket>& slot = buckets_[bucket->key];
     replaced = std::exchange(slot, bucket);
-    JobRegistrations& job = jobs_[name.job];
-    if (job.membership != membership) job = {membership, index};
   }
   // The same bucket registered again: its process is gone or starts over.
   if (replaced != nullptr) Forget(*replaced);
@@ -489,6 +470,20 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
     zeros.assign(bucket.layout.n, 0.0f);
     gradient = zeros;
   }
+}
+
+uint64_t DataPlane::Renumber(const std::string& key, const Group& group,
+                             uint64_t number) {
+  absl::MutexLock lock(&mu_);
+  auto [it, added] = numbering_.try_emplace(key);
+  Numbering& n = it->second;
+  // A new membership, or a new caller (its counters start over): this
+  // number is 0.
+  if (added || n.membership_epoch != group.view.membership_epoch ||
+      number < n.base) {
+    n = {.membership_epoch = group.view.membership_epoch, .base = number};
+  }
+  return number - n.base;
 }
 
 absl::StatusOr<std::shared_ptr<Group>> DataPlane::RegisteredOn(
@@ -848,10 +843,10 @@ absl::StatusOr<Membership> DataPlane::Broadcast(const BucketName& name,
     GM_RETURN_IF_ERROR(CheckName("job", name.job, false));
     GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
                         views_->Acquire(std::nullopt, deadline));
-    GM_RETURN_IF_ERROR(GatherSmall(*group,
-                                   OperationId("barrier", name.job, sequence),
-                                   "", deadline)
-                           .status());
+    const uint64_t op = OperationId(
+        "barrier", MembershipScope(name.job, *group),
+        Renumber(absl::StrCat(name.job, "#sequence"), *group, sequence));
+    GM_RETURN_IF_ERROR(GatherSmall(*group, op, "", deadline).status());
     return MembershipOf(*group);
   }
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(name));
@@ -860,18 +855,22 @@ absl::StatusOr<Membership> DataPlane::Broadcast(const BucketName& name,
   GM_RETURN_IF_ERROR(Usable(*bucket, nullptr));
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
                       views_->Acquire(std::nullopt, deadline));
+  GM_ASSIGN_OR_RETURN(group, RegisteredOn(*bucket, std::move(group)));
   if (root < 0 || root >= group->size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "broadcast root ", root, " is not a rank of ", group->size()));
   }
-  GM_RETURN_IF_ERROR(Agree(
-      *group, *bucket, OperationId("broadcast-agree", bucket->buffer, sequence),
-      {.fingerprint = bucket->fingerprint,
-       .values = bucket->layout.n,
-       .root = root},
-      deadline));
+  const std::string scope = MembershipScope(bucket->buffer, *group);
+  const uint64_t number =
+      Renumber(absl::StrCat(name.job, "#sequence"), *group, sequence);
+  GM_RETURN_IF_ERROR(Agree(*group, *bucket,
+                           OperationId("broadcast-agree", scope, number),
+                           {.fingerprint = bucket->fingerprint,
+                            .values = bucket->layout.n,
+                            .root = root},
+                           deadline));
   // Flat: the root sends its values to every member directly.
-  const uint64_t op = OperationId("broadcast", bucket->buffer, sequence);
+  const uint64_t op = OperationId("broadcast", scope, number);
   collectives::OpStats stats;
   const collectives::OpContext context{.transport = group->transport.get(),
                                        .epoch = group->view.epoch,

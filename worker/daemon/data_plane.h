@@ -175,9 +175,9 @@ class DataPlane {
   // this user's alone.
   // `index` numbers the caller's registrations in the job (0, 1, ... for
   // every attempt): the members' registrations with equal numbers are
-  // compared, counting from the first successful one under the current
-  // membership (so a restarted member's trainer, counting from 0, meets the
-  // others). `options` are part of what must agree.
+  // compared, counting from the first under the current membership (so a
+  // restarted member's trainer, counting from 0, meets the others).
+  // `options` are part of what must agree.
   absl::StatusOr<Membership> Register(const BucketName& name,
                                       const std::vector<TensorSpec>& tensors,
                                       const std::string& shm_name,
@@ -253,6 +253,10 @@ class DataPlane {
                                    absl::Time deadline);
   // One attempt of a step on `g`; *retriable tells whether its failure came
   // from a membership change (not from a member's vote).
+  // The caller's `number` for `key` ("job#register", "job#sequence"),
+  // counted from 0 under `group`'s membership.
+  uint64_t Renumber(const std::string& key, const Group& group,
+                    uint64_t number);
   // `group`, if every member of it registered `bucket` (the same process);
   // FailedPrecondition naming one that did not.
   absl::StatusOr<std::shared_ptr<Group>> RegisteredOn(
@@ -296,15 +300,17 @@ class DataPlane {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Bucket>> buckets_
       ABSL_GUARDED_BY(mu_);
-  // Per job: the membership (a hash of its ids and incarnations) of its
-  // last successful registration, and the caller's index that was #0 under
-  // it. Registrations are numbered from 0 again under a new membership, so
-  // that a restarted member's trainer (which counts from 0) meets the others.
-  struct JobRegistrations {
-    uint64_t membership = 0;
+  // Registrations, broadcasts and barriers are numbered by the caller (its
+  // own counters); the members compare equal numbers. Under a new membership
+  // (View.membership_epoch) numbers count from 0 again, from the first the
+  // caller sends, so that a restarted member's trainer, which counts from 0,
+  // meets the others: key -> the membership and the caller's number that is
+  // 0 under it.
+  struct Numbering {
+    uint64_t membership_epoch = 0;
     uint64_t base = 0;
   };
-  absl::flat_hash_map<std::string, JobRegistrations> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Numbering> numbering_ ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
   struct OutcomeEntry {
     Outcome outcome = Outcome::kVoting;

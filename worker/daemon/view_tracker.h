@@ -73,6 +73,9 @@ struct ViewInfo {
   std::vector<uint64_t> incarnations;
   PlanInfo plan;
   uint64_t start_step = 0;  // 0: at once
+  // When these members (ids, incarnations) first formed a view (0: unknown,
+  // as in tests that make views by hand).
+  uint64_t membership_epoch = 0;
 };
 
 // A view as this worker runs it.

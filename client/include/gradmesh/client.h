@@ -56,8 +56,9 @@
 //     process gets it at the same step. Each then saves the residual if it
 //     wants it kept (SaveResidual), destroys the TensorSet, registers again
 //     (collective, the newcomer's trainer too), loads the residual back, and
-//     takes the parameters through Broadcast. The step's gradient is in the
-//     residual.
+//     takes the parameters through Broadcast; steps of the new registration
+//     count from 0 on every process (step numbers must agree). The refused
+//     step's gradient is in the residual.
 //   - DeadlineExceeded: ClientOptions::timeout passed. Cancelled: the client
 //     was destroyed with the call in flight. After either, the memory is the
 //     caller's again: a worker that had not started the step drops it
