@@ -849,24 +849,28 @@ absl::StatusOr<Membership> DataPlane::Broadcast(const BucketName& name,
     GM_RETURN_IF_ERROR(GatherSmall(*group, op, "", deadline).status());
     return MembershipOf(*group);
   }
-  GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket, Find(name));
-  GM_RETURN_IF_ERROR(Hold(*bucket, deadline));
-  absl::Cleanup release = [&] { Release(*bucket); };
-  GM_RETURN_IF_ERROR(Usable(*bucket, nullptr));
+  return WithBucket<Membership>(name, deadline, nullptr, [&](Bucket& bucket) {
+    return BroadcastHeld(bucket, sequence, root, deadline);
+  });
+}
+
+absl::StatusOr<Membership> DataPlane::BroadcastHeld(Bucket& bucket,
+                                                    uint64_t sequence, int root,
+                                                    absl::Time deadline) {
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
                       views_->Acquire(std::nullopt, deadline));
-  GM_ASSIGN_OR_RETURN(group, RegisteredOn(*bucket, std::move(group)));
+  GM_ASSIGN_OR_RETURN(group, RegisteredOn(bucket, std::move(group)));
   if (root < 0 || root >= group->size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "broadcast root ", root, " is not a rank of ", group->size()));
   }
-  const std::string scope = MembershipScope(bucket->buffer, *group);
+  const std::string scope = MembershipScope(bucket.buffer, *group);
   const uint64_t number =
-      Renumber(absl::StrCat(name.job, "#sequence"), *group, sequence);
-  GM_RETURN_IF_ERROR(Agree(*group, *bucket,
+      Renumber(absl::StrCat(bucket.name.job, "#sequence"), *group, sequence);
+  GM_RETURN_IF_ERROR(Agree(*group, bucket,
                            OperationId("broadcast-agree", scope, number),
-                           {.fingerprint = bucket->fingerprint,
-                            .values = bucket->layout.n,
+                           {.fingerprint = bucket.fingerprint,
+                            .values = bucket.layout.n,
                             .root = root},
                            deadline));
   // Flat: the root sends its values to every member directly.
@@ -877,7 +881,7 @@ absl::StatusOr<Membership> DataPlane::Broadcast(const BucketName& name,
                                        .operation = op,
                                        .deadline = deadline};
   collectives::StepRunner runner(context, &stats);
-  absl::Span<float> values = bucket->values();
+  absl::Span<float> values = bucket.values();
   const absl::string_view bytes(reinterpret_cast<const char*>(values.data()),
                                 values.size() * sizeof(float));
   absl::Status status;

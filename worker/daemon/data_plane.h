@@ -253,6 +253,9 @@ class DataPlane {
                                    absl::Time deadline);
   // One attempt of a step on `g`; *retriable tells whether its failure came
   // from a membership change (not from a member's vote).
+  // Broadcast of a bucket this call holds.
+  absl::StatusOr<Membership> BroadcastHeld(Bucket& bucket, uint64_t sequence,
+                                           int root, absl::Time deadline);
   // The caller's `number` for `key` ("job#register", "job#sequence"),
   // counted from 0 under `group`'s membership.
   uint64_t Renumber(const std::string& key, const Group& group,
