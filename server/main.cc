@@ -17,6 +17,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7700",
           "address of the coordinator service (port 0: any free port)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus /metrics on host:port (empty: off)");
+ABSL_FLAG(std::string, health_listen, "",
+          "serve the gRPC health service in plaintext on host:port, for "
+          "probes (empty: off)");
 ABSL_FLAG(std::string, algo, "spardl",
           "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
           "or gaussiank");
@@ -62,6 +65,7 @@ int main(int argc, char** argv) {
   gradmesh::server::ServerOptions options{
       .listen = absl::GetFlag(FLAGS_listen),
       .metrics_listen = absl::GetFlag(FLAGS_metrics_listen),
+      .health_listen = absl::GetFlag(FLAGS_health_listen),
       .tls = gradmesh::TlsFilesFromFlags(),
       .plan = {.algorithm = absl::GetFlag(FLAGS_algo),
                .density = absl::GetFlag(FLAGS_density),

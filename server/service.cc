@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cli.h"
+#include "common/grpc/health_server.h"
 #include "common/metrics/metrics_endpoint.h"
 #include "common/status_macros.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
@@ -193,20 +194,27 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     int port = 0;
     builder.AddListeningPort(options_.listen, credentials, &port);
     builder.RegisterService(this);
-    grpc::EnableDefaultHealthCheckService(true);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) {
       return absl::UnavailableError(
           absl::StrCat("cannot listen on ", options_.listen));
     }
+    if (!options_.health_listen.empty()) {
+      GM_ASSIGN_OR_RETURN(health_, HealthServer::Start(options_.health_listen));
+      health_->SetReady(true);
+    }
     address_ = absl::StrCat(
         options_.listen.substr(0, options_.listen.rfind(':')), ":", port);
     ticker_ = std::thread([this] { Tick(); });
-    Log(absl::StrCat("serving on ", address_,
-                     options_.tls.enabled() ? " (mutual TLS)" : " (plaintext)",
-                     metrics_.port() > 0
-                         ? absl::StrCat(", /metrics on port ", metrics_.port())
-                         : ""));
+    Log(absl::StrCat(
+        "serving on ", address_,
+        options_.tls.enabled() ? " (mutual TLS)" : " (plaintext)",
+        metrics_.port() > 0
+            ? absl::StrCat(", /metrics on port ", metrics_.port())
+            : "",
+        health_ != nullptr
+            ? absl::StrCat(", health checks on port ", health_->port())
+            : ""));
     return absl::OkStatus();
   }
 
@@ -217,12 +225,16 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
       stopping_ = true;
     }
     if (ticker_.joinable()) ticker_.join();
+    if (health_ != nullptr) health_->Stop();
     server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
     Log("stopped");
   }
 
   std::string address() const override { return address_; }
   int metrics_port() const override { return metrics_.port(); }
+  int health_port() const override {
+    return health_ == nullptr ? 0 : health_->port();
+  }
 
   grpc::Status Join(grpc::ServerContext* context,
                     const v1::JoinRequest* request,
@@ -367,6 +379,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   Coordinator coordinator_;
   Metrics metrics_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HealthServer> health_;
   std::string address_;
   std::thread ticker_;
   size_t last_members_ = 0;

@@ -39,6 +39,9 @@ namespace gradmesh::server {
 struct ServerOptions {
   std::string listen = "127.0.0.1:7700";  // port 0 picks one
   std::string metrics_listen;             // host:port; empty: off
+  // Plaintext gRPC health service (common/grpc/health_server.h), "" and
+  // "ready" both SERVING while serving; empty: off.
+  std::string health_listen;
   TlsFiles tls;
   PlanConfig plan;
   absl::Duration heartbeat_timeout = absl::Seconds(3);
@@ -55,6 +58,7 @@ class CoordinatorServer {
   virtual void Stop() = 0;
   virtual std::string address() const = 0;
   virtual int metrics_port() const = 0;  // 0 when /metrics is off
+  virtual int health_port() const = 0;   // 0 when health checks are off
 };
 
 }  // namespace gradmesh::server

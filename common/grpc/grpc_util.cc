@@ -1,5 +1,7 @@
 #include "common/grpc/grpc_util.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -107,6 +109,16 @@ std::vector<std::string> CertificateNames(const grpc::AuthContext& auth) {
   return names;
 }
 
+namespace {
+
+bool IsIpAddress(const std::string& host) {
+  in6_addr address;
+  return inet_pton(AF_INET, host.c_str(), &address) == 1 ||
+         inet_pton(AF_INET6, host.c_str(), &address) == 1;
+}
+
+}  // namespace
+
 bool NamesHost(const std::vector<std::string>& names,
                const std::string& address) {
   std::string host = SplitHostPort(address).first;
@@ -114,7 +126,11 @@ bool NamesHost(const std::vector<std::string>& names,
     host = host.substr(1, host.size() - 2);
   }
   return std::any_of(names.begin(), names.end(), [&](const std::string& n) {
-    return absl::EqualsIgnoreCase(n, host);
+    if (absl::EqualsIgnoreCase(n, host)) return true;
+    if (!absl::StartsWith(n, "*.") || IsIpAddress(host)) return false;
+    const size_t dot = host.find('.');
+    return dot != 0 && dot != std::string::npos &&
+           absl::EqualsIgnoreCase(n.substr(1), host.substr(dot));
   });
 }
 

@@ -57,7 +57,10 @@ bool OverTls(const grpc::AuthContext& auth);
 // with; empty on plaintext or for a certificate without any.
 std::vector<std::string> CertificateNames(const grpc::AuthContext& auth);
 // Whether `names` include the host of `address` ("host:port"; case is
-// ignored, brackets around an IPv6 host too).
+// ignored, brackets around an IPv6 host too). A name "*.rest" stands for any
+// one label before "rest" (RFC 6125: "*.svc.example" names "a.svc.example",
+// not "svc.example" nor "a.b.svc.example"), as a certificate shared by a
+// StatefulSet's pods has it; a wildcard names no IP address.
 bool NamesHost(const std::vector<std::string>& names,
                const std::string& address);
 // For handlers: OK when the caller's connection is not TLS (nothing to

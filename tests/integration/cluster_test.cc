@@ -1,6 +1,8 @@
 // Real processes on 127.0.0.1: a coordinator and P gradmesh-worker
 // processes (LocalCluster), driven through the SDK over shared memory.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc/grpc_util.h"
+#include "common/grpc/health_server.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "gradmesh/v1/peer.grpc.pb.h"
 #include "gradmesh/v1/worker.grpc.pb.h"
@@ -1193,6 +1196,61 @@ TEST(SdkTokenTest, CallsOverTcpNeedTheToken) {
   auto refused = connect((*untokened)->worker_address(0), "s3cret");
   EXPECT_TRUE(absl::IsPermissionDenied(refused.status())) << refused.status();
   EXPECT_TRUE((*untokened)->Stop().ok());
+  std::filesystem::remove_all(dir);
+}
+
+// A port of 127.0.0.1 free now (bound, read, released).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(address);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), size);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// Kubernetes' layout: probes on a plaintext health port, the SDK on a TCP
+// port of its own (with the token), peers alone on the peer port.
+TEST(PortsTest, HealthAndSdkPortsServeApartFromThePeers) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           absl::StrCat("gradmesh-ports-", getpid()))
+                              .string();
+  std::filesystem::create_directories(dir);
+  const std::string coordinator_health = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string worker_health = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string sdk = absl::StrCat("127.0.0.1:", FreePort());
+  auto cluster = LocalCluster::Start(
+      {.workers = 1,
+       .coordinator_flags = {{"health_listen", coordinator_health}},
+       .worker_flags = {{"health_listen", worker_health},
+                        {"sdk_listen", sdk},
+                        {"sdk_token_file", WriteToken(dir, "s3cret")}}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitForView(1, absl::Seconds(30)).ok());
+  for (const std::string& health : {coordinator_health, worker_health}) {
+    EXPECT_TRUE(CheckHealth(health, "", 5000).ok()) << health;
+    EXPECT_TRUE(CheckHealth(health, kReadinessService, 5000).ok()) << health;
+    EXPECT_TRUE(absl::IsUnavailable(CheckHealth(health, "other", 5000)));
+  }
+  auto connect = [](const std::string& worker) {
+    return Client::Connect(
+        {.worker = worker, .token = "s3cret", .timeout = absl::Seconds(10)});
+  };
+  auto client = connect(sdk);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->size(), 1);
+  auto on_peer_port = connect((*cluster)->worker_address(0));
+  EXPECT_TRUE(absl::IsUnimplemented(on_peer_port.status()))
+      << on_peer_port.status();
+  auto local = connect((*cluster)->sdk_address(0));  // the socket stays
+  ASSERT_TRUE(local.ok()) << local.status();
+  client->reset();
+  local->reset();
+  EXPECT_TRUE((*cluster)->Stop().ok());
+  EXPECT_FALSE(CheckHealth(worker_health, "", 2000).ok());
   std::filesystem::remove_all(dir);
 }
 

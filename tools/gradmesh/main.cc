@@ -4,6 +4,7 @@
 //                   --input-dir=IN --output-dir=OUT
 //   gradmesh local --workers=4
 //   gradmesh run --workers=4 -- python3 train.py --epochs=3
+//   gradmesh health --address=127.0.0.1:7709 --service=ready
 //
 // Flag names take '-' or '_' alike (--input-dir == --input_dir).
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/cli.h"
+#include "common/grpc/health_server.h"
 #include "common/grpc/tls_flags.h"
 #include "tools/gradmesh/local.h"
 #include "tools/gradmesh/replay.h"
@@ -86,6 +88,14 @@ ABSL_FLAG(std::vector<std::string>, hosts, {},
 ABSL_FLAG(std::string, coordinator_host, "127.0.0.1",
           "local: the coordinator's listen address (with --netns, one every "
           "namespace reaches)");
+ABSL_FLAG(std::string, address, "127.0.0.1:7709",
+          "health: the health port (--health-listen) of a worker or "
+          "coordinator, host:port");
+ABSL_FLAG(std::string, service, "",
+          "health: \"\" asks whether the daemon lives, \"ready\" whether it "
+          "is ready (a worker: a member of the current view)");
+ABSL_FLAG(int, probe_timeout_ms, 3000,
+          "health: how long to wait for the answer");
 ABSL_FLAG(std::string, job, "",
           "run: the job name the commands get as GRADMESH_JOB (empty: "
           "run-<pid>-<unix seconds>)");
@@ -117,6 +127,10 @@ constexpr char kUsage[] =
     "           130 on Ctrl-C, else 0. Everything after -- is the command:\n"
     "             gradmesh run --workers=4 --density=0.01 -- \\\n"
     "                 python3 train.py --epochs=3\n"
+    "  health   ask a daemon's health service (--health-listen) whether\n"
+    "           it serves: exit 0 if so, else 1 with the answer; for\n"
+    "           container health checks:\n"
+    "             gradmesh health --address=127.0.0.1:7709 --service=ready\n"
     "\n"
     "`gradmesh <command> --help` lists the command's flags.";
 
@@ -315,6 +329,29 @@ int Run(int argc, char** argv) {
   return gradmesh::tools::RunCommand(options);
 }
 
+// `gradmesh health [--address=HOST:PORT] [--service=NAME]`.
+int Health(int argc, char** argv) {
+  const std::vector<std::string> positional =
+      gradmesh::ParseFlags(argc, argv, "GRADMESH_");
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "gradmesh health: unexpected argument '%s'\n",
+                 positional[1].c_str());
+    return 2;
+  }
+  const std::string address = absl::GetFlag(FLAGS_address);
+  const std::string service = absl::GetFlag(FLAGS_service);
+  const absl::Status status = gradmesh::CheckHealth(
+      address, service, absl::GetFlag(FLAGS_probe_timeout_ms));
+  if (!status.ok()) {
+    std::fprintf(stderr, "gradmesh health: %s\n",
+                 std::string(status.message()).c_str());
+    return 1;
+  }
+  std::printf("%s: %s SERVING\n", address.c_str(),
+              service.empty() ? "(live)" : service.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -335,6 +372,11 @@ int main(int argc, char** argv) {
     std::string name = absl::StrCat(argv[0], " run");
     argv[1] = name.data();
     gradmesh::ExitAfterShutdown(Run(argc - 1, argv + 1));
+  }
+  if (command == "health") {
+    std::string name = absl::StrCat(argv[0], " health");
+    argv[1] = name.data();
+    return Health(argc - 1, argv + 1);
   }
   if (command.empty() || command == "--help" || command == "-h" ||
       command == "help") {

@@ -20,6 +20,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/cli.h"
 #include "common/grpc/grpc_util.h"
+#include "common/grpc/health_server.h"
 #include "common/status_macros.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "worker/daemon/coordinator_client.h"
@@ -100,6 +101,9 @@ class Daemon final : public WorkerDaemon {
   std::string address() const override { return advertise_; }
   std::string sdk_address() const override { return sdk_address_; }
   int metrics_port() const override { return metrics_->port(); }
+  int health_port() const override {
+    return health_ == nullptr ? 0 : health_->port();
+  }
 
  private:
   void Log(const std::string& message) const;
@@ -134,6 +138,8 @@ class Daemon final : public WorkerDaemon {
   std::unique_ptr<SdkService> sdk_;
   std::unique_ptr<OutcomeService> outcomes_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> sdk_server_;  // with `sdk_listen` only
+  std::unique_ptr<HealthServer> health_;
   std::unique_ptr<CoordinatorClient> coordinator_;
   absl::Notification stop_reaping_;
   std::thread reaper_;
@@ -178,6 +184,9 @@ absl::Status Daemon::Init() {
               }},
       DataPlaneOptions{.view_wait = options_.view_wait});
   GM_RETURN_IF_ERROR(StartServer());
+  if (!options_.health_listen.empty()) {
+    GM_ASSIGN_OR_RETURN(health_, HealthServer::Start(options_.health_listen));
+  }
   coordinator_ = std::make_unique<CoordinatorClient>(
       v1::Coordinator::NewStub(Channel(options_.coordinator)), Node(),
       options_.heartbeat_interval,
@@ -186,10 +195,16 @@ absl::Status Daemon::Init() {
   Log(absl::StrCat(
       "serving on ", advertise_,
       sdk_address_.empty() ? "" : absl::StrCat(" and ", sdk_address_),
+      options_.sdk_listen.empty()
+          ? ""
+          : absl::StrCat(", the SDK on ", options_.sdk_listen),
       ", coordinator ", options_.coordinator,
       options_.tls.enabled() ? ", mutual TLS" : ", plaintext",
       metrics_->port() > 0
           ? absl::StrCat(", /metrics on port ", metrics_->port())
+          : "",
+      health_ != nullptr
+          ? absl::StrCat(", health checks on port ", health_->port())
           : ""));
   coordinator_->Start();
   reaper_ = std::thread([this] { ReapLoop(); });
@@ -215,26 +230,38 @@ absl::Status Daemon::StartServer() {
       plane_.get(), [this](const grpc::ServerContext& context, uint64_t epoch) {
         return AdmitAsker(context, epoch);
       });
+  // The SDK (and its unix socket) goes with the peer services, or to a
+  // server of its own on `sdk_listen`.
+  const bool own_sdk_port = !options_.sdk_listen.empty();
   grpc::ServerBuilder builder;
+  grpc::ServerBuilder sdk_builder;
+  grpc::ServerBuilder& sdk_side = own_sdk_port ? sdk_builder : builder;
   int port = 0;
+  int sdk_port = 0;
   builder.AddListeningPort(options_.listen, server_credentials, &port);
+  if (own_sdk_port) {
+    sdk_builder.AddListeningPort(options_.sdk_listen, server_credentials,
+                                 &sdk_port);
+  }
   if (!options_.sdk_socket.empty()) {
     // Owner-only: the socket is created under this umask, then checked.
-    builder.AddListeningPort(absl::StrCat("unix:", options_.sdk_socket),
-                             grpc::InsecureServerCredentials());
+    sdk_side.AddListeningPort(absl::StrCat("unix:", options_.sdk_socket),
+                              grpc::InsecureServerCredentials());
   }
   // gRPC's default 4 MiB bounds every message: peer frames are at most
   // kMaxChunkBytes, SDK requests carry no tensor data.
   builder.RegisterCallbackGenericService(&peers_);
-  builder.RegisterService(sdk_.get());
   builder.RegisterService(outcomes_.get());
-  grpc::EnableDefaultHealthCheckService(true);
+  sdk_side.RegisterService(sdk_.get());
   const mode_t old_mask = umask(0077);
   server_ = builder.BuildAndStart();
+  if (own_sdk_port) sdk_server_ = sdk_builder.BuildAndStart();
   umask(old_mask);
-  if (server_ == nullptr || port == 0) {
+  if (server_ == nullptr || port == 0 ||
+      (own_sdk_port && (sdk_server_ == nullptr || sdk_port == 0))) {
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", options_.listen,
+        own_sdk_port ? absl::StrCat(" or ", options_.sdk_listen) : "",
         options_.sdk_socket.empty() ? "" : " or ", options_.sdk_socket));
   }
   if (!options_.sdk_socket.empty()) {
@@ -336,6 +363,7 @@ void Daemon::InstallView(const v1::View& view) {
   metrics_->epoch().Set(static_cast<double>(view.epoch()));
   if (change->late) metrics_->late_views().Increment();
   const Group& group = *change->group;
+  if (health_ != nullptr) health_->SetReady(group.rank >= 0);
   const PlanInfo& plan = group.view.plan;
   Log(absl::StrCat(
       "view: ", change->description, "; ", group.size(), " members, ",
@@ -435,6 +463,7 @@ void Daemon::Stop() {
     stopped_ = true;
   }
   Log("shutting down");
+  if (health_ != nullptr) health_->Stop();
   std::vector<std::shared_ptr<Group>> groups = views_->Stop();
   for (const auto& group : groups) {
     if (group->transport != nullptr) {
@@ -451,7 +480,10 @@ void Daemon::Stop() {
   // Close this worker's streams first, so that peers stopping at the same
   // time see theirs end; then stop serving (what peers still send is cut).
   groups.clear();
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
+  if (sdk_server_ != nullptr)
+    sdk_server_->Shutdown(absl::ToChronoTime(deadline));
+  server_->Shutdown(absl::ToChronoTime(deadline));
 }
 
 }  // namespace

@@ -4,8 +4,10 @@
 //   - ViewTracker: which group (epoch, plan, transport) a step runs on;
 //   - DataPlane: registered tensor sets in shared memory, all-reduce,
 //     broadcast and barrier on them, residuals per (job, bucket);
-//   - SdkService: the Worker service for the SDK, on the peer port and on a
-//     unix socket (owner-only) when `sdk_socket` is set.
+//   - SdkService: the Worker service for the SDK, on the peer port (or on
+//     `sdk_listen`) and on a unix socket (owner-only) when `sdk_socket` is
+//     set;
+//   - HealthServer: liveness and readiness for probes, on `health_listen`.
 //
 //   - OutcomeService: the Commit service, which peers in doubt about a step
 //     ask (see DataPlane).
@@ -40,6 +42,13 @@ struct DaemonOptions {
   std::string node_id;         // default: the advertised address
   std::string metrics_listen;  // host:port for /metrics; empty: off
   std::string sdk_socket;      // unix socket path for the SDK; empty: none
+  // TCP host:port of the SDK alone, so that a network policy can tell
+  // trainers' traffic from peers'; empty: the SDK shares `listen`.
+  std::string sdk_listen;
+  // Plaintext gRPC health service (common/grpc/health_server.h): "" while
+  // serving, "ready" while this worker is a member of the current view;
+  // empty: off.
+  std::string health_listen;
   // A file holding the token SDK calls over TCP must bear (sdk_service.h);
   // empty: SDK calls over TCP are refused.
   std::string sdk_token_file;
@@ -68,6 +77,7 @@ class WorkerDaemon {
   // "unix:PATH" of the SDK socket, empty when there is none.
   virtual std::string sdk_address() const = 0;
   virtual int metrics_port() const = 0;  // 0 when /metrics is off
+  virtual int health_port() const = 0;   // 0 when health checks are off
 };
 
 }  // namespace gradmesh::daemon

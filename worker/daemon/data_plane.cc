@@ -802,6 +802,10 @@ void DataPlane::Record(const ReduceResult& result, const Group& group,
   const std::string& algorithm = result.plan.algorithm;
   m.operations("OK").Increment();
   m.operation_seconds(algorithm).Observe(result.seconds);
+  // A ring reduce-scatter + all-gather sends 2 (P - 1) / P of the float32s.
+  const double members = group.size();
+  m.dense_ring_bytes().Increment(2.0 * (members - 1) / members * 4.0 *
+                                 static_cast<double>(result.values));
   m.topk_seconds(algorithm).Observe(stats.topk_seconds);
   {
     // Bytes per peer: what the group's transport counted since the last

@@ -24,13 +24,21 @@ ABSL_FLAG(
     "stable identity; ranks sort by it (default: the advertised address)");
 ABSL_FLAG(std::string, sdk_socket, "",
           "serve the SDK on this unix socket path (mode 0600); over TCP "
-          "(--listen) it needs --sdk_token_file");
+          "(--listen or --sdk_listen) it needs --sdk_token_file");
+ABSL_FLAG(std::string, sdk_listen, "",
+          "serve the SDK over TCP on this host:port instead of on --listen, "
+          "so that a network policy can tell trainers from peers (empty: "
+          "--listen)");
 ABSL_FLAG(std::string, sdk_token_file, "",
           "file holding the token that SDK clients over TCP must give "
           "($GRADMESH_TOKEN); without one, only the unix socket serves the "
           "SDK");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus /metrics on host:port (empty: off)");
+ABSL_FLAG(std::string, health_listen, "",
+          "serve the gRPC health service in plaintext on host:port, for "
+          "probes: service \"\" (live) and \"ready\" (a member of the "
+          "current view) (empty: off)");
 ABSL_FLAG(double, operation_timeout_s, 30,
           "an all-reduce that takes longer fails with DeadlineExceeded");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "heartbeat period");
@@ -63,6 +71,8 @@ int main(int argc, char** argv) {
        .node_id = absl::GetFlag(FLAGS_node_id),
        .metrics_listen = absl::GetFlag(FLAGS_metrics_listen),
        .sdk_socket = absl::GetFlag(FLAGS_sdk_socket),
+       .sdk_listen = absl::GetFlag(FLAGS_sdk_listen),
+       .health_listen = absl::GetFlag(FLAGS_health_listen),
        .sdk_token_file = absl::GetFlag(FLAGS_sdk_token_file),
        .tls = gradmesh::TlsFilesFromFlags(),
        .operation_timeout =

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace gradmesh::daemon {
@@ -123,6 +124,24 @@ WorkerMetrics::WorkerMetrics()
                       "changed under them")
                   .Register(r)
                   .Add({});
+  dense_ring_bytes_ = &BuildCounter()
+                           .Name("gradmesh_worker_dense_ring_bytes_total")
+                           .Help(
+                               "Bytes a dense ring all-reduce would have sent "
+                               "for the same successful all-reduces")
+                           .Register(r)
+                           .Add({});
+  // Every outcome and refusal starts at 0, so that rates and alerts over
+  // them have a series before the first error.
+  for (int code = 0; code <= 16; ++code) {
+    operations(absl::StatusCodeToString(static_cast<absl::StatusCode>(code)));
+  }
+  for (const char* reason : {"malformed", "limits", "identity", "token"}) {
+    calls_refused(reason);
+  }
+  for (const char* reason : {"old_epoch", "retired_operation"}) {
+    frames_dropped(reason);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(

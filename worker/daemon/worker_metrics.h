@@ -4,11 +4,14 @@
 //   gradmesh_worker_topk_seconds{algorithm}             histogram
 //   gradmesh_worker_bytes_sent_total{peer}              counter (payload)
 //   gradmesh_worker_bytes_received_total{peer}          counter (payload)
+//   gradmesh_worker_dense_ring_bytes_total              counter: what a dense
+//       ring all-reduce would have sent for the same all-reduces
 //   gradmesh_worker_nonzeros{phase}                     gauge: srs, sag, result
 //   gradmesh_worker_residual_norm{buffer}               gauge (L2, at scrape)
 //   gradmesh_worker_bsag_h                              gauge (B-SAG's h)
 //   gradmesh_worker_teams / _epoch / _rank / _world_size gauges
-//   gradmesh_worker_operations_total{code}              counter (OK or error)
+//   gradmesh_worker_operations_total{code}              counter (OK or error;
+//       every code's series exists from the start, at 0)
 //   gradmesh_worker_frames_dropped_total{reason}        counter
 //   gradmesh_worker_calls_refused_total{reason}         counter: peer streams
 //       and calls refused: malformed, limits (held epochs' bounds), identity
@@ -83,6 +86,7 @@ class WorkerMetrics {
   prometheus::Counter& retries() { return *retries_; }
   prometheus::Counter& unresolved() { return *unresolved_; }
   prometheus::Counter& mismatches() { return *mismatches_; }
+  prometheus::Counter& dense_ring_bytes() { return *dense_ring_bytes_; }
 
  private:
   WorkerMetrics();
@@ -109,6 +113,7 @@ class WorkerMetrics {
   prometheus::Counter* retries_;
   prometheus::Counter* unresolved_;
   prometheus::Counter* mismatches_;
+  prometheus::Counter* dense_ring_bytes_;
   absl::Mutex norms_mu_;
   std::vector<std::string> norm_buffers_ ABSL_GUARDED_BY(norms_mu_);
 };

@@ -28,6 +28,17 @@ TEST(NamesHostTest, MatchesTheHostOfAnAddress) {
   EXPECT_FALSE(NamesHost({}, "127.0.0.2:7000"));
 }
 
+TEST(NamesHostTest, AWildcardStandsForOneLeftmostLabel) {
+  const std::vector<std::string> names = {"*.gradmesh-worker.ns.svc"};
+  EXPECT_TRUE(NamesHost(names, "gradmesh-worker-0.gradmesh-worker.ns.svc:1"));
+  EXPECT_TRUE(NamesHost(names, "W-7.GRADMESH-worker.ns.svc:1"));
+  EXPECT_FALSE(NamesHost(names, "gradmesh-worker.ns.svc:1"));
+  EXPECT_FALSE(NamesHost(names, "a.b.gradmesh-worker.ns.svc:1"));
+  EXPECT_FALSE(NamesHost(names, ".gradmesh-worker.ns.svc:1"));
+  EXPECT_FALSE(NamesHost(names, "a.gradmesh-worker.ns.svc.evil:1"));
+  EXPECT_FALSE(NamesHost({"*.0.0.1"}, "127.0.0.1:1"));
+}
+
 // A PeerService behind a TLS port on 127.0.0.1, for rank 0 of a group whose
 // ranks 1 and 2 serve on 127.0.0.2 and 127.0.0.3; callers present a
 // certificate for one of those hosts.
