@@ -12,7 +12,27 @@ packages=(
   python3-dev pybind11-dev python3-numpy python3-torch python3-matplotlib
   python3-pytest dataset-fashion-mnist
   libgloo-dev libopenmpi-dev openmpi-bin iproute2 procps
+  prometheus yamllint python3-yaml
 )
+# kubectl renders the Kustomize manifests; any recent one will do, and some
+# machines carry one from another package that Debian's would conflict with.
+if ! command -v kubectl >/dev/null; then packages+=(kubernetes-client); fi
+
+# --build-only: just what configuring and compiling the binaries and the
+# Python module needs (the container images' build stage). CMake's configure
+# step also wants GTest, GMock and Google Benchmark, even without the tests.
+if [[ ${1:-} == --build-only ]]; then
+  packages=(
+    build-essential cmake ninja-build pkg-config
+    libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+    libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
+    prometheus-cpp-dev libssl-dev zlib1g-dev
+    python3 python3-dev pybind11-dev
+  )
+elif (($#)); then
+  echo "usage: scripts/setup.sh [--build-only]" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${packages[@]}"; do
