@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from netns_hosts import Hosts, run
+
 LINKS = {  # name: tbf rate (None: not shaped)
     "loopback": None,
     "10gbit": "10gbit",
@@ -47,20 +49,12 @@ GRADMESH_SYSTEMS = {  # name: (--algo, --teams)
 }
 PEER_SYSTEMS = ("gloo", "mpi")
 SPARSE_BASELINES = ("oktopk", "topka", "topkdsa", "gtopk")
-NS_PREFIX = "gmb"
-BRIDGE = "gmbr0"
-SUBNET = "10.77.0"
+SUBNET = "10.77.0"  # Hosts' default: gmb0.. at 10.77.0.1.., bridge gmbr0
 BRIDGE_IP = SUBNET + ".254"
 
 
 def log(message):
     print(message, flush=True)
-
-
-def run(cmd, check=True, **kwargs):
-    """A short setup command (ip, tc)."""
-    return subprocess.run(cmd, check=check, text=True, capture_output=True,
-                          timeout=60, **kwargs)
 
 
 LIVE = set()  # process groups of running cases, killed on any exit
@@ -124,85 +118,6 @@ def run_one(cmd, timeout, env=None):
         raise RuntimeError(f"{os.path.basename(cmd[0])} exited with {code}: "
                            f"{err.strip()[-800:]}")
     return out
-
-
-class Hosts:
-    """P network namespaces on a bridge, shaped by tbf; removed on close."""
-
-    def __init__(self, count):
-        self.count = count
-        self.names = [f"{NS_PREFIX}{i}" for i in range(count)]
-        self.ips = [f"{SUBNET}.{i + 1}" for i in range(count)]
-
-    @staticmethod
-    def remove_all():
-        """Removes every namespace, veth and the bridge this script makes,
-        killing what still runs inside (a namespace with a process in it
-        outlives `ip netns del`)."""
-        out = run(["ip", "netns", "list"], check=False).stdout
-        for line in out.splitlines():
-            name = line.split()[0] if line.split() else ""
-            if name.startswith(NS_PREFIX) and name[len(NS_PREFIX):].isdigit():
-                pids = run(["ip", "netns", "pids", name], check=False).stdout
-                for pid in pids.split():
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except (ProcessLookupError, ValueError):
-                        pass
-                run(["ip", "netns", "del", name], check=False)
-        links = run(["ip", "-o", "link", "show"], check=False).stdout
-        for line in links.splitlines():
-            dev = line.split(":")[1].strip().split("@")[0]
-            if dev == BRIDGE or (dev.startswith("gmv") and dev[3:].isdigit()):
-                run(["ip", "link", "del", dev], check=False)
-
-    def create(self):
-        Hosts.remove_all()
-        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-        run(["ip", "addr", "add", BRIDGE_IP + "/24", "dev", BRIDGE])
-        run(["ip", "link", "set", BRIDGE, "up"])
-        for i, (ns, ip) in enumerate(zip(self.names, self.ips)):
-            outer = f"gmv{i}"
-            run(["ip", "netns", "add", ns])
-            run(["ip", "link", "add", outer, "type", "veth", "peer", "name",
-                 "eth0", "netns", ns])
-            run(["ip", "link", "set", outer, "master", BRIDGE, "up"])
-            run(["ip", "-n", ns, "addr", "add", ip + "/24", "dev", "eth0"])
-            run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-            run(["ip", "-n", ns, "link", "set", "lo", "up"])
-
-    def shape(self, rate):
-        """tbf at `rate` on both ends of every veth (None: unshaped)."""
-        for i, ns in enumerate(self.names):
-            for prefix, dev in ((["ip", "netns", "exec", ns], "eth0"),
-                                ([], f"gmv{i}")):
-                run(prefix + ["tc", "qdisc", "del", "dev", dev, "root"],
-                    check=False)
-                if rate is None:
-                    continue
-                bits = parse_rate(rate)
-                # A burst of 1 ms of traffic (at least 32 KiB): enough for
-                # tbf to reach the rate, small against the messages.
-                burst = max(32 << 10, int(bits / 8 * 0.001))
-                run(prefix + ["tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                              "rate", rate, "burst", str(burst), "latency",
-                              "100ms"])
-
-    def rx_bytes(self):
-        """Bytes each host has received so far (its veth's outer tx)."""
-        counts = []
-        for i in range(self.count):
-            with open(f"/sys/class/net/gmv{i}/statistics/tx_bytes") as f:
-                counts.append(int(f.read()))
-        return counts
-
-
-def parse_rate(rate):
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    for unit, scale in units.items():
-        if rate.endswith(unit):
-            return float(rate[:-len(unit)]) * scale
-    return float(rate)
 
 
 class Bench:
@@ -769,7 +684,7 @@ def main():
             kill_group(proc)
         bench.write()
         if os.geteuid() == 0:
-            Hosts.remove_all()
+            Hosts(0).remove_all()
 
 
 if __name__ == "__main__":
