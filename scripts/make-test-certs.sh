@@ -11,12 +11,15 @@
 #     DIR/HOST.pem, DIR/HOST.key   for each HOST: names that host only (an IP
 #                                  address or a DNS name), as a worker that
 #                                  advertises HOST needs (docs/reliability.md)
+#     DIR/NAME.pem, DIR/NAME.key   for each NAME=HOST,HOST...: names every one
+#                                  of those hosts (a DNS name may be a
+#                                  wildcard, "*.svc.example")
 #
 # Not for production: the keys are unencrypted.
 set -euo pipefail
 if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
-  echo "usage: $0 DIR [HOST...]   (writes DIR/ca.pem, DIR/node.{pem,key}" \
-       "and DIR/HOST.{pem,key} for each HOST)" >&2
+  echo "usage: $0 DIR [HOST | NAME=HOST,HOST...]...   (writes DIR/ca.pem," \
+       "DIR/node.{pem,key}, and DIR/HOST.{pem,key} or DIR/NAME.{pem,key})" >&2
   exit 2
 fi
 dir=$1
@@ -41,13 +44,21 @@ EXT
   rm -f "$1.csr" "$1.ext"
 }
 
+# alt_name HOST: the subject alternative name of an IP address or DNS name.
+alt_name() {
+  if [[ "$1" =~ ^[0-9.]+$ || "$1" == *:* ]]; then echo "IP:$1"; else echo "DNS:$1"; fi
+}
+
 sign node "IP:127.0.0.1, DNS:localhost"
-for host in "$@"; do
-  if [[ "$host" =~ ^[0-9.]+$ || "$host" == *:* ]]; then
-    sign "$host" "IP:$host"
+for arg in "$@"; do
+  if [[ "$arg" == *=* ]]; then
+    names=()
+    IFS=, read -ra hosts <<< "${arg#*=}"
+    for host in "${hosts[@]}"; do names+=("$(alt_name "$host")"); done
+    sign "${arg%%=*}" "$(IFS=,; echo "${names[*]}")"
   else
-    sign "$host" "DNS:$host"
+    sign "$arg" "$(alt_name "$arg")"
   fi
 done
 rm -f ca.srl
-echo "make-test-certs: wrote ca.pem, node.pem, node.key${*:+ and HOST.pem, HOST.key for $*} in $dir"
+echo "make-test-certs: wrote ca.pem, node.pem, node.key${*:+ and certificates for $*} in $dir"
