@@ -319,6 +319,56 @@ def check_compose(c, binaries):
                          f"compose {service_name}: --{flag}={value}")
 
 
+def check_secrets_and_monitoring(c, docs):
+    """make-secrets.sh gives the Secrets and keys the pods mount and read;
+    make-monitoring.py wraps the rules and dashboards unchanged."""
+    run = subprocess.run(["bash", os.path.join(K8S, "make-secrets.sh"), "ns"],
+                         capture_output=True, text=True)
+    if not c.expect(run.returncode == 0, f"make-secrets.sh: {run.stderr}"):
+        return
+    secrets = {d["metadata"]["name"]: set(d["data"])
+               for d in yaml.safe_load_all(run.stdout) if d}
+    for workload in docs:
+        if workload["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        pod = workload["spec"]["template"]["spec"]
+        volumes = {v["name"]: v["secret"]["secretName"]
+                   for v in pod.get("volumes", []) if "secret" in v}
+        for container in pod["containers"]:
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] not in volumes:
+                    continue
+                secret = volumes[mount["name"]]
+                if not c.expect(secret in secrets,
+                                f"make-secrets.sh makes no Secret {secret}"):
+                    continue
+                for item in container.get("env", []):
+                    value = item.get("value") or ""
+                    if value.startswith(mount["mountPath"] + "/"):
+                        key = value[len(mount["mountPath"]) + 1:]
+                        c.expect(key in secrets[secret],
+                                 f"{item['name']}: Secret {secret} has no "
+                                 f"key {key}")
+    run = subprocess.run([sys.executable, os.path.join(K8S, "make-monitoring.py")],
+                         capture_output=True, text=True)
+    if not c.expect(run.returncode == 0, f"make-monitoring.py: {run.stderr}"):
+        return
+    made = list(yaml.safe_load_all(run.stdout))
+    with open(os.path.join(ROOT, "deploy", "prometheus", "rules",
+                           "gradmesh.yml")) as f:
+        rules = yaml.safe_load(f)
+    c.expect(any(d["kind"] == "PrometheusRule" and d["spec"] == rules
+                 for d in made), "make-monitoring.py: no PrometheusRule "
+             "equal to the rules")
+    boards = [n for n in os.listdir(os.path.join(ROOT, "dashboards"))
+              if n.endswith(".json")]
+    for name in boards:
+        c.expect(any(d["kind"] == "ConfigMap" and name in d.get("data", {})
+                     and d["metadata"]["labels"].get("grafana_dashboard") == "1"
+                     for d in made),
+                 f"make-monitoring.py: no dashboard ConfigMap for {name}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin-dir", required=True,
@@ -338,6 +388,8 @@ def main():
         docs, error = render(directory)
         if c.expect(docs is not None, f"kubectl kustomize {name}: {error}"):
             check_rendered(c, name, docs, binaries)
+            if name == "overlays/cpu":
+                check_secrets_and_monitoring(c, docs)
             print(f"manifests_test: {name}: {len(docs)} objects rendered")
     check_compose(c, binaries)
     dashboards = subprocess.run(
