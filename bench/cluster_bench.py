@@ -49,8 +49,6 @@ GRADMESH_SYSTEMS = {  # name: (--algo, --teams)
 }
 PEER_SYSTEMS = ("gloo", "mpi")
 SPARSE_BASELINES = ("oktopk", "topka", "topkdsa", "gtopk")
-SUBNET = "10.77.0"  # Hosts' default: gmb0.. at 10.77.0.1.., bridge gmbr0
-BRIDGE_IP = SUBNET + ".254"
 
 
 def log(message):
@@ -149,7 +147,7 @@ class Bench:
             return []
         return [f"--netns={','.join(self.hosts.names[:workers])}",
                 f"--hosts={','.join(self.hosts.ips[:workers])}",
-                f"--coordinator_host={BRIDGE_IP}"]
+                f"--coordinator_host={self.hosts.bridge_ip}"]
 
     def run_gradmesh(self, system, n, density, workers, iterations):
         algo, teams = GRADMESH_SYSTEMS[system]
@@ -250,8 +248,9 @@ class Bench:
             cmd += program
         else:
             # The ranks reach mpirun's PMIx server over the bridge.
-            env["PMIX_MCA_ptl_tcp_if_include"] = SUBNET + ".0/24"
-            cmd += ["--mca", "btl_tcp_if_include", SUBNET + ".0/24"]
+            subnet = self.hosts.subnet + ".0/24"
+            env["PMIX_MCA_ptl_tcp_if_include"] = subnet
+            cmd += ["--mca", "btl_tcp_if_include", subnet]
             for r in range(workers):
                 if r > 0:
                     cmd.append(":")

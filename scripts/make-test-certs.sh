@@ -15,7 +15,8 @@
 #                                  of those hosts (a DNS name may be a
 #                                  wildcard, "*.svc.example")
 #
-# Not for production: the keys are unencrypted.
+# Valid for $GRADMESH_CERT_DAYS days (default 30). Not for production: the
+# keys are unencrypted.
 set -euo pipefail
 if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
   echo "usage: $0 DIR [HOST | NAME=HOST,HOST...]...   (writes DIR/ca.pem," \
@@ -24,9 +25,10 @@ if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
 fi
 dir=$1
 shift
+days=${GRADMESH_CERT_DAYS:-30}  # how long the certificates are valid
 mkdir -p "$dir"
 cd "$dir"
-openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=gradmesh test CA" \
+openssl req -x509 -newkey rsa:2048 -nodes -days "$days" -subj "/CN=gradmesh test CA" \
   -keyout ca.key -out ca.pem 2>/dev/null
 
 # sign NAME SUBJECT_ALT_NAMES: NAME.pem and NAME.key.
@@ -40,7 +42,7 @@ extendedKeyUsage = serverAuth, clientAuth
 subjectAltName = $2
 EXT
   openssl x509 -req -in "$1.csr" -CA ca.pem -CAkey ca.key -CAcreateserial \
-    -days 30 -extfile "$1.ext" -out "$1.pem" 2>/dev/null
+    -days "$days" -extfile "$1.ext" -out "$1.pem" 2>/dev/null
   rm -f "$1.csr" "$1.ext"
 }
 

@@ -1,5 +1,6 @@
 #include "server/service.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <thread>
@@ -108,6 +109,12 @@ class Metrics {
     beta_ = &gauge("gradmesh_coordinator_link_beta_seconds_per_byte",
                    "Link time per byte (fitted or configured)")
                  ->Add({});
+    departures_ = &prometheus::BuildCounter()
+                       .Name("gradmesh_coordinator_member_departures_total")
+                       .Help(
+                           "Times each node left the view (left, expired or "
+                           "replaced by a new process)")
+                       .Register(*registry_);
     refused_ = &prometheus::BuildCounter()
                     .Name("gradmesh_coordinator_calls_refused_total")
                     .Help(
@@ -129,6 +136,9 @@ class Metrics {
   int port() const { return endpoint_ == nullptr ? 0 : endpoint_->port(); }
 
   void CountRefused() { refused_->Increment(); }
+  void CountDeparture(const std::string& node) {
+    departures_->Add({{"node", node}}).Increment();
+  }
 
   void Refresh() {
     const Coordinator& coordinator = *coordinator_;
@@ -161,6 +171,7 @@ class Metrics {
   const Coordinator* const coordinator_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<MetricsEndpoint> endpoint_;
+  prometheus::Family<prometheus::Counter>* departures_;
   prometheus::Gauge* members_;
   prometheus::Gauge* epoch_;
   prometheus::Gauge* teams_;
@@ -351,7 +362,20 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     return status;
   }
 
-  // Expires silent members.
+  // Counts the members of `last` that `view` lacks (a new incarnation of a
+  // node counts as its departure too).
+  void CountDepartures(const View& last, const View& view) {
+    for (const MemberInfo& gone : last.members) {
+      const bool stayed = std::any_of(
+          view.members.begin(), view.members.end(), [&](const MemberInfo& m) {
+            return m.node_id == gone.node_id &&
+                   m.incarnation == gone.incarnation;
+          });
+      if (!stayed) metrics_.CountDeparture(gone.node_id);
+    }
+  }
+
+  // Expires silent members; counts departures.
   void Tick() {
     uint64_t epoch = 0;
     while (true) {
@@ -362,14 +386,16 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
         if (stopping_) return;
       }
       coordinator_.Tick(absl::Now());
-      const View view = coordinator_.view();
-      if (view.epoch != epoch && epoch != 0 &&
-          view.members.size() != last_members_) {
-        Log(absl::StrCat("epoch ", view.epoch, ": ", view.members.size(),
-                         " members"));
+      View view = coordinator_.view();
+      if (view.epoch != epoch && epoch != 0) {
+        CountDepartures(last_view_, view);
+        if (view.members.size() != last_view_.members.size()) {
+          Log(absl::StrCat("epoch ", view.epoch, ": ", view.members.size(),
+                           " members"));
+        }
       }
       epoch = view.epoch;
-      last_members_ = view.members.size();
+      last_view_ = std::move(view);
     }
   }
 
@@ -382,7 +408,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   std::unique_ptr<HealthServer> health_;
   std::string address_;
   std::thread ticker_;
-  size_t last_members_ = 0;
+  View last_view_;  // the ticker's
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };

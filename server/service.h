@@ -15,6 +15,8 @@
 //       alpha-beta model's
 //   gradmesh_coordinator_iteration_seconds{node}         gauge: latest report
 //   gradmesh_coordinator_link_alpha_seconds, _link_beta_seconds_per_byte
+//   gradmesh_coordinator_member_departures_total{node}  counter: times a
+//       node left the view (left, expired, or restarted as a new process)
 //   gradmesh_coordinator_calls_refused_total             counter
 // Each scrape reads the state machine afresh.
 //

@@ -81,8 +81,10 @@ absl::StatusOr<std::unique_ptr<HealthServer>> HealthServer::Start(
 
 absl::Status CheckHealth(const std::string& address, const std::string& service,
                          int timeout_ms) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);  // a probe asks directly
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), arguments));
   grpc::ClientContext context;
   context.set_deadline(
       absl::ToChronoTime(absl::Now() + absl::Milliseconds(timeout_ms)));
@@ -90,6 +92,10 @@ absl::Status CheckHealth(const std::string& address, const std::string& service,
   request.set_service(service);
   HealthCheckResponse response;
   const grpc::Status status = stub->Check(&context, request, &response);
+  if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    return absl::NotFoundError(
+        absl::StrCat(address, " serves no health service \"", service, "\""));
+  }
   if (!status.ok()) {
     return absl::UnavailableError(
         absl::StrCat(address, ": ", status.error_message(), " (gRPC code ",

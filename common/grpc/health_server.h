@@ -41,8 +41,9 @@ class HealthServer {
 };
 
 // Asks the health service at `address` (plaintext) about `service` within
-// `timeout_ms`. OK when it answers SERVING; Unavailable with the status it
-// answered (NOT_SERVING, NOT_FOUND...) or the call's error otherwise.
+// `timeout_ms`. OK when it answers SERVING; NotFound for a service name it
+// does not know; Unavailable with the status it answered (NOT_SERVING) or
+// the call's error otherwise.
 absl::Status CheckHealth(const std::string& address, const std::string& service,
                          int timeout_ms);
 

@@ -270,11 +270,24 @@ wait_file() {  # wait_file PATH SECONDS WHAT PID
   done
 }
 
+# wait_bounded PID SECONDS: wait's status, or 124 after killing PID when it
+# is still running SECONDS later.
+wait_bounded() {
+  local pid=$1 deadline=$((SECONDS + $2))
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    return 124
+  fi
+  wait "$pid"
+}
+
 http_get() {  # http_get PORT PATH: the response body of GET on 127.0.0.1
   local body
   exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
   printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3
-  body=$(cat <&3)
+  body=$(timeout 10 cat <&3)
   exec 3<&-
   printf '%s' "$body"
 }
@@ -316,7 +329,7 @@ start() {
 stop() {
   local name=$1 status=0
   kill -TERM "${daemon_pid[$name]}" 2>/dev/null || true
-  wait "${bg_pid[$name]}" || status=$?
+  wait_bounded "${bg_pid[$name]}" 30 || status=$?
   forget_pid "${bg_pid[$name]}"
   unset 'daemon_pid[$name]'
   ((status == 0)) || die "$name exited with status $status after SIGTERM; its log: $(tail -n 20 "$work/$name.log")"
@@ -456,7 +469,7 @@ cluster_check() {
   done
   local failed=0
   for ((i = 0; i < workers; i++)); do
-    if ! wait "${trainer_pids[i]}"; then failed=1; fi
+    if ! wait_bounded "${trainer_pids[i]}" 300; then failed=1; fi
     forget_pid "${trainer_pids[i]}"
     sed "s/^/build-images:   trainer-$i| /" "$work/trainer-$i.log"
   done

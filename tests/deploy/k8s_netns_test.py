@@ -8,15 +8,19 @@ Renders deploy/k8s/overlays/OVERLAY and deploy/k8s/examples/fashion-mnist,
 then, with no flag of its own, runs:
   - the coordinator Deployment's container and every replica of the worker
     StatefulSet, each in its own namespace with exactly the environment the
-    manifests give it (ConfigMap, fieldRefs, $(VAR) expansion) and its
-    volumes (Secrets from deploy/k8s/make-secrets.sh's certificate shape: one
-    wildcard certificate for the workers and the coordinator; emptyDirs as
-    directories);
+    manifests give it (ConfigMap, fieldRefs, $(VAR) expansion), as the pod's
+    user and groups (securityContext), and its volumes (Secrets from
+    deploy/k8s/make-secrets.sh's certificate shape, one wildcard certificate
+    for the workers and the coordinator, with the volume's mode and fsGroup;
+    emptyDirs as directories of the fsGroup);
   - the pods' readiness probes (`gradmesh health`, as the kubelet asks) until
     every pod is ready;
-  - the example's trainer container, beside each worker: one epoch of the
-    main job's training on a slice of Fashion-MNIST, then checks that every
-    rank holds bitwise the same parameters.
+  - beside each worker, the training script of the example's trainer
+    container with that container's environment and mounts, from this tree
+    (the image runs it from /usr/share/gradmesh/examples) and on a slice of
+    Fashion-MNIST for one epoch; then checks that every rank holds bitwise
+    the same parameters.
+Not emulated: the read-only root file system and dropped capabilities.
 Exits 0 when it all works, 1 with the reason otherwise, 77 (skipped) when
 not root. Everything it creates (namespaces gmk*, bridge gmkbr0,
 /etc/netns/gmk*) it removes on exit.
@@ -25,18 +29,18 @@ not root. Everything it creates (namespaces gmk*, bridge gmkbr0,
 import argparse
 import json
 import os
-import re
+import signal
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-import yaml
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from netns_hosts import Hosts, run  # noqa: E402
+from netns_hosts import Hosts  # noqa: E402
+import k8s_objects  # noqa: E402
+from k8s_objects import expand, find, render  # noqa: E402
 
 K8S = os.path.join(ROOT, "deploy", "k8s")
 EXAMPLE = os.path.join(K8S, "examples", "fashion-mnist")
@@ -45,19 +49,6 @@ SKIPPED = 77
 
 def log(message):
     print(f"k8s_netns_test: {message}", flush=True)
-
-
-def render(directory):
-    out = subprocess.run(["kubectl", "kustomize", directory], check=True,
-                         capture_output=True, text=True).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def find(docs, kind, name):
-    for d in docs:
-        if d["kind"] == kind and d["metadata"]["name"] == name:
-            return d
-    raise KeyError(f"no {kind} {name}")
 
 
 def container(workload, name):
@@ -69,29 +60,25 @@ def container(workload, name):
 
 def environment(docs, c, pod_name, namespace):
     """The container's environment as the kubelet builds it."""
-    env = {}
-    for source in c.get("envFrom", []):
-        config = find(docs, "ConfigMap", source["configMapRef"]["name"])
-        env.update(config.get("data", {}))
-    fields = {"metadata.name": pod_name, "metadata.namespace": namespace}
-    for item in c.get("env", []):
-        if "valueFrom" in item:
-            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
-        else:
-            env[item["name"]] = re.sub(
-                r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                lambda m: env.get(m[1], m[0]), item["value"])
-    return env
+    return expand(k8s_objects.environment(docs, c),
+                  {"metadata.name": pod_name, "metadata.namespace": namespace})
 
 
 class Pod:
-    """One emulated pod: a namespace, its volumes as directories."""
+    """One emulated pod: a namespace, its volumes as directories, its
+    processes run as the pod's securityContext says (user, group, fsGroup)."""
+    started = []  # every process of every pod, killed on exit
 
-    def __init__(self, name, netns, ip, work):
+    def __init__(self, name, netns, ip, work, workload):
         self.name, self.netns, self.ip = name, netns, ip
+        security = workload["spec"]["template"]["spec"].get(
+            "securityContext", {})
+        self.uid = security.get("runAsUser", 0)
+        self.gid = security.get("runAsGroup", self.uid)
+        self.fs_group = security.get("fsGroup", self.gid)
         self.dir = os.path.join(work, "pods", name)
         os.makedirs(self.dir)
-        self.processes = []
+        os.chown(self.dir, self.uid, self.fs_group)
 
     def mounts(self, workload, c, secrets):
         """mountPath -> directory here."""
@@ -101,22 +88,31 @@ class Pod:
         for mount in c.get("volumeMounts", []):
             volume = volumes[mount["name"]]
             if "secret" in volume:
-                mapped[mount["mountPath"]] = secrets[volume["secret"]["secretName"]]
+                path = secrets[volume["secret"]["secretName"]]
+                for name in os.listdir(path):  # as the kubelet projects them
+                    os.chown(os.path.join(path, name), 0, self.fs_group)
+                    os.chmod(os.path.join(path, name),
+                             volume["secret"].get("defaultMode", 0o644))
+                mapped[mount["mountPath"]] = path
             elif volume.get("emptyDir", {}).get("medium") == "Memory":
                 continue  # /dev/shm: this machine's, as the pod's would be
             else:
                 path = os.path.join(self.dir, mount["name"])
                 os.makedirs(path, exist_ok=True)
+                os.chown(path, 0, self.fs_group)
+                os.chmod(path, 0o2775)  # an fsGroup emptyDir
                 mapped[mount["mountPath"]] = path
         return mapped
 
     def start(self, command, env, log_name):
         out = open(os.path.join(self.dir, log_name), "w")
         process = subprocess.Popen(
-            ["ip", "netns", "exec", self.netns] + command,
+            ["ip", "netns", "exec", self.netns, "setpriv",
+             f"--reuid={self.uid}", f"--regid={self.gid}",
+             f"--groups={self.fs_group}", "--"] + command,
             env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True)
-        self.processes.append(process)
+        Pod.started.append(process)
         return process
 
 
@@ -140,17 +136,13 @@ def make_secrets(work, namespace):
     subprocess.run(
         ["bash", os.path.join(ROOT, "scripts", "make-test-certs.sh"), certs,
          f"cluster=*.gradmesh-worker.{suffix},gradmesh-coordinator.{suffix}"],
-        check=True, capture_output=True)
+        check=True, capture_output=True, timeout=60)
     tls = os.path.join(work, "secrets", "gradmesh-tls")
-    sdk = os.path.join(work, "secrets", "gradmesh-sdk-token")
     os.makedirs(tls)
-    os.makedirs(sdk)
     for src, dst in (("ca.pem", "ca.crt"), ("cluster.pem", "tls.crt"),
                      ("cluster.key", "tls.key")):
         shutil.copy(os.path.join(certs, src), os.path.join(tls, dst))
-    with open(os.path.join(sdk, "token"), "w") as f:
-        f.write("emulated-token\n")
-    return {"gradmesh-tls": tls, "gradmesh-sdk-token": sdk}
+    return {"gradmesh-tls": tls}
 
 
 def write_hosts_files(hosts, names):
@@ -173,7 +165,11 @@ def probe(binary, pod, spec):
     command = ["ip", "netns", "exec", pod.netns, binary, "health",
                f"--address=127.0.0.1:{grpc['port']}",
                f"--service={grpc.get('service', '')}", "--probe_timeout_ms=1000"]
-    return subprocess.run(command, capture_output=True, text=True).returncode == 0
+    try:
+        return subprocess.run(command, capture_output=True, text=True,
+                              timeout=10).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def wait_ready(binary, pods_probes, timeout):
@@ -207,9 +203,9 @@ def run_emulation(args, work, hosts):
     secrets = make_secrets(work, namespace)
 
     coordinator_pod = Pod("gradmesh-coordinator-0", hosts.names[0],
-                          hosts.ips[0], work)
+                          hosts.ips[0], work, deployment)
     workers = [Pod(f"{sts['metadata']['name']}-{i}", hosts.names[i + 1],
-                   hosts.ips[i + 1], work) for i in range(replicas)]
+                   hosts.ips[i + 1], work, sts) for i in range(replicas)]
     write_hosts_files(hosts, [(f"gradmesh-coordinator.{namespace}.svc.cluster.local",
                                coordinator_pod.ip)] +
                       [(f"{w.name}.{service}.{namespace}.svc.cluster.local", w.ip)
@@ -246,24 +242,28 @@ def run_emulation(args, work, hosts):
              "--epochs=1", "--train-limit=512", "--test-limit=256",
              f"--out={out}"], env, "trainer.log")))
     log(f"started {len(trainers)} trainers with the example's environment")
-    hashes = set()
+    deadline = time.monotonic() + args.timeout
+    hashes = []
     for w, out, process in trainers:
-        code = process.wait(timeout=args.timeout)
+        try:
+            code = process.wait(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"training took over {args.timeout} s")
         if code != 0:
             raise RuntimeError(f"the trainer in {w.name} exited with {code}; "
                                f"log in {w.dir}/trainer.log")
         for name in os.listdir(w.dir):
             if name.endswith(".sha256"):
                 with open(os.path.join(w.dir, name)) as f:
-                    hashes.add(f.read().strip())
-    if len(hashes) != 1:
-        raise RuntimeError(f"the ranks' parameters differ: {hashes}")
+                    hashes.append(f.read().strip())
+    if len(hashes) != replicas or len(set(hashes)) != 1:
+        raise RuntimeError(f"expected {replicas} equal parameter hashes, "
+                           f"got {hashes}")
     with open(os.path.join(workers[0].dir, "run.json")) as f:
         summary = json.load(f)
     log(f"trained one epoch ({summary['steps']} steps, {summary['algorithm']} "
         f"d={summary['teams']}) on {replicas} emulated pods; every rank holds "
-        f"parameters {hashes.pop()[:16]}...")
-    return [coordinator_pod] + workers
+        f"parameters {hashes[0][:16]}...")
 
 
 def main():
@@ -280,6 +280,8 @@ def main():
     args = parser.parse_args()
     args.pythonpath = args.pythonpath or os.path.join(args.bin_dir, "client",
                                                       "python")
+    # ctest's timeout sends SIGTERM: clean up as on any other exit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
     if os.geteuid() != 0:
         print("k8s_netns_test: skipped: network namespaces need root")
         return SKIPPED
@@ -288,17 +290,19 @@ def main():
     hosts = Hosts(replicas + 1, prefix="gmk", subnet="10.79.0",
                   bridge="gmkbr0", veth="gmkv")
     work = tempfile.mkdtemp(prefix="gradmesh-k8s-")
-    pods = []
+    os.chmod(work, 0o755)  # the pods' users reach their directories
     failed = None
     try:
         hosts.create()
-        pods = run_emulation(args, work, hosts)
-    except (RuntimeError, subprocess.SubprocessError, KeyError, OSError) as e:
+        run_emulation(args, work, hosts)
+    except (RuntimeError, subprocess.SubprocessError, KeyError, OSError,
+            k8s_objects.RenderError) as e:
         failed = str(e)
     finally:
-        for pod in pods:
-            for process in pod.processes:
-                process.terminate()
+        for process in Pod.started:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
         hosts.remove_all()
         remove_hosts_files(hosts)
         if failed or args.keep:

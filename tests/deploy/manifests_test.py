@@ -31,6 +31,8 @@ import sys
 
 import yaml
 
+from k8s_objects import RenderError, environment, render
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K8S = os.path.join(ROOT, "deploy", "k8s")
 RENDERED = [os.path.join(K8S, "overlays", "cpu"),
@@ -64,19 +66,11 @@ def find_binary(bin_dir, name):
 
 def flags_of(binary):
     text = subprocess.run([binary, "--help"], capture_output=True,
-                          text=True).stdout
+                          text=True, timeout=30).stdout
     flags = set(re.findall(r"^\s+--([a-z0-9_]+) \(", text, re.M))
     if not flags:
         raise RuntimeError(f"no flags in `{binary} --help`")
     return flags
-
-
-def render(directory):
-    run = subprocess.run(["kubectl", "kustomize", directory],
-                         capture_output=True, text=True)
-    if run.returncode != 0:
-        return None, run.stderr
-    return [d for d in yaml.safe_load_all(run.stdout) if d], None
 
 
 def role_of(image):
@@ -100,8 +94,6 @@ class Manifests:
 
     def __init__(self, docs):
         self.docs = docs
-        self.config_maps = {d["metadata"]["name"]: d.get("data", {})
-                            for d in docs if d["kind"] == "ConfigMap"}
 
     def of_kind(self, kind):
         return [d for d in self.docs if d["kind"] == kind]
@@ -109,18 +101,6 @@ class Manifests:
     def workloads(self):
         return [d for d in self.docs
                 if d["kind"] in ("Deployment", "StatefulSet", "Job")]
-
-    def environment(self, container):
-        """[(name, value or None)] in the order the container sees them:
-        envFrom first, then env."""
-        env = []
-        for source in container.get("envFrom", []):
-            ref = source.get("configMapRef")
-            if ref:
-                env += list(self.config_maps.get(ref["name"], {}).items())
-        for item in container.get("env", []):
-            env.append((item["name"], item.get("value")))
-        return env
 
 
 def check_environment(c, where, env, flags, prefix):
@@ -281,8 +261,8 @@ def check_rendered(c, name, docs, binaries):
             if role is None:
                 continue
             flags, prefix = binaries[role]
-            values = check_environment(c, where, m.environment(container),
-                                       flags, prefix)
+            entries = [(n, v) for n, v, _ in environment(docs, container)]
+            values = check_environment(c, where, entries, flags, prefix)
             check_ports(c, where, container, values, prefix)
             check_mounts(c, where, pod, container, values, prefix)
             if role == "worker":
@@ -292,9 +272,16 @@ def check_rendered(c, name, docs, binaries):
     if c.expect(worker_values is not None, f"{name}: no worker container"):
         check_peer_names(c, name, m, worker_values)
     if name.endswith("gpu"):
-        text = yaml.safe_dump(docs)
-        c.expect("nvidia.com/gpu" in text, f"{name}: no nvidia.com/gpu limit")
-        c.expect("podAntiAffinity" in text, f"{name}: no anti-affinity")
+        sts = [d for d in m.of_kind("StatefulSet")][0]["spec"]["template"]
+        worker = [w for w in sts["spec"]["containers"] if w["name"] == "worker"]
+        limits = worker[0].get("resources", {}).get("limits", {})
+        c.expect(limits.get("nvidia.com/gpu") == 1,
+                 f"{name}: the worker's limits ask no nvidia.com/gpu: {limits}")
+        anti = sts["spec"].get("affinity", {}).get("podAntiAffinity", {})
+        c.expect(any(t.get("topologyKey") == "kubernetes.io/hostname"
+                     for t in anti.get(
+                         "requiredDuringSchedulingIgnoredDuringExecution", [])),
+                 f"{name}: workers are not spread one per node")
 
 
 def check_compose(c, binaries):
@@ -323,7 +310,7 @@ def check_secrets_and_monitoring(c, docs):
     """make-secrets.sh gives the Secrets and keys the pods mount and read;
     make-monitoring.py wraps the rules and dashboards unchanged."""
     run = subprocess.run(["bash", os.path.join(K8S, "make-secrets.sh"), "ns"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, timeout=60)
     if not c.expect(run.returncode == 0, f"make-secrets.sh: {run.stderr}"):
         return
     secrets = {d["metadata"]["name"]: set(d["data"])
@@ -350,7 +337,7 @@ def check_secrets_and_monitoring(c, docs):
                                  f"{item['name']}: Secret {secret} has no "
                                  f"key {key}")
     run = subprocess.run([sys.executable, os.path.join(K8S, "make-monitoring.py")],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, timeout=60)
     if not c.expect(run.returncode == 0, f"make-monitoring.py: {run.stderr}"):
         return
     made = list(yaml.safe_load_all(run.stdout))
@@ -381,12 +368,17 @@ def main():
     lint = subprocess.run(["yamllint", "-s", "-c", os.path.join(ROOT, ".yamllint"),
                            os.path.join(ROOT, "deploy"),
                            os.path.join(ROOT, "dashboards")],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=60)
     c.expect(lint.returncode == 0, f"yamllint:\n{lint.stdout}{lint.stderr}")
     for directory in RENDERED:
         name = os.path.relpath(directory, K8S)
-        docs, error = render(directory)
-        if c.expect(docs is not None, f"kubectl kustomize {name}: {error}"):
+        try:
+            docs = render(directory)
+            if name.startswith("overlays/"):
+                docs += render(os.path.join(K8S, "monitoring"))
+        except RenderError as e:
+            docs, error = None, str(e)
+        if c.expect(docs is not None, error if docs is None else ""):
             check_rendered(c, name, docs, binaries)
             if name == "overlays/cpu":
                 check_secrets_and_monitoring(c, docs)
@@ -394,7 +386,7 @@ def main():
     check_compose(c, binaries)
     dashboards = subprocess.run(
         [sys.executable, os.path.join(ROOT, "dashboards", "check_dashboards.py")],
-        capture_output=True, text=True)
+        capture_output=True, text=True, timeout=60)
     c.expect(dashboards.returncode == 0,
              f"check_dashboards.py:\n{dashboards.stdout}{dashboards.stderr}")
 

@@ -12,8 +12,11 @@ Checks, in order:
      rules) answers every PromQL expression of the dashboards and of the
      rules with at least one series (the alerts' expressions are split at
      their comparisons and `and`s, and each side is asked);
-  3. after one worker is killed (SIGKILL), GradmeshWorkerDown fires for
-     that worker, and for no other.
+  3. on the healthy cluster, the alerts of a fault stay quiet; after one
+     worker is killed (SIGKILL), GradmeshWorkerDown fires for that worker
+     and no other, and GradmeshMemberLost fires.
+  The expressions are asked after the kill, so that the departures counter
+  has a series.
 The rules' `for:` durations are cut to 2 s for step 3, so that the test
 does not wait a minute; the expressions are the production ones.
 Exits 0 when every check passes, 1 otherwise (each failure on stderr).
@@ -22,6 +25,7 @@ Exits 0 when every check passes, 1 otherwise (each failure on stderr).
 import argparse
 import json
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -37,9 +41,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PROMETHEUS_DIR = os.path.join(ROOT, "deploy", "prometheus")
 RULES = os.path.join(PROMETHEUS_DIR, "rules", "gradmesh.yml")
 DASHBOARDS = os.path.join(ROOT, "dashboards")
-# Grafana's variables, as the dashboards use them, for plain Prometheus.
-GRAFANA_VARIABLES = {"$__rate_interval": "30s", "$__interval": "15s",
-                     "$__range": "5m"}
+sys.path.insert(0, DASHBOARDS)
+import check_dashboards  # noqa: E402
 
 
 def log(message):
@@ -86,6 +89,7 @@ class Prometheus:
              f"--storage.tsdb.path={os.path.join(work, 'tsdb')}",
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        STARTED.append(self.process)
         wait_for(self.ready, 30, "Prometheus to start")
 
     def ready(self):
@@ -120,7 +124,11 @@ class Prometheus:
 
     def stop(self):
         os.killpg(self.process.pid, signal.SIGTERM)
-        self.process.wait(timeout=30)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
         self.log.close()
 
 
@@ -148,8 +156,14 @@ def split_top_level(expr):
                 continue
         i += 1
     pieces.append(expr[start:])
-    return [p.strip() for p in pieces
-            if not re.fullmatch(r"[-+]?[0-9.e]+", p.strip())]
+    out = []
+    for piece in (p.strip() for p in pieces):
+        absent = re.fullmatch(r"absent\((.*)\)", piece, re.S)
+        if absent:  # empty while all is well: ask what it looks at
+            out += split_top_level(absent[1])
+        elif not re.fullmatch(r"[-+]?[0-9.e]+", piece):
+            out.append(piece)
+    return out
 
 
 def rule_expressions():
@@ -171,32 +185,16 @@ def rule_expressions():
 
 
 def dashboard_expressions(instance):
+    """Every panel's and variable's expression, as Grafana would send it."""
     exprs = []
     for name in sorted(os.listdir(DASHBOARDS)):
-        if not name.endswith(".json"):
-            continue
-        with open(os.path.join(DASHBOARDS, name)) as f:
-            board = json.load(f)
-        panels = list(board.get("panels", []))
-        for panel in list(panels):
-            panels.extend(panel.get("panels", []))  # collapsed rows
-        for panel in panels:
-            for target in panel.get("targets", []):
-                exprs.append((f"{name}: {panel.get('title')}", target["expr"]))
-        for variable in board.get("templating", {}).get("list", []):
-            query = variable.get("query")
-            if isinstance(query, dict):
-                query = query.get("query")
-            m = re.fullmatch(r"label_values\((.+),\s*\w+\)", query or "")
-            if m:
-                exprs.append((f"{name}: variable {variable['name']}", m[1]))
-    substituted = []
-    for where, expr in exprs:
-        for variable, value in GRAFANA_VARIABLES.items():
-            expr = expr.replace(variable, value)
-        expr = re.sub(r"\$\{?instance\}?", instance, expr)
-        substituted.append((where, expr, True))
-    return substituted
+        if name.endswith(".json"):
+            _, found = check_dashboards.check(
+                pathlib.Path(DASHBOARDS) / name)
+            exprs += [(f"{name}: {title}",
+                       check_dashboards.substitute(expr, instance), True)
+                      for title, expr in found]
+    return exprs
 
 
 def check_static():
@@ -213,6 +211,17 @@ def check_static():
     return failures
 
 
+# Process groups started here, killed on every exit path (SIGTERM included).
+STARTED = []
+
+
+def kill_started():
+    for process in STARTED:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 def start_cluster(args, work):
     """`gradmesh run` with the workload; returns (process, metrics ports)."""
     env = dict(os.environ, PYTHONPATH=args.pythonpath)
@@ -226,6 +235,7 @@ def start_cluster(args, work):
          work],
         stdout=output, stderr=subprocess.STDOUT, env=env,
         start_new_session=True)
+    STARTED.append(process)
 
     def ports():
         output.seek(0)
@@ -280,21 +290,45 @@ def kill_worker(work, rank):
     os.kill(pid, signal.SIGKILL)
 
 
+# Alerts that must stay quiet on a healthy cluster (the others measure trends
+# that a 2 s `for:` over a minute-old cluster cannot judge).
+QUIET = ("GradmeshWorkerDown", "GradmeshCoordinatorDown",
+         "GradmeshAllReduceErrors", "GradmeshMemberLost",
+         "GradmeshMemberFlapping")
+
+
+def check_quiet(prometheus):
+    time.sleep(6)  # the rules have run a few times, past their 2 s `for:`
+    loud = {a: prometheus.firing(a) for a in QUIET}
+    loud = {a: labels for a, labels in loud.items() if labels}
+    log(f"healthy cluster: {', '.join(QUIET)} quiet" if not loud
+        else f"healthy cluster, yet firing: {loud}")
+    return [f"{a} fires on a healthy cluster: {labels}"
+            for a, labels in loud.items()]
+
+
 def check_worker_down(prometheus, work, workers):
     victim = f"127.0.0.1:{workers[1]}"
     kill_worker(work, 1)
     log(f"killed worker 1 ({victim}); waiting for GradmeshWorkerDown")
     start = time.monotonic()
+    failures = []
     try:
         firing = wait_for(lambda: prometheus.firing("GradmeshWorkerDown"), 30,
                           "GradmeshWorkerDown to fire")
+        log(f"GradmeshWorkerDown fired after {time.monotonic() - start:.1f} s "
+            f"for {[a['instance'] for a in firing]}")
+        if [a["instance"] for a in firing] != [victim]:
+            failures.append(
+                f"GradmeshWorkerDown fired for {firing}, expected {victim}")
+        # The view lost a member: what catches a pod that vanished with its
+        # scrape target.
+        wait_for(lambda: prometheus.firing("GradmeshMemberLost"), 30,
+                 "GradmeshMemberLost to fire")
+        log(f"GradmeshMemberLost fired after {time.monotonic() - start:.1f} s")
     except TimeoutError as e:
-        return [str(e)]
-    log(f"GradmeshWorkerDown fired after {time.monotonic() - start:.1f} s "
-        f"for {[a['instance'] for a in firing]}")
-    if [a["instance"] for a in firing] != [victim]:
-        return [f"GradmeshWorkerDown fired for {firing}, expected {victim}"]
-    return []
+        failures.append(str(e))
+    return failures
 
 
 def main():
@@ -311,6 +345,8 @@ def main():
                   "(scripts/setup.sh installs it)", file=sys.stderr)
             return 1
 
+    # ctest's timeout sends SIGTERM: clean up as on any other exit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
     failures = check_static()
     work = tempfile.mkdtemp(prefix="gradmesh-prometheus-")
     cluster = prometheus = None
@@ -321,22 +357,24 @@ def main():
         prometheus = Prometheus(work, {
             "gradmesh-coordinator": [f"127.0.0.1:{coordinator}"],
             "gradmesh-worker": [f"127.0.0.1:{p}" for p in workers]})
-        failures += check_expressions(prometheus, f"127.0.0.1:{workers[0]}")
+        failures += check_quiet(prometheus)
         failures += check_worker_down(prometheus, work, workers)
+        # After the kill, so that departures have a series too.
+        failures += check_expressions(prometheus, f"127.0.0.1:{workers[0]}")
     except (TimeoutError, RuntimeError, OSError) as e:
         failures.append(str(e))
     finally:
         open(os.path.join(work, "stop"), "w").close()
-        if prometheus is not None:
-            prometheus.stop()
-        if cluster is not None:
-            try:
+        try:
+            if prometheus is not None:
+                prometheus.stop()
+            if cluster is not None:
                 code = cluster.wait(timeout=60)
                 if code != 0:
                     failures.append(f"gradmesh run exited {code}")
-            except subprocess.TimeoutExpired:
-                os.killpg(cluster.pid, signal.SIGKILL)
-                failures.append("gradmesh run did not stop within 60 s")
+        except subprocess.TimeoutExpired:
+            failures.append("gradmesh run did not stop within 60 s")
+        kill_started()
         if failures:
             with open(os.path.join(work, "run.log")) as f:
                 sys.stderr.write(f.read()[-4000:])

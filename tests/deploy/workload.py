@@ -3,8 +3,9 @@
     gradmesh run --workers=3 -- python3 tests/deploy/workload.py DIR
 
 Each copy writes DIR/rank{r}.worker (its worker's address) and, after its
-first steps, DIR/rank{r}.ready; it stops when DIR/stop appears or when its
-worker is gone (exit 3: `gradmesh run` counts it lost, not failed).
+first steps, DIR/rank{r}.ready; it stops when DIR/stop appears, after 240 s,
+or when its worker is gone (exit 3: `gradmesh run` counts it lost, not
+failed).
 """
 
 import os
@@ -23,7 +24,9 @@ def main(directory):
         f.write(os.environ["GRADMESH_WORKER"])
     rng = np.random.default_rng(rank)
     step = 0
-    while not os.path.exists(os.path.join(directory, "stop")):
+    deadline = time.monotonic() + 240  # the test's whole budget
+    while (not os.path.exists(os.path.join(directory, "stop"))
+           and time.monotonic() < deadline):
         gradient = rng.standard_normal(200_000).astype(np.float32)
         try:
             gradmesh.allreduce(gradient, name="grad")

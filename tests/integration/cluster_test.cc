@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1233,12 +1234,16 @@ TEST(PortsTest, HealthAndSdkPortsServeApartFromThePeers) {
   for (const std::string& health : {coordinator_health, worker_health}) {
     EXPECT_TRUE(CheckHealth(health, "", 5000).ok()) << health;
     EXPECT_TRUE(CheckHealth(health, kReadinessService, 5000).ok()) << health;
-    EXPECT_TRUE(absl::IsUnavailable(CheckHealth(health, "other", 5000)));
+    EXPECT_TRUE(absl::IsNotFound(CheckHealth(health, "other", 5000)));
   }
   auto connect = [](const std::string& worker) {
     return Client::Connect(
         {.worker = worker, .token = "s3cret", .timeout = absl::Seconds(10)});
   };
+  auto untokened = Client::Connect(
+      {.worker = sdk, .token = "", .timeout = absl::Seconds(10)});
+  EXPECT_TRUE(absl::IsUnauthenticated(untokened.status()))
+      << untokened.status();
   auto client = connect(sdk);
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_EQ((*client)->size(), 1);
@@ -1252,6 +1257,37 @@ TEST(PortsTest, HealthAndSdkPortsServeApartFromThePeers) {
   EXPECT_TRUE((*cluster)->Stop().ok());
   EXPECT_FALSE(CheckHealth(worker_health, "", 2000).ok());
   std::filesystem::remove_all(dir);
+}
+
+// A port that cannot be bound ends the worker with a clear error, after it
+// had started its other servers (no crash on the way out).
+TEST(PortsTest, AnOccupiedHealthPortIsAClearError) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(address);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), size), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
+  auto worker = FindBinary("gradmesh-worker", "");
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  unsetenv("GRADMESH_TOKEN");
+  const std::string command = absl::StrCat(
+      *worker, " --coordinator=127.0.0.1:1 --health_listen=127.0.0.1:",
+      ntohs(address.sin_port), " 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[512];
+  for (size_t got; (got = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) {
+    output.append(buffer, got);
+  }
+  const int status = pclose(pipe);
+  close(fd);
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << output;
+  EXPECT_TRUE(absl::StrContains(output, "cannot listen")) << output;
 }
 
 }  // namespace

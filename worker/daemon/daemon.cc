@@ -363,7 +363,9 @@ void Daemon::InstallView(const v1::View& view) {
   metrics_->epoch().Set(static_cast<double>(view.epoch()));
   if (change->late) metrics_->late_views().Increment();
   const Group& group = *change->group;
-  if (health_ != nullptr) health_->SetReady(group.rank >= 0);
+  if (health_ != nullptr) {
+    health_->SetReady(group.rank >= 0 && group.error.ok());
+  }
   const PlanInfo& plan = group.view.plan;
   Log(absl::StrCat(
       "view: ", change->description, "; ", group.size(), " members, ",
@@ -476,14 +478,15 @@ void Daemon::Stop() {
     stop_reaping_.Notify();
     reaper_.join();
   }
-  coordinator_->Stop();
+  if (coordinator_ != nullptr) coordinator_->Stop();  // null: Init failed
   // Close this worker's streams first, so that peers stopping at the same
   // time see theirs end; then stop serving (what peers still send is cut).
   groups.clear();
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
-  if (sdk_server_ != nullptr)
-    sdk_server_->Shutdown(absl::ToChronoTime(deadline));
-  server_->Shutdown(absl::ToChronoTime(deadline));
+  const auto grace = [] {
+    return absl::ToChronoTime(absl::Now() + absl::Milliseconds(500));
+  };
+  if (sdk_server_ != nullptr) sdk_server_->Shutdown(grace());
+  server_->Shutdown(grace());
 }
 
 }  // namespace

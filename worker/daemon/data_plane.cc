@@ -800,7 +800,7 @@ void DataPlane::Record(const ReduceResult& result, const Group& group,
       static_cast<double>(result.tensors_missing));
   const collectives::OpStats& stats = result.stats;
   const std::string& algorithm = result.plan.algorithm;
-  m.operations("OK").Increment();
+  m.operations_ok().Increment();
   m.operation_seconds(algorithm).Observe(result.seconds);
   // A ring reduce-scatter + all-gather sends 2 (P - 1) / P of the float32s.
   const double members = group.size();

@@ -136,6 +136,7 @@ WorkerMetrics::WorkerMetrics()
   for (int code = 0; code <= 16; ++code) {
     operations(absl::StatusCodeToString(static_cast<absl::StatusCode>(code)));
   }
+  operations_ok_ = &operations(absl::StatusCodeToString(absl::StatusCode::kOk));
   for (const char* reason : {"malformed", "limits", "identity", "token"}) {
     calls_refused(reason);
   }

@@ -87,6 +87,7 @@ class WorkerMetrics {
   prometheus::Counter& unresolved() { return *unresolved_; }
   prometheus::Counter& mismatches() { return *mismatches_; }
   prometheus::Counter& dense_ring_bytes() { return *dense_ring_bytes_; }
+  prometheus::Counter& operations_ok() { return *operations_ok_; }
 
  private:
   WorkerMetrics();
@@ -114,6 +115,7 @@ class WorkerMetrics {
   prometheus::Counter* unresolved_;
   prometheus::Counter* mismatches_;
   prometheus::Counter* dense_ring_bytes_;
+  prometheus::Counter* operations_ok_;  // operations("OK"), per success
   absl::Mutex norms_mu_;
   std::vector<std::string> norm_buffers_ ABSL_GUARDED_BY(norms_mu_);
 };
