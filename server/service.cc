@@ -136,8 +136,8 @@ class Metrics {
   int port() const { return endpoint_ == nullptr ? 0 : endpoint_->port(); }
 
   void CountRefused() { refused_->Increment(); }
-  void CountDeparture(const std::string& node) {
-    departures_->Add({{"node", node}}).Increment();
+  void CountDepartures(const std::string& node, int departures) {
+    departures_->Add({{"node", node}}).Increment(departures);
   }
 
   void Refresh() {
@@ -371,7 +371,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
             return m.node_id == gone.node_id &&
                    m.incarnation == gone.incarnation;
           });
-      if (!stayed) metrics_.CountDeparture(gone.node_id);
+      if (!stayed) metrics_.CountDepartures(gone.node_id, 1);
     }
   }
 
@@ -387,6 +387,13 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
       }
       coordinator_.Tick(absl::Now());
       View view = coordinator_.view();
+      if (view.epoch != epoch) {
+        // Every member's series exists from its arrival, at 0, so that
+        // increase() sees its first departure.
+        for (const MemberInfo& m : view.members) {
+          metrics_.CountDepartures(m.node_id, 0);
+        }
+      }
       if (view.epoch != epoch && epoch != 0) {
         CountDepartures(last_view_, view);
         if (view.members.size() != last_view_.members.size()) {

@@ -270,12 +270,16 @@ wait_file() {  # wait_file PATH SECONDS WHAT PID
   done
 }
 
-# wait_bounded PID SECONDS: wait's status, or 124 after killing PID when it
-# is still running SECONDS later.
+# wait_bounded PID SECONDS: wait's status, or 124 when PID still runs
+# SECONDS later; then it gets SIGTERM (buildah run ends its command on it),
+# and SIGKILL 5 s after that.
 wait_bounded() {
   local pid=$1 deadline=$((SECONDS + $2))
   while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
   if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    deadline=$((SECONDS + 5))
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     return 124
@@ -331,8 +335,9 @@ stop() {
   kill -TERM "${daemon_pid[$name]}" 2>/dev/null || true
   wait_bounded "${bg_pid[$name]}" 30 || status=$?
   forget_pid "${bg_pid[$name]}"
+  # On failure the daemon stays known, so that the exit trap kills it.
+  ((status == 0)) || die "$name exited with status $status after SIGTERM (124: still running 30 s later); its log: $(tail -n 20 "$work/$name.log")"
   unset 'daemon_pid[$name]'
-  ((status == 0)) || die "$name exited with status $status after SIGTERM; its log: $(tail -n 20 "$work/$name.log")"
   log "  $name stopped cleanly"
 }
 
@@ -467,9 +472,11 @@ cluster_check() {
     trainer_pids+=("$!")
     pids+=("$!")
   done
-  local failed=0
+  local failed=0 deadline=$((SECONDS + 300))  # for all the trainers
   for ((i = 0; i < workers; i++)); do
-    if ! wait_bounded "${trainer_pids[i]}" 300; then failed=1; fi
+    if ! wait_bounded "${trainer_pids[i]}" $((deadline > SECONDS ? deadline - SECONDS : 1)); then
+      failed=1
+    fi
     forget_pid "${trainer_pids[i]}"
     sed "s/^/build-images:   trainer-$i| /" "$work/trainer-$i.log"
   done

@@ -7,8 +7,9 @@ namespace per pod, names resolved as the cluster DNS would.
 Renders deploy/k8s/overlays/OVERLAY and deploy/k8s/examples/fashion-mnist,
 then, with no flag of its own, runs:
   - the coordinator Deployment's container and every replica of the worker
-    StatefulSet, each in its own namespace with exactly the environment the
-    manifests give it (ConfigMap, fieldRefs, $(VAR) expansion), as the pod's
+    StatefulSet, each in its own namespace with the environment of its image
+    (the Dockerfile's ENV) and of the manifests over it (ConfigMap,
+    fieldRefs, $(VAR) expansion), as the pod's
     user and groups (securityContext), and its volumes (Secrets from
     deploy/k8s/make-secrets.sh's certificate shape, one wildcard certificate
     for the workers and the coordinator, with the volume's mode and fsGroup;
@@ -44,6 +45,7 @@ from k8s_objects import expand, find, render  # noqa: E402
 
 K8S = os.path.join(ROOT, "deploy", "k8s")
 EXAMPLE = os.path.join(K8S, "examples", "fashion-mnist")
+DOCKERFILE = os.path.join(ROOT, "deploy", "docker", "Dockerfile")
 SKIPPED = 77
 
 
@@ -216,7 +218,8 @@ def run_emulation(args, work, hosts):
             [(coordinator_pod, deployment, "coordinator", "gradmesh-coordinator")]
             + [(w, sts, "worker", "gradmesh-worker") for w in workers]):
         c = container(workload, name)
-        env = remap(environment(docs, c, pod.name, namespace),
+        image = k8s_objects.image_environment(DOCKERFILE, name)
+        env = remap(dict(image, **environment(docs, c, pod.name, namespace)),
                     pod.mounts(workload, c, secrets))
         process = pod.start([binary[program]], dict(base_env, **env),
                             f"{name}.log")
@@ -232,7 +235,9 @@ def run_emulation(args, work, hosts):
     trainer = container(trainer_sts, "trainer")
     trainers = []
     for w in workers:
-        env = remap(environment(example, trainer, w.name, namespace),
+        image = k8s_objects.image_environment(DOCKERFILE, "trainer")
+        env = remap(dict(image, **environment(example, trainer, w.name,
+                                              namespace)),
                     w.mounts(trainer_sts, trainer, secrets))
         env = dict(base_env, PYTHONPATH=args.pythonpath, HOME=w.dir, **env)
         out = os.path.join(w.dir, "run.json")
@@ -266,6 +271,11 @@ def run_emulation(args, work, hosts):
         f"parameters {hashes[0][:16]}...")
 
 
+def on_terminate(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: let cleanup run
+    sys.exit("terminated")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin-dir", required=True, help="the build directory")
@@ -280,8 +290,9 @@ def main():
     args = parser.parse_args()
     args.pythonpath = args.pythonpath or os.path.join(args.bin_dir, "client",
                                                       "python")
-    # ctest's timeout sends SIGTERM: clean up as on any other exit.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
+    # SIGTERM (a stop by hand; ctest's timeout kills outright, so the
+    # script's own deadlines stay under it): clean up as on any other exit.
+    signal.signal(signal.SIGTERM, on_terminate)
     if os.geteuid() != 0:
         print("k8s_netns_test: skipped: network namespaces need root")
         return SKIPPED

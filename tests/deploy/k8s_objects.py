@@ -5,6 +5,7 @@
 """
 
 import re
+import shlex
 import subprocess
 
 import yaml
@@ -55,4 +56,29 @@ def expand(entries, fields):
         else:
             env[name] = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
                                lambda m: env.get(m[1], m[0]), value or "")
+    return env
+
+
+def image_environment(dockerfile, stage):
+    """The ENV a stage of `dockerfile` sets, its parent stages' first: what
+    a container of that image starts with, before the pod's env."""
+    stages, current, text = {}, None, ""
+    with open(dockerfile) as f:
+        for line in f.read().replace("\\\n", " ").splitlines():
+            words = line.split()
+            if not words or words[0].startswith("#"):
+                continue
+            if words[0] == "FROM":
+                current = words[3] if len(words) > 3 else words[1]
+                stages[current] = (words[1], {})
+            elif words[0] == "ENV" and current is not None:
+                for pair in shlex.split(line[len("ENV"):]):
+                    name, _, value = pair.partition("=")
+                    stages[current][1][name] = value
+    env, chain = {}, []
+    while stage in stages:
+        chain.append(stages[stage][1])
+        stage = stages[stage][0]
+    for layer in reversed(chain):
+        env.update(layer)
     return env

@@ -31,7 +31,7 @@ import sys
 
 import yaml
 
-from k8s_objects import RenderError, environment, render
+from k8s_objects import RenderError, environment, image_environment, render
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K8S = os.path.join(ROOT, "deploy", "k8s")
@@ -384,6 +384,11 @@ def main():
                 check_secrets_and_monitoring(c, docs)
             print(f"manifests_test: {name}: {len(docs)} objects rendered")
     check_compose(c, binaries)
+    dockerfile = os.path.join(ROOT, "deploy", "docker", "Dockerfile")
+    for role, (flags, prefix) in binaries.items():
+        image = image_environment(dockerfile, role)
+        check_environment(c, f"Dockerfile {role}", list(image.items()), flags,
+                          prefix)
     dashboards = subprocess.run(
         [sys.executable, os.path.join(ROOT, "dashboards", "check_dashboards.py")],
         capture_output=True, text=True, timeout=60)

@@ -331,6 +331,11 @@ def check_worker_down(prometheus, work, workers):
     return failures
 
 
+def on_terminate(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: let cleanup run
+    sys.exit("terminated")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gradmesh", required=True, help="the gradmesh CLI")
@@ -345,8 +350,9 @@ def main():
                   "(scripts/setup.sh installs it)", file=sys.stderr)
             return 1
 
-    # ctest's timeout sends SIGTERM: clean up as on any other exit.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
+    # SIGTERM (a stop by hand; ctest's timeout kills outright, so the
+    # script's own deadlines stay under it): clean up as on any other exit.
+    signal.signal(signal.SIGTERM, on_terminate)
     failures = check_static()
     work = tempfile.mkdtemp(prefix="gradmesh-prometheus-")
     cluster = prometheus = None

@@ -1273,9 +1273,10 @@ TEST(PortsTest, AnOccupiedHealthPortIsAClearError) {
   auto worker = FindBinary("gradmesh-worker", "");
   ASSERT_TRUE(worker.ok()) << worker.status();
   unsetenv("GRADMESH_TOKEN");
-  const std::string command = absl::StrCat(
-      *worker, " --coordinator=127.0.0.1:1 --health_listen=127.0.0.1:",
-      ntohs(address.sin_port), " 2>&1");
+  const std::string command =
+      absl::StrCat("timeout 30 ", *worker,
+                   " --coordinator=127.0.0.1:1 --health_listen=127.0.0.1:",
+                   ntohs(address.sin_port), " 2>&1");
   FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string output;
