@@ -41,6 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from netns_hosts import Hosts  # noqa: E402
 import k8s_objects  # noqa: E402
+import on_sigterm  # noqa: E402
 from k8s_objects import expand, find, render  # noqa: E402
 
 K8S = os.path.join(ROOT, "deploy", "k8s")
@@ -271,11 +272,6 @@ def run_emulation(args, work, hosts):
         f"parameters {hashes[0][:16]}...")
 
 
-def on_terminate(*_):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: let cleanup run
-    sys.exit("terminated")
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin-dir", required=True, help="the build directory")
@@ -292,7 +288,7 @@ def main():
                                                       "python")
     # SIGTERM (a stop by hand; ctest's timeout kills outright, so the
     # script's own deadlines stay under it): clean up as on any other exit.
-    signal.signal(signal.SIGTERM, on_terminate)
+    on_sigterm.exit_cleanly()
     if os.geteuid() != 0:
         print("k8s_netns_test: skipped: network namespaces need root")
         return SKIPPED
