@@ -356,32 +356,22 @@ void Coordinator::MembershipChangedLocked() {
 }
 
 void Coordinator::RankLocked(size_t from) {
-  const int world_size = static_cast<int>(members_.size());
+  const std::vector<TeamCountModel> ranked =
+      RankTeamCounts(static_cast<int>(members_.size()), n_, config_.density,
+                     link_, config_.skip_factor);
+  round_->ranked_by_model = n_ > 0;
+  absl::flat_hash_map<int, size_t> position;  // in `ranked`, by d
+  for (size_t i = 0; i < ranked.size(); ++i) position[ranked[i].teams] = i;
   std::vector<Trial>& trials = round_->trials;
-  // With n unknown SparDlCost counts no bytes: the model holds the latency
-  // only, and the rounds rank.
-  const bool by_model = n_ > 0;
-  round_->ranked_by_model = by_model;
-  absl::flat_hash_map<int, int> rounds;  // by d
   for (Trial& trial : trials) {
-    const CommCost cost =
-        SparDlCost(world_size, trial.teams, n_, config_.density);
-    trial.modeled_seconds = ModelSeconds(cost, link_);
-    rounds[trial.teams] = cost.rounds;
+    trial.modeled_seconds = ranked[position[trial.teams]].seconds;
   }
-  auto key = [&](const Trial& trial) {
-    return std::pair(by_model ? trial.modeled_seconds : rounds[trial.teams],
-                     trial.teams);
-  };
   std::sort(trials.begin() + from, trials.end(),
-            [&](const Trial& a, const Trial& b) { return key(a) < key(b); });
-  if (!by_model) return;
-  double best = trials.front().modeled_seconds;
-  for (const Trial& trial : trials) {
-    best = std::min(best, trial.modeled_seconds);
-  }
+            [&](const Trial& a, const Trial& b) {
+              return position[a.teams] < position[b.teams];
+            });
   for (size_t i = from; i < trials.size(); ++i) {
-    trials[i].skipped = trials[i].modeled_seconds > config_.skip_factor * best;
+    trials[i].skipped = ranked[position[trials[i].teams]].skipped;
   }
 }
 

@@ -22,7 +22,8 @@
 //
 // Autotune round. Each membership change starts a round for the new P (a
 // change in the middle of a round restarts it). The candidates are
-// ValidTeamCounts(P), ranked by the modeled time ModelSeconds(SparDlCost(P, d,
+// ValidTeamCounts(P), ranked by RankTeamCounts (cost_model.h, the ranking
+// `gradmesh sim` reports): the modeled time ModelSeconds(SparDlCost(P, d,
 // n, density), link()) ascending, ties to the smaller d, where n is the
 // `values` of the latest accepted report. Candidates modeled slower than
 // skip_factor x the best are skipped. When n is not known yet the ranking

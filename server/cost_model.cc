@@ -1,5 +1,6 @@
 #include "server/cost_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/status_macros.h"
@@ -78,6 +79,33 @@ std::vector<int> ValidTeamCounts(int world_size) {
     if (world_size % d == 0) divisors.push_back(d);
   }
   return divisors;
+}
+
+std::vector<TeamCountModel> RankTeamCounts(int world_size, uint64_t n,
+                                           double density,
+                                           const LinkModel& link,
+                                           double skip_factor) {
+  std::vector<TeamCountModel> ranked;
+  for (int d : ValidTeamCounts(world_size)) {
+    const CommCost cost = SparDlCost(world_size, d, n, density);
+    ranked.push_back(
+        {.teams = d, .cost = cost, .seconds = ModelSeconds(cost, link)});
+  }
+  // Without n the model holds the latency alone: the rounds rank, whatever
+  // alpha is.
+  auto key = [n](const TeamCountModel& m) {
+    return n > 0 ? m.seconds : m.cost.rounds;
+  };
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [&](const TeamCountModel& a, const TeamCountModel& b) {
+                     return key(a) < key(b);
+                   });
+  if (n > 0 && !ranked.empty()) {
+    for (TeamCountModel& m : ranked) {
+      m.skipped = m.seconds > skip_factor * ranked.front().seconds;
+    }
+  }
+  return ranked;
 }
 
 }  // namespace gradmesh::server

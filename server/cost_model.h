@@ -76,6 +76,24 @@ LinkModel FitLinkModel(absl::Span<const LinkSample> samples,
 // (empty for P < 1).
 std::vector<int> ValidTeamCounts(int world_size);
 
+// One candidate d as the autotune ranks it.
+struct TeamCountModel {
+  int teams = 0;
+  CommCost cost;
+  double seconds = 0;    // ModelSeconds(cost, link)
+  bool skipped = false;  // modeled over skip_factor x the best
+};
+
+// Every valid d for P workers, ranked the way the coordinator's autotune
+// ranks its candidates (coordinator.h) and `gradmesh sim` reports the
+// model's pick: by modeled seconds, ties to the smaller d, so the first is
+// the model's choice. With n = 0 (not known yet) the bytes are 0, the rounds
+// rank and nothing is skipped. skip_factor >= 1.
+std::vector<TeamCountModel> RankTeamCounts(int world_size, uint64_t n,
+                                           double density,
+                                           const LinkModel& link,
+                                           double skip_factor);
+
 }  // namespace gradmesh::server
 
 #endif  // GRADMESH_SERVER_COST_MODEL_H_

@@ -82,6 +82,36 @@ TEST(CostModelTest, ValidTeamCountsAreTheDivisors) {
   EXPECT_THAT(ValidTeamCounts(0), IsEmpty());
 }
 
+TEST(CostModelTest, RankTeamCountsOrdersByModeledTimeAndSkipsHopeless) {
+  // P = 8, n = 1M at 1% (k = 10,000). Rounds and values received:
+  //   d=1: 6, 1.75 k   d=2: 5, 1.75 k   d=4: 4, 2.0 k   d=8: 3, 3.0 k.
+  // A slow link (1 byte a second): the bytes rank, d = 1 and 2 tie on bytes,
+  // 2 has fewer rounds.
+  const LinkModel slow{.alpha_s = 1e-6, .beta_s_per_byte = 1};
+  std::vector<TeamCountModel> ranked = RankTeamCounts(8, kN, 0.01, slow, 1.5);
+  ASSERT_EQ(ranked.size(), 4u);
+  EXPECT_EQ(ranked[0].teams, 2);
+  EXPECT_EQ(ranked[1].teams, 1);
+  EXPECT_EQ(ranked[2].teams, 4);
+  EXPECT_EQ(ranked[3].teams, 8);
+  EXPECT_DOUBLE_EQ(ranked[0].seconds, ModelSeconds(ranked[0].cost, slow));
+  EXPECT_FALSE(ranked[2].skipped);  // 2.0 / 1.75 < 1.5
+  EXPECT_TRUE(ranked[3].skipped);   // 3.0 / 1.75 > 1.5
+  // Latency alone: the fewest rounds first.
+  const LinkModel fast{.alpha_s = 1, .beta_s_per_byte = 1e-12};
+  ranked = RankTeamCounts(8, kN, 0.01, fast, 100);
+  EXPECT_EQ(ranked[0].teams, 8);
+  // n unknown: the rounds rank, ties to the smaller d, nothing skipped.
+  ranked = RankTeamCounts(12, 0, 0.01, slow, 1);
+  std::vector<int> order;
+  for (const TeamCountModel& m : ranked) {
+    order.push_back(m.teams);
+    EXPECT_FALSE(m.skipped);
+  }
+  // Rounds: d=1: 8, 2: 7, 3: 6, 4: 6, 6: 5, 12: 4.
+  EXPECT_THAT(order, ElementsAre(12, 6, 3, 4, 2, 1));
+}
+
 TEST(CostModelTest, RoundsFollowTableOne) {
   // d = 1: plain SRS + Bruck, 2 ceil(log2 P).
   EXPECT_EQ(SparDlCost(6, 1, kN, 0.01).rounds, 6);

@@ -5,6 +5,7 @@
 //   gradmesh local --workers=4
 //   gradmesh run --workers=4 -- python3 train.py --epochs=3
 //   gradmesh health --address=127.0.0.1:7709 --service=ready
+//   gradmesh sim --algo=spardl --workers=512 --teams=all --n=25000000
 //
 // Flag names take '-' or '_' alike (--input-dir == --input_dir).
 #include <algorithm>
@@ -28,6 +29,7 @@
 #include "tools/gradmesh/local.h"
 #include "tools/gradmesh/replay.h"
 #include "tools/gradmesh/run.h"
+#include "tools/gradmesh/sim_report.h"
 #ifdef GRADMESH_HAS_CUDA
 #include "worker/kernels/force_cuda.h"
 #endif
@@ -36,11 +38,12 @@ ABSL_FLAG(std::string, algo, "spardl",
           "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
           "or gaussiank");
 ABSL_FLAG(int, workers, 4,
-          "number of workers P: in-process for replay (1..1024), processes "
-          "for local and run (1..64)");
+          "number of workers P: in-process for replay (1..1024) and sim "
+          "(1..4096), processes for local and run (1..64)");
 ABSL_FLAG(std::string, teams, "",
-          "SparDL team count d, dividing --workers; empty: 1 for replay, "
-          "auto (tuned by the coordinator) for local and run");
+          "SparDL team count d, dividing --workers; empty: 1 for replay and "
+          "sim, auto (tuned by the coordinator) for local and run; sim also "
+          "takes all (every d, beside the coordinator's model)");
 ABSL_FLAG(int, oktopk_tau, 64, "Ok-Topk: region re-balancing period");
 ABSL_FLAG(int, oktopk_tau_prime, 32, "Ok-Topk: threshold re-evaluation period");
 ABSL_FLAG(int, quantize_bits, 0,
@@ -58,8 +61,11 @@ ABSL_FLAG(std::string, input_dir, "",
 ABSL_FLAG(std::string, output_dir, "replay-out",
           "directory for rank{r}.result.npy, rank{r}.residual.npy, stats.json");
 ABSL_FLAG(bool, overwrite, false, "replace a non-empty --output-dir");
-ABSL_FLAG(uint64_t, n, 1 << 20, "generated gradients: values per worker");
-ABSL_FLAG(uint64_t, iterations, 5, "generated gradients: iterations");
+ABSL_FLAG(uint64_t, n, 1 << 20,
+          "generated gradients: values per worker (sim: the gradient "
+          "modeled, which may run smaller: --max_values)");
+ABSL_FLAG(uint64_t, iterations, 5,
+          "generated gradients (replay, local, sim): iterations");
 ABSL_FLAG(uint64_t, seed, 1,
           "seed of generated gradients and of randomized rounding");
 ABSL_FLAG(int, timeout_s, 600, "per-operation timeout in seconds");
@@ -78,7 +84,8 @@ ABSL_FLAG(bool, verify, true,
           "inputs = result + residuals, every iteration");
 ABSL_FLAG(std::string, json, "",
           "local: also write every iteration's figures per worker to this "
-          "JSON file");
+          "JSON file; sim: write its figures as JSON to this file (- or a "
+          "bare --json: on stdout, instead of the text)");
 ABSL_FLAG(std::vector<std::string>, netns, {},
           "local: emulated hosts, one network namespace per worker (as `ip "
           "netns add` names them; needs root); with --hosts");
@@ -102,6 +109,30 @@ ABSL_FLAG(std::string, job, "",
 ABSL_FLAG(std::string, topk, "auto",
           "top-k implementation: auto (the CPU for host data), cpu, or cuda "
           "(copies each span to the device; needs a CUDA build and device)");
+
+ABSL_FLAG(double, alpha_us, 50,
+          "sim: latency of a message on a link, microseconds");
+ABSL_FLAG(double, gbit, 10, "sim: bandwidth of each worker's link, Gbit/s");
+ABSL_FLAG(double, select_ns, 0.4,
+          "sim: compute cost of top-k selection, ns a value scanned "
+          "(default: --calibrate on a 2-core 2.6 GHz Xeon VM)");
+ABSL_FLAG(double, merge_ns, 2.9,
+          "sim: compute cost of merging sparse blocks, ns an entry");
+ABSL_FLAG(double, accumulate_ns, 0.43,
+          "sim: compute cost of adding into dense arrays, ns a value");
+ABSL_FLAG(bool, calibrate, false,
+          "sim: measure this machine's compute costs (one thread) and use "
+          "them instead of --select-ns, --merge-ns, --accumulate-ns");
+ABSL_FLAG(double, compute_scale, 1,
+          "sim: multiplies the compute costs: P/C when P workers share C "
+          "cores (an emulated cluster), or for a slower CPU");
+ABSL_FLAG(uint64_t, max_values, uint64_t{1} << 29,
+          "sim: values held across all in-process workers, at most (about 4 "
+          "bytes each); a larger P x n runs at a smaller n, its bytes and "
+          "work scaled back");
+ABSL_FLAG(double, skip_factor, 3.0,
+          "sim: the coordinator's --skip-factor, for the d its autotune "
+          "would skip");
 
 namespace {
 
@@ -131,8 +162,33 @@ constexpr char kUsage[] =
     "           it serves: exit 0 if so, else 1 with the answer; for\n"
     "           container health checks:\n"
     "             gradmesh health --address=127.0.0.1:7709 --service=ready\n"
+    "  sim      predict an all-reduce on a simulated network: the real\n"
+    "           algorithms and schedules on P in-process workers (up to\n"
+    "           4096), each link alpha + bytes x beta, compute per value\n"
+    "           (--calibrate measures this machine's); prints time,\n"
+    "           rounds and bytes beside Table I; --teams=all runs every d\n"
+    "           beside the coordinator's model; --json for JSON:\n"
+    "             gradmesh sim --algo=spardl --workers=512 --teams=all \\\n"
+    "                 --n=25000000 --density=0.01 --gbit=25\n"
     "\n"
     "`gradmesh <command> --help` lists the command's flags.";
+
+// The algorithm flags (--algo, --density, --encoding...), with d = teams.
+absl::StatusOr<gradmesh::collectives::AlgorithmOptions> AlgorithmFromFlags(
+    int teams) {
+  const auto wire = gradmesh::collectives::WireFormat::Parse(
+      absl::GetFlag(FLAGS_encoding), absl::GetFlag(FLAGS_values));
+  if (!wire.ok()) return wire.status();
+  return gradmesh::collectives::AlgorithmOptions{
+      .algorithm = absl::GetFlag(FLAGS_algo),
+      .density = absl::GetFlag(FLAGS_density),
+      .teams = teams,
+      .oktopk_tau = absl::GetFlag(FLAGS_oktopk_tau),
+      .oktopk_tau_prime = absl::GetFlag(FLAGS_oktopk_tau_prime),
+      .quantize_bits = absl::GetFlag(FLAGS_quantize_bits),
+      .seed = absl::GetFlag(FLAGS_seed),
+      .wire = *wire};
+}
 
 int Replay(int argc, char** argv) {
   const std::vector<std::string> positional =
@@ -168,23 +224,14 @@ int Replay(int argc, char** argv) {
                  t.c_str());
     return 1;
   }
-  const auto wire = gradmesh::collectives::WireFormat::Parse(
-      absl::GetFlag(FLAGS_encoding), absl::GetFlag(FLAGS_values));
-  if (!wire.ok()) {
+  const auto algorithm = AlgorithmFromFlags(teams);
+  if (!algorithm.ok()) {
     std::fprintf(stderr, "gradmesh replay: %s\n",
-                 std::string(wire.status().message()).c_str());
+                 std::string(algorithm.status().message()).c_str());
     return 1;
   }
   gradmesh::tools::ReplayOptions options;
-  options.algorithm = {
-      .algorithm = absl::GetFlag(FLAGS_algo),
-      .density = absl::GetFlag(FLAGS_density),
-      .teams = teams,
-      .oktopk_tau = absl::GetFlag(FLAGS_oktopk_tau),
-      .oktopk_tau_prime = absl::GetFlag(FLAGS_oktopk_tau_prime),
-      .quantize_bits = absl::GetFlag(FLAGS_quantize_bits),
-      .seed = absl::GetFlag(FLAGS_seed),
-      .wire = *wire};
+  options.algorithm = *algorithm;
   options.workers = absl::GetFlag(FLAGS_workers);
   options.input_dir = absl::GetFlag(FLAGS_input_dir);
   options.output_dir = absl::GetFlag(FLAGS_output_dir);
@@ -352,6 +399,72 @@ int Health(int argc, char** argv) {
   return 0;
 }
 
+// `gradmesh sim`: a bare --json means JSON on stdout.
+int Sim(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  std::vector<char*> pointers;
+  for (std::string& arg : args) {
+    if (arg == "--json") arg = "--json=-";
+    pointers.push_back(arg.data());
+  }
+  const std::vector<std::string> positional = gradmesh::ParseFlags(
+      static_cast<int>(pointers.size()), pointers.data(), "GRADMESH_");
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "gradmesh sim: unexpected argument '%s'\n",
+                 positional[1].c_str());
+    return 2;
+  }
+  const std::string teams_flag = absl::GetFlag(FLAGS_teams);
+  int teams = 1;
+  const bool all_teams = teams_flag == "all";
+  if (!all_teams && !teams_flag.empty() &&
+      !absl::SimpleAtoi(teams_flag, &teams)) {
+    std::fprintf(stderr, "gradmesh sim: --teams=%s is not a number or all\n",
+                 teams_flag.c_str());
+    return 2;
+  }
+  const auto algorithm = AlgorithmFromFlags(teams);
+  if (!algorithm.ok()) {
+    std::fprintf(stderr, "gradmesh sim: %s\n",
+                 std::string(algorithm.status().message()).c_str());
+    return 2;
+  }
+  const double gbit = absl::GetFlag(FLAGS_gbit);
+  if (!(gbit > 0)) {
+    std::fprintf(stderr, "gradmesh sim: --gbit must be positive\n");
+    return 2;
+  }
+  const uint64_t iterations = absl::GetFlag(FLAGS_iterations);
+  gradmesh::tools::SimRequest request{
+      .base = {.algorithm = *algorithm,
+               .workers = absl::GetFlag(FLAGS_workers),
+               .n = absl::GetFlag(FLAGS_n),
+               .max_values = absl::GetFlag(FLAGS_max_values),
+               .iterations =
+                   static_cast<int>(std::min<uint64_t>(iterations, 1'000'000)),
+               .seed = absl::GetFlag(FLAGS_seed),
+               .link = {.alpha_s = absl::GetFlag(FLAGS_alpha_us) * 1e-6,
+                        .beta_s_per_byte = 8e-9 / gbit},
+               .compute = {.select_s_per_value =
+                               absl::GetFlag(FLAGS_select_ns) * 1e-9,
+                           .merge_s_per_value =
+                               absl::GetFlag(FLAGS_merge_ns) * 1e-9,
+                           .accumulate_s_per_value =
+                               absl::GetFlag(FLAGS_accumulate_ns) * 1e-9}},
+      .all_teams = all_teams,
+      .calibrate = absl::GetFlag(FLAGS_calibrate),
+      .compute_scale = absl::GetFlag(FLAGS_compute_scale),
+      .skip_factor = absl::GetFlag(FLAGS_skip_factor),
+      .json = absl::GetFlag(FLAGS_json)};
+  const absl::Status status = gradmesh::tools::RunSimCommand(request);
+  if (!status.ok()) {
+    std::fprintf(stderr, "gradmesh sim: %s\n",
+                 std::string(status.message()).c_str());
+    return absl::IsInvalidArgument(status) ? 2 : 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -372,6 +485,11 @@ int main(int argc, char** argv) {
     std::string name = absl::StrCat(argv[0], " run");
     argv[1] = name.data();
     gradmesh::ExitAfterShutdown(Run(argc - 1, argv + 1));
+  }
+  if (command == "sim") {
+    std::string name = absl::StrCat(argv[0], " sim");
+    argv[1] = name.data();
+    return Sim(argc - 1, argv + 1);
   }
   if (command == "health") {
     std::string name = absl::StrCat(argv[0], " health");

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/work_meter.h"
 #include "worker/kernels/topk.h"
 
 namespace gradmesh::collectives {
@@ -140,6 +141,7 @@ absl::Status PeerError(const absl::Status& status, int peer) {
 uint64_t AccumulateFinite(absl::Span<const float> gradient,
                           absl::Span<float> residual) {
   GM_CHECK(gradient.size() == residual.size());
+  CountAccumulated(gradient.size());
   uint64_t nonfinite = 0;
   for (size_t i = 0; i < residual.size(); ++i) {
     const float v = gradient[i];

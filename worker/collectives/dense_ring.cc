@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/status_macros.h"
+#include "common/work_meter.h"
 #include "worker/collectives/schedule.h"
 #include "worker/sparse/dense.h"
 
@@ -73,6 +74,7 @@ absl::Status DenseRing::RingStep(StepRunner& runner, uint32_t step, int send,
       !status.ok()) {
     return PeerError(status, source);
   }
+  CountAccumulated(received.size());
   for (size_t i = 0; i < received.size(); ++i) target[i] += received[i];
   return absl::OkStatus();
 }

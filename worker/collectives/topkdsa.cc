@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/work_meter.h"
 #include "worker/collectives/primitives.h"
 #include "worker/collectives/schedule.h"
 #include "worker/sparse/coo.h"
@@ -42,6 +43,7 @@ void AddToStream(const sparse::SparseBlock& part, sparse::IndexRange range,
     stream->sparse_sum.clear();
   }
   if (stream->dense) {
+    CountAccumulated(part.size());
     for (size_t i = 0; i < part.size(); ++i) {
       stream->dense_sum[part.indices[i] - range.begin] += part.values[i];
     }

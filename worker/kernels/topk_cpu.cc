@@ -33,6 +33,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "common/work_meter.h"
 #include "worker/kernels/topk.h"
 
 namespace gradmesh::kernels {
@@ -194,6 +195,7 @@ TopKPositionsFn override_positions = nullptr;
 // Positions of the top-k nonzero |values|, ascending.
 std::vector<uint32_t> SelectPositions(absl::Span<const float> values,
                                       size_t k) {
+  CountSelected(values.size());
   if (override_positions != nullptr) return override_positions(values, k);
   std::vector<uint32_t> selected;
   if (k == 0 || values.empty()) return selected;
@@ -304,6 +306,7 @@ void SplitTopKAbs(const sparse::SparseBlock& block, size_t k,
 
 sparse::SparseBlock SelectAbsAtLeast(absl::Span<const float> x, float threshold,
                                      uint32_t base_index) {
+  CountSelected(x.size());
   sparse::SparseBlock out;
   for (size_t i = 0; i < x.size(); ++i) {
     if (x[i] != 0.0f && std::fabs(x[i]) >= threshold) {

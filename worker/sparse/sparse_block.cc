@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/work_meter.h"
 
 namespace gradmesh::sparse {
 
@@ -30,6 +31,7 @@ absl::Status Validate(const SparseBlock& block, IndexRange range) {
 }
 
 SparseBlock Add(const SparseBlock& a, const SparseBlock& b) {
+  CountMerged(a.size() + b.size());
   SparseBlock out;
   out.reserve(a.size() + b.size());
   size_t i = 0;
@@ -53,6 +55,7 @@ SparseBlock Add(const SparseBlock& a, const SparseBlock& b) {
 }
 
 void ScatterAdd(const SparseBlock& block, absl::Span<float> dense) {
+  CountAccumulated(block.size());
   for (size_t i = 0; i < block.size(); ++i) {
     GM_CHECK(block.indices[i] < dense.size()) << "index " << block.indices[i];
     dense[block.indices[i]] += block.values[i];

@@ -1,0 +1,239 @@
+// `gradmesh sim`: the real schedules' rounds and bytes against Table I up to
+// P = 1024, the simulated choice of d against the coordinator's model, and
+// what scaling n down keeps.
+#include "tools/gradmesh/sim.h"
+
+#include <cmath>
+#include <string>
+#include <tuple>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/cost_model.h"
+#include "tools/gradmesh/table_one.h"
+#include "worker/collectives/plan.h"
+#include "worker/collectives/schedule.h"
+
+namespace gradmesh::tools {
+namespace {
+
+using collectives::CeilLog2;
+
+SimCase SparDl(int workers, int teams, uint64_t n, double density) {
+  return {
+      .algorithm = {.algorithm = "spardl", .density = density, .teams = teams},
+      .workers = workers,
+      .n = n,
+      .max_values = uint64_t{1} << 31,  // no scaling in these tests
+      .iterations = 1};
+}
+
+// ---- Table I, where it is exact ----
+
+// SparDL with d = 1 or R-SAG, at n = 240 P/d and k = 8 P/d: every block of
+// every step holds exactly its quota d k/P = 8, so Table I holds exactly:
+// rounds 2 log2(P/d) + log2 d, bytes 8 (2 (P-d)/P + d/P log2 d) k.
+class SparDlTableOneTest
+    : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(SparDlTableOneTest, RoundsAndBytesAreExact) {
+  const auto [world, teams] = GetParam();
+  const uint64_t n = 240 * static_cast<uint64_t>(world / teams);
+  const double P = world, d = teams, k = 8.0 * world / teams;
+  absl::StatusOr<SimResult> result =
+      Simulate(SparDl(world, teams, n, 1.0 / 30));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->simulated_n, n);
+  EXPECT_EQ(result->max_rounds, 2 * CeilLog2(world / teams) + CeilLog2(teams));
+  const double bytes = 8 * (2 * (P - d) / P + d / P * std::log2(d)) * k;
+  EXPECT_DOUBLE_EQ(result->max_bytes_received, bytes);
+  EXPECT_DOUBLE_EQ(result->mean_bytes_received, bytes);
+  // The formula the command prints is the same.
+  const std::optional<FormulaCost> formula =
+      TableOneCost("spardl", world, teams, n, 1.0 / 30);
+  ASSERT_TRUE(formula.has_value());
+  EXPECT_EQ(formula->rounds, result->max_rounds);
+  EXPECT_DOUBLE_EQ(formula->min_bytes, bytes);
+  EXPECT_TRUE(formula->exact());
+}
+
+std::string WorldAndTeams(
+    const ::testing::TestParamInfo<std::tuple<int, int>>& param) {
+  return absl::StrCat("P", std::get<0>(param.param), "_d",
+                      std::get<1>(param.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(UpTo1024, SparDlTableOneTest,
+                         ::testing::Values(std::tuple(16, 1), std::tuple(64, 4),
+                                           std::tuple(256, 1),
+                                           std::tuple(256, 16),
+                                           std::tuple(1024, 1),
+                                           std::tuple(1024, 32)),
+                         WorldAndTeams);
+
+// TopkA: a Bruck all-gather of every worker's k values, ceil(log2 P) rounds
+// and 2 (P-1) k words for any P.
+TEST(SimTableOneTest, TopkAAllGathersEveryWorkersK) {
+  for (const int world : {100, 1024}) {
+    SCOPED_TRACE(world);
+    SimCase c = SparDl(world, 1, 2000, 0.01);
+    c.algorithm.algorithm = "topka";
+    absl::StatusOr<SimResult> result = Simulate(c);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->max_rounds, CeilLog2(world));
+    EXPECT_DOUBLE_EQ(result->max_bytes_received, 8.0 * 20 * (world - 1));
+    const std::optional<FormulaCost> formula =
+        TableOneCost("topka", world, 1, 2000, 0.01);
+    EXPECT_EQ(formula->rounds, result->max_rounds);
+    EXPECT_DOUBLE_EQ(formula->max_bytes, result->max_bytes_received);
+  }
+}
+
+// gTopk's tree: the root receives log2 P blocks of k on the way up and
+// sends on the way down, 2 log2 P rounds. Table I's 4 log P k words count
+// both directions of the critical path, twice what the root receives.
+TEST(SimTableOneTest, GTopkTreeAt1024) {
+  SimCase c = SparDl(1024, 1, 10'000, 0.01);
+  c.algorithm.algorithm = "gtopk";
+  absl::StatusOr<SimResult> result = Simulate(c);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->max_rounds, 20);
+  EXPECT_DOUBLE_EQ(result->max_bytes_received, 8.0 * 100 * 10);
+  EXPECT_DOUBLE_EQ(TableOneCost("gtopk", 1024, 1, 10'000, 0.01)->max_bytes,
+                   2 * result->max_bytes_received);
+}
+
+// B-SAG is a range in Table I; the schedules land inside it.
+TEST(SimTableOneTest, BSagWithinItsRange) {
+  for (const auto& [world, teams] : {std::pair(12, 3), std::pair(14, 7),
+                                     std::pair(768, 3), std::pair(1000, 10)}) {
+    SCOPED_TRACE(absl::StrCat("P=", world, " d=", teams));
+    const uint64_t n = 240 * static_cast<uint64_t>(world / teams);
+    SimCase c = SparDl(world, teams, n, 1.0 / 30);
+    c.iterations = 3;  // Algorithm 2 adjusts h between iterations
+    absl::StatusOr<SimResult> result = Simulate(c);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const FormulaCost formula =
+        *TableOneCost("spardl", world, teams, n, 1.0 / 30);
+    EXPECT_EQ(result->max_rounds, formula.rounds);
+    EXPECT_GE(result->mean_bytes_received, formula.min_bytes);
+    EXPECT_LE(result->max_bytes_received, formula.max_bytes);
+  }
+}
+
+// ---- The choice of d ----
+
+// Without compute, the d with the least simulated time is the one the
+// coordinator's model ranks first, for powers of two (R-SAG) and not (B-SAG),
+// latency- and bandwidth-bound links.
+TEST(SimTeamChoiceTest, SimulatedBestEqualsTheModelsPick) {
+  for (const int world : {12, 14, 16, 64}) {
+    for (const double gbit : {1.0, 100.0}) {
+      for (const double alpha : {10e-6, 100e-6}) {
+        SCOPED_TRACE(
+            absl::StrCat("P=", world, " ", gbit, " Gbit/s alpha ", alpha));
+        const server::LinkModel link{.alpha_s = alpha,
+                                     .beta_s_per_byte = 8e-9 / gbit};
+        int best = 0;
+        double best_seconds = 0;
+        for (const int d : server::ValidTeamCounts(world)) {
+          SimCase c = SparDl(world, d, 200'000, 0.01);
+          c.iterations = 2;
+          c.link = {.alpha_s = link.alpha_s,
+                    .beta_s_per_byte = link.beta_s_per_byte};
+          absl::StatusOr<SimResult> result = Simulate(c);
+          ASSERT_TRUE(result.ok()) << result.status();
+          if (best == 0 || result->mean_seconds < best_seconds) {
+            best = d;
+            best_seconds = result->mean_seconds;
+          }
+        }
+        EXPECT_EQ(
+            best,
+            server::RankTeamCounts(world, 200'000, 0.01, link, 3.0)[0].teams);
+      }
+    }
+  }
+}
+
+// ---- Scaling and the clock ----
+
+TEST(SimTest, SameCaseSameTimes) {
+  SimCase c = SparDl(8, 2, 100'000, 0.01);
+  c.iterations = 2;
+  c.compute = {.select_s_per_value = 1e-9,
+               .merge_s_per_value = 3e-9,
+               .accumulate_s_per_value = 5e-10};
+  const SimResult a = *Simulate(c);
+  const SimResult b = *Simulate(c);
+  EXPECT_EQ(a.seconds, b.seconds);
+  EXPECT_GT(a.compute_seconds, 0);
+  EXPECT_LT(a.compute_seconds, a.mean_seconds);
+}
+
+// Half the values, counted twice: same rounds, bytes and time within a few
+// percent while the blocks stay large.
+TEST(SimTest, ScalingNDownKeepsRoundsAndScalesBytes) {
+  SimCase full = SparDl(16, 4, 400'000, 0.01);
+  full.compute = {.select_s_per_value = 1e-9, .accumulate_s_per_value = 5e-10};
+  SimCase half = full;
+  half.max_values = 16 * 3 * 200'000;
+  const SimResult a = *Simulate(full);
+  const SimResult b = *Simulate(half);
+  EXPECT_EQ(a.scale, 1);
+  EXPECT_EQ(b.simulated_n, 200'000u);
+  EXPECT_DOUBLE_EQ(b.scale, 2);
+  EXPECT_EQ(a.max_rounds, b.max_rounds);
+  EXPECT_NEAR(b.mean_bytes_received / a.mean_bytes_received, 1, 0.02);
+  EXPECT_NEAR(b.mean_seconds / a.mean_seconds, 1, 0.05);
+}
+
+TEST(SimTest, SimulatedValuesBoundsMemory) {
+  SimCase c = SparDl(1024, 1, 25'000'000, 0.01);
+  c.max_values = uint64_t{1} << 29;
+  EXPECT_EQ(SimulatedValues(c), (uint64_t{1} << 29) / (1024 * 3));
+  c.algorithm.algorithm = "topka";  // also every worker's k at 8 bytes
+  EXPECT_EQ(SimulatedValues(c),
+            static_cast<uint64_t>((uint64_t{1} << 29) /
+                                  (1024 * (3 + 2 * 1024 * 0.01))));
+  c.workers = 2;
+  c.n = 1000;
+  EXPECT_EQ(SimulatedValues(c), 1000u);
+}
+
+TEST(SimTest, BadCasesAreClearErrors) {
+  SimCase c = SparDl(12, 5, 1000, 0.01);
+  EXPECT_TRUE(absl::IsInvalidArgument(Simulate(c).status()));  // 5 !| 12
+  c = SparDl(0, 1, 1000, 0.01);
+  EXPECT_THAT(std::string(Simulate(c).status().message()),
+              ::testing::HasSubstr("--workers=0"));
+  c = SparDl(4, 1, 1000, 0.01);
+  c.max_values = 3;
+  EXPECT_THAT(std::string(Simulate(c).status().message()),
+              ::testing::HasSubstr("--max_values"));
+  c = SparDl(4, 1, 1000, 0.01);
+  c.algorithm.algorithm = "nope";
+  EXPECT_TRUE(absl::IsInvalidArgument(Simulate(c).status()));
+}
+
+TEST(TableOneTest, FormulasByHand) {
+  // P = 8, n = 1000, k = 10.
+  EXPECT_EQ(TableOneCost("topkdsa", 8, 1, 1000, 0.01)->rounds, 8 + 6);
+  EXPECT_DOUBLE_EQ(TableOneCost("topkdsa", 8, 1, 1000, 0.01)->min_bytes,
+                   4 * 4 * 7.0 / 8 * 10);
+  EXPECT_DOUBLE_EQ(TableOneCost("topkdsa", 8, 1, 1000, 0.01)->max_bytes,
+                   4 * 7.0 / 8 * (20 + 1000));
+  EXPECT_EQ(TableOneCost("oktopk", 8, 1, 1000, 0.01)->rounds, 2 * (8 + 3));
+  EXPECT_DOUBLE_EQ(TableOneCost("oktopk", 8, 1, 1000, 0.01)->max_bytes,
+                   4 * 6 * 7.0 / 8 * 10);
+  EXPECT_DOUBLE_EQ(TableOneCost("dense", 8, 1, 1000, 0.01)->max_bytes,
+                   4 * 2 * 7.0 / 8 * 1000);
+  // B-SAG, P = 6, d = 3: [2 (18+6-6)/18 k, 2 (9+12-9)/6 k] words.
+  const FormulaCost bsag = *TableOneCost("spardl", 6, 3, 1000, 0.01);
+  EXPECT_DOUBLE_EQ(bsag.min_bytes, 4 * 2 * 18.0 / 18 * 10);
+  EXPECT_DOUBLE_EQ(bsag.max_bytes, 4 * 2 * 12.0 / 6 * 10);
+  EXPECT_FALSE(TableOneCost("gaussiank", 8, 1, 1000, 0.01).has_value());
+}
+
+}  // namespace
+}  // namespace gradmesh::tools

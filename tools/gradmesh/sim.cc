@@ -1,0 +1,215 @@
+#include "tools/gradmesh/sim.h"
+
+#include <algorithm>
+#include <barrier>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "tools/gradmesh/synthetic.h"
+#include "worker/collectives/collective.h"
+#include "worker/collectives/plan.h"
+#include "worker/engine/engine.h"
+#include "worker/kernels/topk.h"
+#include "worker/sparse/sparse_block.h"
+
+namespace gradmesh::tools {
+namespace {
+
+// What one worker's operation cost, in one iteration.
+struct WorkerIteration {
+  transport::SimTimes times;
+  int rounds = 0;
+  uint64_t bytes_received = 0;  // real, unscaled
+};
+
+bool GathersEveryWorker(const std::string& algorithm) {
+  return algorithm == "topka" || algorithm == "gaussiank";
+}
+
+// The smallest selection an algorithm makes at n values: SparDL's blocks of
+// dk/P, the whole k where a worker selects once (TopkA, gTopk), and the
+// partitions' k/P elsewhere; the dense ring selects nothing (n).
+double BlockQuota(const SimCase& c, uint64_t n) {
+  const std::string& algorithm = c.algorithm.algorithm;
+  const double k =
+      static_cast<double>(collectives::SelectionSize(n, c.algorithm.density));
+  if (algorithm == "dense") return static_cast<double>(n);
+  if (algorithm == "spardl") return k * c.algorithm.teams / c.workers;
+  if (GathersEveryWorker(algorithm) || algorithm == "gtopk") return k;
+  return k / c.workers;
+}
+
+// One worker: a fresh gradient each iteration, then one all-reduce between
+// Start and Finish of its simulated clock. Every iteration starts on all
+// workers at once (`start`), after the previous one finished everywhere.
+absl::Status RunWorker(const SimCase& c, uint64_t n, int rank,
+                       transport::SimulatedNetwork& network,
+                       std::barrier<>& start,
+                       std::vector<WorkerIteration>* out) {
+  const engine::GroupConfig group{
+      .transport = network.endpoint(rank),
+      .options = {.algorithm = c.algorithm, .timeout = absl::Hours(1)}};
+  engine::Engine engine;
+  std::vector<float> gradient(n);
+  for (int t = 0; t < c.iterations; ++t) {
+    SyntheticGradient(c.seed, rank, t, absl::MakeSpan(gradient));
+    start.arrive_and_wait();
+    network.Start(rank);
+    collectives::OpStats stats;
+    GM_RETURN_IF_ERROR(engine
+                           .AllReduce(group,
+                                      {.buffer = "gradient",
+                                       .gradient = gradient,
+                                       .operation = static_cast<uint64_t>(t)},
+                                      &stats)
+                           .status());
+    out->push_back({.times = network.Finish(rank),
+                    .rounds = stats.rounds,
+                    .bytes_received = stats.bytes_received});
+  }
+  return absl::OkStatus();
+}
+
+// A worker's own failure explains more than the Unavailable its peers saw.
+absl::Status FirstCause(const std::vector<absl::Status>& statuses) {
+  for (const absl::Status& s : statuses) {
+    if (!s.ok() && !absl::IsUnavailable(s)) return s;
+  }
+  for (const absl::Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+SimResult Summarize(const SimCase& c, uint64_t n,
+                    const std::vector<std::vector<WorkerIteration>>& runs) {
+  SimResult result{.simulated_n = n,
+                   .scale = static_cast<double>(c.n) / static_cast<double>(n)};
+  result.min_block_quota = BlockQuota(c, n);
+  for (int t = 0; t < c.iterations; ++t) {
+    const WorkerIteration* slowest = &runs[0][t];
+    double max_bytes = 0, sum_bytes = 0;
+    for (const std::vector<WorkerIteration>& worker : runs) {
+      const WorkerIteration& w = worker[t];
+      if (w.times.seconds > slowest->times.seconds) slowest = &w;
+      result.max_rounds = std::max(result.max_rounds, w.rounds);
+      max_bytes = std::max(max_bytes, static_cast<double>(w.bytes_received));
+      sum_bytes += static_cast<double>(w.bytes_received);
+    }
+    result.seconds.push_back(slowest->times.seconds);
+    result.mean_seconds += slowest->times.seconds / c.iterations;
+    result.compute_seconds += slowest->times.compute_seconds / c.iterations;
+    result.max_bytes_received += result.scale * max_bytes / c.iterations;
+    result.mean_bytes_received +=
+        result.scale * sum_bytes / c.workers / c.iterations;
+  }
+  return result;
+}
+
+absl::Status Validate(const SimCase& c) {
+  if (c.workers < 1 || c.workers > collectives::kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("--workers=", c.workers,
+                                                   " is outside 1..",
+                                                   collectives::kMaxWorldSize));
+  }
+  if (c.n < 1) return absl::InvalidArgumentError("--n must be at least 1");
+  if (c.iterations < 1) {
+    return absl::InvalidArgumentError("--iterations must be at least 1");
+  }
+  if (!(c.link.alpha_s >= 0) || !(c.link.beta_s_per_byte >= 0)) {
+    return absl::InvalidArgumentError("link costs must be >= 0");
+  }
+  const transport::SimCompute& w = c.compute;
+  if (!(w.select_s_per_value >= 0) || !(w.merge_s_per_value >= 0) ||
+      !(w.accumulate_s_per_value >= 0)) {
+    return absl::InvalidArgumentError("compute costs must be >= 0");
+  }
+  if (SimulatedValues(c) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_values=", c.max_values, " leaves no value for ",
+                     c.workers, " workers"));
+  }
+  // The algorithm's own checks (density, teams dividing P...).
+  return collectives::CreateCollective(c.algorithm, c.workers, 0, 0).status();
+}
+
+// Seconds per call of `body`, the best of repeated timings over ~0.2 s.
+template <typename Body>
+double BestSeconds(Body body) {
+  double best = 1e30;
+  const absl::Time stop = absl::Now() + absl::Milliseconds(200);
+  do {
+    const absl::Time begin = absl::Now();
+    body();
+    best = std::min(best, absl::ToDoubleSeconds(absl::Now() - begin));
+  } while (absl::Now() < stop);
+  return best;
+}
+
+}  // namespace
+
+uint64_t SimulatedValues(const SimCase& c) {
+  // Values a worker holds per value of n.
+  double per_value = 3;
+  if (GathersEveryWorker(c.algorithm.algorithm)) {
+    per_value += 2 * c.workers * c.algorithm.density;
+  }
+  const double fits =
+      static_cast<double>(c.max_values) / (c.workers * per_value);
+  return std::min<uint64_t>(c.n, static_cast<uint64_t>(fits));
+}
+
+absl::StatusOr<SimResult> Simulate(const SimCase& c) {
+  GM_RETURN_IF_ERROR(Validate(c));
+  const uint64_t n = SimulatedValues(c);
+  transport::SimulatedNetwork network(
+      c.workers, {.link = c.link,
+                  .compute = c.compute,
+                  .scale = static_cast<double>(c.n) / static_cast<double>(n)});
+  std::vector<absl::Status> statuses(c.workers);
+  std::vector<std::vector<WorkerIteration>> runs(c.workers);
+  std::barrier<> start(c.workers);
+  std::vector<std::thread> threads;
+  threads.reserve(c.workers);
+  for (int r = 0; r < c.workers; ++r) {
+    threads.emplace_back([&, r] {
+      statuses[r] = RunWorker(c, n, r, network, start, &runs[r]);
+      start.arrive_and_drop();  // the others no longer wait for this one
+      if (!statuses[r].ok()) network.endpoint(r)->Abort(statuses[r]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  GM_RETURN_IF_ERROR(FirstCause(statuses));
+  return Summarize(c, n, runs);
+}
+
+transport::SimCompute Calibrate() {
+  constexpr size_t kSelect = 512 << 10;  // one thread: below the kernel's
+                                         // parallel threshold
+  std::vector<float> x(kSelect), y(kSelect);
+  SyntheticGradient(1, 0, 0, absl::MakeSpan(x));
+  SyntheticGradient(1, 1, 0, absl::MakeSpan(y));
+  transport::SimCompute cost;
+  cost.select_s_per_value =
+      BestSeconds([&] { kernels::TopKAbs(x, kSelect / 100, 0); }) / kSelect;
+
+  const sparse::SparseBlock a = kernels::TopKAbs(x, kSelect / 10, 0);
+  const sparse::SparseBlock b = kernels::TopKAbs(y, kSelect / 10, 0);
+  cost.merge_s_per_value = BestSeconds([&] { sparse::Add(a, b); }) /
+                           static_cast<double>(a.size() + b.size());
+
+  std::vector<float> gradient(2 * kSelect), residual(2 * kSelect);
+  SyntheticGradient(1, 2, 0, absl::MakeSpan(gradient));
+  cost.accumulate_s_per_value =
+      BestSeconds([&] {
+        collectives::AccumulateFinite(gradient, absl::MakeSpan(residual));
+      }) /
+      static_cast<double>(gradient.size());
+  return cost;
+}
+
+}  // namespace gradmesh::tools

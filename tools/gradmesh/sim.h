@@ -1,0 +1,84 @@
+// `gradmesh sim`: the real algorithms on a simulated network.
+//
+// Simulate runs P in-process workers (one thread each, the engine and the
+// algorithm exactly as a worker daemon runs them) over a
+// transport::SimulatedNetwork, whose clocks say what each all-reduce would
+// take on alpha-beta links with this machine's (or the given) cost per value
+// of computation. Rounds and bytes are what the schedules really sent.
+//
+// Large P x n. Every worker holds its gradient, residual and the algorithm's
+// buffers in this process, so when P x n is too large for `max_values` the
+// case runs at a smaller n' (SimulatedValues) and the network counts every
+// byte and every value n/n' times (SimOptions::scale). k' = density x n'
+// keeps the density, so block quotas, index overlaps and the result's
+// density are those of the smaller run: rounds are exact, bytes and compute
+// scale linearly, which holds while each block quota stays well above 1
+// (SimResult::min_block_quota says how far it is).
+//
+//   SimCase c{.algorithm = {.algorithm = "spardl", .density = 0.01,
+//                           .teams = 8},
+//             .workers = 512, .n = 25'000'000};
+//   GM_ASSIGN_OR_RETURN(SimResult r, Simulate(c));
+#ifndef GRADMESH_TOOLS_GRADMESH_SIM_H_
+#define GRADMESH_TOOLS_GRADMESH_SIM_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/collectives/registry.h"
+#include "worker/transport/simulated.h"
+
+namespace gradmesh::tools {
+
+struct SimCase {
+  collectives::AlgorithmOptions algorithm;  // algorithm, density, teams...
+  int workers = 4;                          // P, 1..collectives::kMaxWorldSize
+  uint64_t n = 1 << 20;                     // values per worker, as modeled
+  // Values held across all workers, at most: bounds the memory (about 4
+  // bytes a value, 2-3 GiB at the default).
+  uint64_t max_values = uint64_t{1} << 29;
+  int iterations = 3;  // error feedback carries residuals between them
+  uint64_t seed = 1;   // of the synthetic gradients (synthetic.h)
+  transport::SimLink link;
+  transport::SimCompute compute;
+};
+
+struct SimResult {
+  uint64_t simulated_n = 0;  // n', per worker
+  double scale = 1;          // n / n'
+  // The smallest quota the algorithm selects at n' (SparDL: d k'/P): the
+  // scaled figures are rough when it is near 1.
+  double min_block_quota = 0;
+  // Per iteration, the slowest worker's clock at the end.
+  std::vector<double> seconds;
+  double mean_seconds = 0;
+  // The slowest worker's share of its clock charged for computation, mean
+  // over the iterations.
+  double compute_seconds = 0;
+  // Per worker, the most over workers and the mean over workers, averaged
+  // over iterations; bytes scaled to n.
+  int max_rounds = 0;
+  double max_bytes_received = 0;
+  double mean_bytes_received = 0;
+};
+
+// n' for a case: n, or the largest that keeps P x (the memory a worker
+// needs, in values) within max_values. A worker needs about 3 n' (gradient,
+// residual, working copy); the all-gather algorithms (topka, gaussiank) also
+// hold every worker's k' values at 8 bytes each, 2 P k'.
+uint64_t SimulatedValues(const SimCase& c);
+
+// Runs the case. InvalidArgument for bad options (a message naming the
+// flag); the algorithm's error if a worker failed.
+absl::StatusOr<SimResult> Simulate(const SimCase& c);
+
+// This machine's cost per value of each kind of work, on one thread:
+// top-k at 1% of 512Ki synthetic values (select), sparse::Add of two such
+// selections at 10% (merge), and AccumulateFinite over 1Mi values
+// (accumulate); each the best of repeated timings over about 0.2 s.
+transport::SimCompute Calibrate();
+
+}  // namespace gradmesh::tools
+
+#endif  // GRADMESH_TOOLS_GRADMESH_SIM_H_
