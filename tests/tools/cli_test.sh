@@ -46,6 +46,38 @@ grep -q '"bsag_h"' "$work/out/stats.json" || fail "stats.json lacks bsag_h"
 grep -q '"coo_bytes_received"' "$work/out/stats.json" ||
     fail "stats.json lacks the bytes without encoding"
 
+# gradmesh sim: text, JSON, every d, and one-line errors with exit 2.
+grep -q "sim " <<<"$help" || fail "--help does not list sim"
+out=$("$gradmesh" sim --workers=6 --teams=3 --n=6000 --iterations=2) ||
+    fail "sim exited $?"
+grep -q "time per all-reduce" <<<"$out" || fail "sim: no time: $out"
+grep -q "Table I: " <<<"$out" || fail "sim: no Table I: $out"
+"$gradmesh" sim --workers=4 --n=4000 --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["workers"] == 4 and d["rounds"] == 4 and d["seconds"] > 0, d
+' || fail "sim --json is not the case as JSON"
+out=$("$gradmesh" sim --workers=8 --teams=all --n=8000 --iterations=1 \
+    --json="$work/teams.json" 2>/dev/null) || fail "sim --teams=all exited $?"
+grep -q "the coordinator's model picks d=" <<<"$out" ||
+    fail "sim --teams=all: no model pick: $out"
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1]));
+assert [c["teams"] for c in d["cases"]] == [1, 2, 4, 8], d' \
+    "$work/teams.json" || fail "sim --teams=all JSON lacks the cases"
+expect_sim_error() {  # expect_sim_error PATTERN ARGS...
+  local pattern=$1; shift
+  local err rc=0
+  err=$("$gradmesh" sim "$@" 2>&1 >/dev/null) || rc=$?
+  [[ $rc -eq 2 ]] || fail "sim $* exited $rc"
+  [[ $(wc -l <<<"$err") -eq 1 ]] || fail "sim $*: more than one line: $err"
+  grep -q -- "$pattern" <<<"$err" || fail "sim $*: '$err' lacks '$pattern'"
+}
+expect_sim_error "teams d = 4" --workers=6 --teams=4
+expect_sim_error "is outside 1..4096" --workers=5000
+expect_sim_error "needs --algo=spardl" --algo=topka --teams=all
+expect_sim_error "--gbit must be positive" --gbit=0
+expect_sim_error "not a number or all" --teams=x
+
 # gradmesh local: a coordinator and worker processes on 127.0.0.1.
 grep -q "local" <<<"$help" || fail "--help does not list local"
 expect_local_error() {  # expect_local_error PATTERN ARGS...

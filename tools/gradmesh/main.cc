@@ -113,16 +113,17 @@ ABSL_FLAG(std::string, topk, "auto",
 ABSL_FLAG(double, alpha_us, 50,
           "sim: latency of a message on a link, microseconds");
 ABSL_FLAG(double, gbit, 10, "sim: bandwidth of each worker's link, Gbit/s");
-ABSL_FLAG(double, select_ns, 0.4,
-          "sim: compute cost of top-k selection, ns a value scanned "
-          "(default: --calibrate on a 2-core 2.6 GHz Xeon VM)");
-ABSL_FLAG(double, merge_ns, 2.9,
+ABSL_FLAG(double, select_ns, 0.98,
+          "sim: compute cost of top-k selection, ns a value scanned (the "
+          "defaults: --calibrate on a 2-core 2.6 GHz Xeon VM)");
+ABSL_FLAG(double, merge_ns, 4.8,
           "sim: compute cost of merging sparse blocks, ns an entry");
-ABSL_FLAG(double, accumulate_ns, 0.43,
+ABSL_FLAG(double, accumulate_ns, 0.89,
           "sim: compute cost of adding into dense arrays, ns a value");
 ABSL_FLAG(bool, calibrate, false,
-          "sim: measure this machine's compute costs (one thread) and use "
-          "them instead of --select-ns, --merge-ns, --accumulate-ns");
+          "sim: measure this machine's compute costs (per core, every core "
+          "busy; a few seconds) and use them instead of --select-ns, "
+          "--merge-ns, --accumulate-ns");
 ABSL_FLAG(double, compute_scale, 1,
           "sim: multiplies the compute costs: P/C when P workers share C "
           "cores (an emulated cluster), or for a slower CPU");

@@ -187,29 +187,53 @@ absl::StatusOr<SimResult> Simulate(const SimCase& c) {
   return Summarize(c, n, runs);
 }
 
-transport::SimCompute Calibrate() {
-  constexpr size_t kSelect = 512 << 10;  // one thread: below the kernel's
-                                         // parallel threshold
-  std::vector<float> x(kSelect), y(kSelect);
+// Calibrate's measurement on the calling thread.
+static transport::SimCompute CalibrateOneThread() {
+  // Arrays well beyond the caches, as a worker's gradient is.
+  constexpr size_t kValues = 16 << 20;
+  // The top-k kernel runs on one thread below 1Mi values.
+  constexpr size_t kChunk = (1 << 20) - 1;
+  std::vector<float> x(kValues), y(kValues);
   SyntheticGradient(1, 0, 0, absl::MakeSpan(x));
   SyntheticGradient(1, 1, 0, absl::MakeSpan(y));
   transport::SimCompute cost;
   cost.select_s_per_value =
-      BestSeconds([&] { kernels::TopKAbs(x, kSelect / 100, 0); }) / kSelect;
+      BestSeconds([&] {
+        for (size_t at = 0; at + kChunk <= kValues; at += kChunk) {
+          kernels::TopKAbs(absl::MakeConstSpan(x).subspan(at, kChunk),
+                           kChunk / 100, 0);
+        }
+      }) /
+      static_cast<double>(kValues / kChunk * kChunk);
 
-  const sparse::SparseBlock a = kernels::TopKAbs(x, kSelect / 10, 0);
-  const sparse::SparseBlock b = kernels::TopKAbs(y, kSelect / 10, 0);
+  const sparse::SparseBlock a = kernels::TopKAbs(x, kValues / 10, 0);
+  const sparse::SparseBlock b = kernels::TopKAbs(y, kValues / 10, 0);
   cost.merge_s_per_value = BestSeconds([&] { sparse::Add(a, b); }) /
                            static_cast<double>(a.size() + b.size());
 
-  std::vector<float> gradient(2 * kSelect), residual(2 * kSelect);
-  SyntheticGradient(1, 2, 0, absl::MakeSpan(gradient));
+  std::fill(y.begin(), y.end(), 0.0f);
   cost.accumulate_s_per_value =
-      BestSeconds([&] {
-        collectives::AccumulateFinite(gradient, absl::MakeSpan(residual));
-      }) /
-      static_cast<double>(gradient.size());
+      BestSeconds(
+          [&] { collectives::AccumulateFinite(x, absl::MakeSpan(y)); }) /
+      static_cast<double>(kValues);
   return cost;
+}
+
+transport::SimCompute Calibrate() {
+  const int threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<transport::SimCompute> costs(threads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] { costs[t] = CalibrateOneThread(); });
+  }
+  for (std::thread& t : pool) t.join();
+  transport::SimCompute mean;
+  for (const transport::SimCompute& c : costs) {
+    mean.select_s_per_value += c.select_s_per_value / threads;
+    mean.merge_s_per_value += c.merge_s_per_value / threads;
+    mean.accumulate_s_per_value += c.accumulate_s_per_value / threads;
+  }
+  return mean;
 }
 
 }  // namespace gradmesh::tools

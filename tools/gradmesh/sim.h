@@ -73,10 +73,13 @@ uint64_t SimulatedValues(const SimCase& c);
 // flag); the algorithm's error if a worker failed.
 absl::StatusOr<SimResult> Simulate(const SimCase& c);
 
-// This machine's cost per value of each kind of work, on one thread:
-// top-k at 1% of 512Ki synthetic values (select), sparse::Add of two such
-// selections at 10% (merge), and AccumulateFinite over 1Mi values
-// (accumulate); each the best of repeated timings over about 0.2 s.
+// This machine's cost per value of each kind of work on one core while
+// every core works (one measuring thread per core, each on its own 16Mi
+// synthetic values: 64 MiB, beyond the caches, as a gradient is, and memory
+// bandwidth shared as when workers compute at once): top-k at 1% of each
+// 1Mi chunk (select), sparse::Add of two 10% selections (merge),
+// AccumulateFinite (accumulate); each the best of repeated timings over
+// about 0.2 s, averaged over the threads. Takes a few seconds.
 transport::SimCompute Calibrate();
 
 }  // namespace gradmesh::tools

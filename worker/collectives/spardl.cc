@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/work_meter.h"
 #include "worker/collectives/primitives.h"
 #include "worker/kernels/topk.h"
 #include "worker/sparse/coo.h"
@@ -102,6 +103,7 @@ absl::StatusOr<sparse::SparseBlock> SparDl::AllReduce(
   // Step 1: acc = gradient + residual, in place, and its working copy, in
   // one pass (non-finite values left out, as AccumulateFinite does).
   uint64_t nonfinite = 0;
+  CountAccumulated(n_);
   for (uint64_t i = 0; i < n_; ++i) {
     const float v = gradient[i];
     const bool finite = std::isfinite(v);
