@@ -7,8 +7,10 @@
 #include <string>
 #include <tuple>
 
+#include "absl/container/flat_hash_map.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/coordinator.h"
 #include "server/cost_model.h"
 #include "tools/gradmesh/table_one.h"
 #include "worker/collectives/plan.h"
@@ -152,6 +154,43 @@ TEST(SimTeamChoiceTest, SimulatedBestEqualsTheModelsPick) {
             best,
             server::RankTeamCounts(world, 200'000, 0.01, link, 3.0)[0].teams);
       }
+    }
+  }
+}
+
+// With compute charged (at `gradmesh sim`'s default costs, which the model
+// knows nothing of), the model's pick may differ from the simulated best,
+// but autotune never skips the simulated best at the coordinator's default
+// skip factor, and the model's pick costs at most 5% more.
+TEST(SimTeamChoiceTest, AutotuneNeverSkipsTheSimulatedBest) {
+  const double skip_factor = server::PlanConfig{}.skip_factor;
+  for (const int world : {12, 16, 64}) {
+    for (const double gbit : {1.0, 100.0}) {
+      SCOPED_TRACE(absl::StrCat("P=", world, " ", gbit, " Gbit/s"));
+      const server::LinkModel link{.alpha_s = 50e-6,
+                                   .beta_s_per_byte = 8e-9 / gbit};
+      absl::flat_hash_map<int, double> seconds;
+      int best = 0;
+      for (const int d : server::ValidTeamCounts(world)) {
+        SimCase c = SparDl(world, d, 200'000, 0.01);
+        c.iterations = 2;
+        c.link = {.alpha_s = link.alpha_s,
+                  .beta_s_per_byte = link.beta_s_per_byte};
+        c.compute = {.select_s_per_value = 0.98e-9,
+                     .merge_s_per_value = 4.8e-9,
+                     .accumulate_s_per_value = 0.89e-9};
+        absl::StatusOr<SimResult> result = Simulate(c);
+        ASSERT_TRUE(result.ok()) << result.status();
+        seconds[d] = result->mean_seconds;
+        if (best == 0 || seconds[d] < seconds[best]) best = d;
+      }
+      const std::vector<server::TeamCountModel> ranked =
+          server::RankTeamCounts(world, 200'000, 0.01, link, skip_factor);
+      for (const server::TeamCountModel& m : ranked) {
+        EXPECT_FALSE(m.skipped && m.teams == best) << "d=" << best;
+      }
+      EXPECT_LE(seconds[ranked[0].teams], 1.05 * seconds[best])
+          << "model's d=" << ranked[0].teams << ", best d=" << best;
     }
   }
 }
