@@ -92,8 +92,8 @@ def cluster_rows(sim, cluster_dir):
         data = json.load(f)
     cores = os.cpu_count() or 1
     out = []
-    for row in data["rows"]:
-        if row.get("system") != "spardl" or "seconds" not in row:
+    for row in data["cases"]:
+        if row.get("system") != "spardl" or "seconds_median" not in row:
             continue
         fit = data["links"][row["link"]]
         predicted = sim.run(
@@ -101,7 +101,7 @@ def cluster_rows(sim, cluster_dir):
             density=row["density"], alpha_us=fit["alpha_s"] * 1e6,
             gbit=fit["gbit_per_s"],
             compute_scale=max(1.0, row["workers"] / cores))
-        measured = sorted(row["seconds"])[len(row["seconds"]) // 2]
+        measured = row["seconds_median"]
         out.append({"link": row["link"], "workers": row["workers"],
                     "n": row["n"], "density": row["density"],
                     "measured_seconds": measured,
