@@ -49,6 +49,9 @@ class Sim:
                 "gbit": self.args.gbit, "alpha_us": self.args.alpha_us,
                 "iterations": self.args.iterations,
                 "max_values": self.args.max_values}
+        for cost in ("select_ns", "merge_ns", "accumulate_ns"):
+            if getattr(self.args, cost) is not None:
+                base[cost] = getattr(self.args, cost)
         base.update(flags)
         cmd = [self.args.gradmesh, "sim", "--json"] + [
             f"--{k}={v}" for k, v in base.items()]
@@ -129,9 +132,13 @@ def table_one_cells(case):
 
 
 def markdown(args, scaling, teams, cluster):
+    costs = ", ".join(f"{c} {getattr(args, c)}" for c in
+                      ("select_ns", "merge_ns", "accumulate_ns")
+                      if getattr(args, c) is not None)
     lines = [f"`{' '.join(sys.argv)}`", "",
              f"n = {args.n:,}, density {args.density}, {args.gbit} Gbit/s, "
-             f"alpha {args.alpha_us} us, {args.iterations} iterations.", ""]
+             f"alpha {args.alpha_us} us, {args.iterations} iterations, "
+             f"compute: {costs or 'gradmesh sim defaults'}.", ""]
     if scaling:
         labels = list(dict.fromkeys(r["label"] for r in scaling))
         ps = sorted({r["workers"] for r in scaling})
@@ -267,6 +274,10 @@ def main():
     p.add_argument("--gbit", type=float, default=25)
     p.add_argument("--alpha_us", type=float, default=50)
     p.add_argument("--iterations", type=int, default=2)
+    for cost in ("select_ns", "merge_ns", "accumulate_ns"):
+        p.add_argument(f"--{cost}", type=float,
+                       help=f"gradmesh sim --{cost} (default: its own; 0 "
+                       "for communication alone)")
     p.add_argument("--max_values", type=int, default=1 << 30,
                    help="gradmesh sim --max-values (memory: ~4 bytes each)")
     p.add_argument("--workers", type=csv(int),
