@@ -93,7 +93,7 @@ def cluster_rows(sim, cluster_dir):
     prediction on that link."""
     with open(os.path.join(cluster_dir, "results.json")) as f:
         data = json.load(f)
-    cores = os.cpu_count() or 1
+    cores = sim.args.cluster_cores
     out = []
     for row in data["cases"]:
         if row.get("system") != "spardl" or "seconds_median" not in row:
@@ -170,7 +170,7 @@ def markdown(args, scaling, teams, cluster):
                 f"| {r['algorithm']} | {r['workers']} | {r['teams']} | "
                 f"{r['simulated_n']:,} | {r['rounds']} | {rounds} | "
                 f"{fmt_bytes(r['max_bytes_received'])} | {table_bytes} | "
-                f"{r['compute_seconds'] / r['seconds']:.0%} |")
+                f"{r['compute_seconds'] / max(r['seconds'], 1e-30):.0%} |")
     for p, result in teams.items():
         model = {m["teams"]: m for m in result["model"]}
         lines += ["", f"### Time against d, P = {p}", "",
@@ -279,7 +279,8 @@ def main():
                        help=f"gradmesh sim --{cost} (default: its own; 0 "
                        "for communication alone)")
     p.add_argument("--max_values", type=int, default=1 << 30,
-                   help="gradmesh sim --max-values (memory: ~4 bytes each)")
+                   help="gradmesh sim --max-values (memory: ~4 bytes each; "
+                   "twice the command's own default)")
     p.add_argument("--workers", type=csv(int),
                    default=[2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
     p.add_argument("--algorithms", type=csv(str), default=list(ALGORITHMS))
@@ -292,6 +293,10 @@ def main():
     p.add_argument("--teams_workers", type=csv(int), default=[12, 14, 1024])
     p.add_argument("--cluster", metavar="DIR",
                    help="a cluster_bench.py --out directory to predict")
+    p.add_argument("--cluster_cores", type=int, default=os.cpu_count() or 1,
+                   help="the cores of the machine that ran --cluster (its "
+                   "workers' compute is scaled by P / cores; default: this "
+                   "machine's)")
     p.add_argument("--case_timeout", type=int, default=3600)
     p.add_argument("--quick", action="store_true",
                    help="n = 1M, P up to 16, d for P = 12: a minute")

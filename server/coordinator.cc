@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "worker/collectives/plan.h"
 #include "worker/transport/transport.h"
 
@@ -360,18 +361,23 @@ void Coordinator::RankLocked(size_t from) {
       RankTeamCounts(static_cast<int>(members_.size()), n_, config_.density,
                      link_, config_.skip_factor);
   round_->ranked_by_model = n_ > 0;
-  absl::flat_hash_map<int, size_t> position;  // in `ranked`, by d
-  for (size_t i = 0; i < ranked.size(); ++i) position[ranked[i].teams] = i;
+  absl::flat_hash_map<int, size_t> positions;  // in `ranked`, by d
+  for (size_t i = 0; i < ranked.size(); ++i) positions[ranked[i].teams] = i;
+  auto position = [&](const Trial& trial) {
+    const auto it = positions.find(trial.teams);
+    GM_CHECK(it != positions.end()) << "d=" << trial.teams;
+    return it->second;
+  };
   std::vector<Trial>& trials = round_->trials;
   for (Trial& trial : trials) {
-    trial.modeled_seconds = ranked[position[trial.teams]].seconds;
+    trial.modeled_seconds = ranked[position(trial)].seconds;
   }
   std::sort(trials.begin() + from, trials.end(),
             [&](const Trial& a, const Trial& b) {
-              return position[a.teams] < position[b.teams];
+              return position(a) < position(b);
             });
   for (size_t i = from; i < trials.size(); ++i) {
-    trials[i].skipped = ranked[position[trials[i].teams]].skipped;
+    trials[i].skipped = ranked[position(trials[i])].skipped;
   }
 }
 

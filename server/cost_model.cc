@@ -85,6 +85,7 @@ std::vector<TeamCountModel> RankTeamCounts(int world_size, uint64_t n,
                                            double density,
                                            const LinkModel& link,
                                            double skip_factor) {
+  GM_CHECK(skip_factor >= 1) << "skip_factor " << skip_factor;
   std::vector<TeamCountModel> ranked;
   for (int d : ValidTeamCounts(world_size)) {
     const CommCost cost = SparDlCost(world_size, d, n, density);

@@ -77,6 +77,10 @@ expect_sim_error "is outside 1..4096" --workers=5000
 expect_sim_error "needs --algo=spardl" --algo=topka --teams=all
 expect_sim_error "--gbit must be positive" --gbit=0
 expect_sim_error "not a number or all" --teams=x
+expect_sim_error "is outside 1..4096" --workers=0 --teams=all
+expect_sim_error "--skip-factor must be at least 1" --teams=all --skip-factor=0.5
+expect_sim_error "--compute-scale must be positive" --compute-scale=inf
+expect_sim_error "--iterations=1001 is outside" --iterations=5000
 
 # gradmesh local: a coordinator and worker processes on 127.0.0.1.
 grep -q "local" <<<"$help" || fail "--help does not list local"

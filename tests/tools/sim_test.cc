@@ -4,6 +4,7 @@
 #include "tools/gradmesh/sim.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <tuple>
 
@@ -86,6 +87,7 @@ TEST(SimTableOneTest, TopkAAllGathersEveryWorkersK) {
     EXPECT_DOUBLE_EQ(result->max_bytes_received, 8.0 * 20 * (world - 1));
     const std::optional<FormulaCost> formula =
         TableOneCost("topka", world, 1, 2000, 0.01);
+    ASSERT_TRUE(formula.has_value());
     EXPECT_EQ(formula->rounds, result->max_rounds);
     EXPECT_DOUBLE_EQ(formula->max_bytes, result->max_bytes_received);
   }
@@ -101,8 +103,10 @@ TEST(SimTableOneTest, GTopkTreeAt1024) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->max_rounds, 20);
   EXPECT_DOUBLE_EQ(result->max_bytes_received, 8.0 * 100 * 10);
-  EXPECT_DOUBLE_EQ(TableOneCost("gtopk", 1024, 1, 10'000, 0.01)->max_bytes,
-                   2 * result->max_bytes_received);
+  const std::optional<FormulaCost> formula =
+      TableOneCost("gtopk", 1024, 1, 10'000, 0.01);
+  ASSERT_TRUE(formula.has_value());
+  EXPECT_DOUBLE_EQ(formula->max_bytes, 2 * result->max_bytes_received);
 }
 
 // B-SAG is a range in Table I; the schedules land inside it.
@@ -249,10 +253,27 @@ TEST(SimTest, BadCasesAreClearErrors) {
   c = SparDl(4, 1, 1000, 0.01);
   c.max_values = 3;
   EXPECT_THAT(std::string(Simulate(c).status().message()),
-              ::testing::HasSubstr("--max_values"));
+              ::testing::HasSubstr("--max-values"));
   c = SparDl(4, 1, 1000, 0.01);
   c.algorithm.algorithm = "nope";
   EXPECT_TRUE(absl::IsInvalidArgument(Simulate(c).status()));
+  c = SparDl(4, 1, 1000, 0.01);
+  c.iterations = kMaxSimIterations + 1;
+  EXPECT_THAT(std::string(Simulate(c).status().message()),
+              ::testing::HasSubstr("--iterations"));
+  c = SparDl(4, 1, 1000, 0.01);
+  c.link.alpha_s = std::numeric_limits<double>::infinity();
+  EXPECT_THAT(std::string(Simulate(c).status().message()),
+              ::testing::HasSubstr("--alpha-us"));
+  c = SparDl(4, 1, 1000, 0.01);
+  c.compute.merge_s_per_value = -1;
+  EXPECT_THAT(std::string(Simulate(c).status().message()),
+              ::testing::HasSubstr("--merge-ns"));
+  // A negative density: the algorithm's own check, before any sizing.
+  c = SparDl(4, 1, 1000, -0.5);
+  c.algorithm.algorithm = "topka";
+  EXPECT_THAT(std::string(Simulate(c).status().message()),
+              ::testing::HasSubstr("density"));
 }
 
 TEST(TableOneTest, FormulasByHand) {

@@ -441,9 +441,11 @@ int Sim(int argc, char** argv) {
                .workers = absl::GetFlag(FLAGS_workers),
                .n = absl::GetFlag(FLAGS_n),
                .max_values = absl::GetFlag(FLAGS_max_values),
-               .iterations =
-                   static_cast<int>(std::min<uint64_t>(iterations, 1'000'000)),
+               // Past the limit, still past it: ValidateCase says so.
+               .iterations = static_cast<int>(std::min<uint64_t>(
+                   iterations, gradmesh::tools::kMaxSimIterations + 1)),
                .seed = absl::GetFlag(FLAGS_seed),
+               .timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s)),
                .link = {.alpha_s = absl::GetFlag(FLAGS_alpha_us) * 1e-6,
                         .beta_s_per_byte = 8e-9 / gbit},
                .compute = {.select_s_per_value =

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <barrier>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,7 +54,7 @@ absl::Status RunWorker(const SimCase& c, uint64_t n, int rank,
                        std::vector<WorkerIteration>* out) {
   const engine::GroupConfig group{
       .transport = network.endpoint(rank),
-      .options = {.algorithm = c.algorithm, .timeout = absl::Hours(1)}};
+      .options = {.algorithm = c.algorithm, .timeout = c.timeout}};
   engine::Engine engine;
   std::vector<float> gradient(n);
   for (int t = 0; t < c.iterations; ++t) {
@@ -110,33 +112,6 @@ SimResult Summarize(const SimCase& c, uint64_t n,
   return result;
 }
 
-absl::Status Validate(const SimCase& c) {
-  if (c.workers < 1 || c.workers > collectives::kMaxWorldSize) {
-    return absl::InvalidArgumentError(absl::StrCat("--workers=", c.workers,
-                                                   " is outside 1..",
-                                                   collectives::kMaxWorldSize));
-  }
-  if (c.n < 1) return absl::InvalidArgumentError("--n must be at least 1");
-  if (c.iterations < 1) {
-    return absl::InvalidArgumentError("--iterations must be at least 1");
-  }
-  if (!(c.link.alpha_s >= 0) || !(c.link.beta_s_per_byte >= 0)) {
-    return absl::InvalidArgumentError("link costs must be >= 0");
-  }
-  const transport::SimCompute& w = c.compute;
-  if (!(w.select_s_per_value >= 0) || !(w.merge_s_per_value >= 0) ||
-      !(w.accumulate_s_per_value >= 0)) {
-    return absl::InvalidArgumentError("compute costs must be >= 0");
-  }
-  if (SimulatedValues(c) < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_values=", c.max_values, " leaves no value for ",
-                     c.workers, " workers"));
-  }
-  // The algorithm's own checks (density, teams dividing P...).
-  return collectives::CreateCollective(c.algorithm, c.workers, 0, 0).status();
-}
-
 // Seconds per call of `body`, the best of repeated timings over ~0.2 s.
 template <typename Body>
 double BestSeconds(Body body) {
@@ -150,7 +125,85 @@ double BestSeconds(Body body) {
   return best;
 }
 
+// Calibrate's measurement on the calling thread.
+transport::SimCompute CalibrateOneThread(std::barrier<>& phase) {
+  // Arrays well beyond the caches, as a worker's gradient is.
+  constexpr size_t kValues = 16 << 20;
+  // The top-k kernel runs on one thread below 1Mi values.
+  constexpr size_t kChunk = (1 << 20) - 1;
+  std::vector<float> x(kValues), y(kValues);
+  SyntheticGradient(1, 0, 0, absl::MakeSpan(x));
+  SyntheticGradient(1, 1, 0, absl::MakeSpan(y));
+  transport::SimCompute cost;
+  phase.arrive_and_wait();  // every thread measures each kind at once
+  cost.select_s_per_value =
+      BestSeconds([&] {
+        for (size_t at = 0; at + kChunk <= kValues; at += kChunk) {
+          kernels::TopKAbs(absl::MakeConstSpan(x).subspan(at, kChunk),
+                           kChunk / 100, 0);
+        }
+      }) /
+      static_cast<double>(kValues / kChunk * kChunk);
+
+  const sparse::SparseBlock a = kernels::TopKAbs(x, kValues / 10, 0);
+  const sparse::SparseBlock b = kernels::TopKAbs(y, kValues / 10, 0);
+  phase.arrive_and_wait();
+  cost.merge_s_per_value = BestSeconds([&] { sparse::Add(a, b); }) /
+                           static_cast<double>(a.size() + b.size());
+
+  std::fill(y.begin(), y.end(), 0.0f);
+  phase.arrive_and_wait();
+  cost.accumulate_s_per_value =
+      BestSeconds(
+          [&] { collectives::AccumulateFinite(x, absl::MakeSpan(y)); }) /
+      static_cast<double>(kValues);
+  return cost;
+}
+
 }  // namespace
+
+absl::Status ValidateCase(const SimCase& c) {
+  if (c.workers < 1 || c.workers > collectives::kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("--workers=", c.workers,
+                                                   " is outside 1..",
+                                                   collectives::kMaxWorldSize));
+  }
+  // The algorithm's own checks (name, density, teams dividing P...).
+  GM_RETURN_IF_ERROR(
+      collectives::CreateCollective(c.algorithm, c.workers, 0, 0).status());
+  if (c.n < 1) return absl::InvalidArgumentError("--n must be at least 1");
+  if (c.iterations < 1 || c.iterations > kMaxSimIterations) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--iterations=", c.iterations, " is outside 1..", kMaxSimIterations));
+  }
+  auto cost = [](double v) { return std::isfinite(v) && v >= 0; };
+  if (!cost(c.link.alpha_s)) {
+    return absl::InvalidArgumentError("--alpha-us must be finite and >= 0");
+  }
+  if (!cost(c.link.beta_s_per_byte)) {
+    return absl::InvalidArgumentError("--gbit must be positive and finite");
+  }
+  if (!cost(c.compute.select_s_per_value) ||
+      !cost(c.compute.merge_s_per_value) ||
+      !cost(c.compute.accumulate_s_per_value)) {
+    return absl::InvalidArgumentError(
+        "--select-ns, --merge-ns and --accumulate-ns must be finite and >= 0");
+  }
+  if (!(c.timeout > absl::ZeroDuration())) {
+    return absl::InvalidArgumentError("--timeout-s must be positive");
+  }
+  const uint64_t n = SimulatedValues(c);
+  if (n < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-values=", c.max_values, " leaves no value for ",
+                     c.workers, " workers"));
+  }
+  if (n > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "n' = ", n, " a worker exceeds uint32 indices (lower --max-values)"));
+  }
+  return absl::OkStatus();
+}
 
 uint64_t SimulatedValues(const SimCase& c) {
   // Values a worker holds per value of n.
@@ -160,11 +213,13 @@ uint64_t SimulatedValues(const SimCase& c) {
   }
   const double fits =
       static_cast<double>(c.max_values) / (c.workers * per_value);
-  return std::min<uint64_t>(c.n, static_cast<uint64_t>(fits));
+  if (!(fits >= 0 && per_value > 0)) return 0;  // bad workers or density
+  if (fits >= static_cast<double>(c.n)) return c.n;
+  return static_cast<uint64_t>(fits);
 }
 
 absl::StatusOr<SimResult> Simulate(const SimCase& c) {
-  GM_RETURN_IF_ERROR(Validate(c));
+  GM_RETURN_IF_ERROR(ValidateCase(c));
   const uint64_t n = SimulatedValues(c);
   transport::SimulatedNetwork network(
       c.workers, {.link = c.link,
@@ -187,44 +242,15 @@ absl::StatusOr<SimResult> Simulate(const SimCase& c) {
   return Summarize(c, n, runs);
 }
 
-// Calibrate's measurement on the calling thread.
-static transport::SimCompute CalibrateOneThread() {
-  // Arrays well beyond the caches, as a worker's gradient is.
-  constexpr size_t kValues = 16 << 20;
-  // The top-k kernel runs on one thread below 1Mi values.
-  constexpr size_t kChunk = (1 << 20) - 1;
-  std::vector<float> x(kValues), y(kValues);
-  SyntheticGradient(1, 0, 0, absl::MakeSpan(x));
-  SyntheticGradient(1, 1, 0, absl::MakeSpan(y));
-  transport::SimCompute cost;
-  cost.select_s_per_value =
-      BestSeconds([&] {
-        for (size_t at = 0; at + kChunk <= kValues; at += kChunk) {
-          kernels::TopKAbs(absl::MakeConstSpan(x).subspan(at, kChunk),
-                           kChunk / 100, 0);
-        }
-      }) /
-      static_cast<double>(kValues / kChunk * kChunk);
-
-  const sparse::SparseBlock a = kernels::TopKAbs(x, kValues / 10, 0);
-  const sparse::SparseBlock b = kernels::TopKAbs(y, kValues / 10, 0);
-  cost.merge_s_per_value = BestSeconds([&] { sparse::Add(a, b); }) /
-                           static_cast<double>(a.size() + b.size());
-
-  std::fill(y.begin(), y.end(), 0.0f);
-  cost.accumulate_s_per_value =
-      BestSeconds(
-          [&] { collectives::AccumulateFinite(x, absl::MakeSpan(y)); }) /
-      static_cast<double>(kValues);
-  return cost;
-}
-
 transport::SimCompute Calibrate() {
-  const int threads = std::max(1u, std::thread::hardware_concurrency());
+  // Each thread holds ~180 MiB: at most 16 of them.
+  const int threads = static_cast<int>(
+      std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
   std::vector<transport::SimCompute> costs(threads);
+  std::barrier<> phase(threads);
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] { costs[t] = CalibrateOneThread(); });
+    pool.emplace_back([&, t] { costs[t] = CalibrateOneThread(phase); });
   }
   for (std::thread& t : pool) t.join();
   transport::SimCompute mean;

@@ -1,7 +1,9 @@
 // `gradmesh sim`: the real algorithms on a simulated network.
 //
 // Simulate runs P in-process workers (one thread each, the engine and the
-// algorithm exactly as a worker daemon runs them) over a
+// algorithm as a worker daemon runs them, without the daemon's own passes
+// over shared memory and its agreement round of ceil(log2 P) small
+// messages) over a
 // transport::SimulatedNetwork, whose clocks say what each all-reduce would
 // take on alpha-beta links with this machine's (or the given) cost per value
 // of computation. Rounds and bytes are what the schedules really sent.
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "worker/collectives/registry.h"
 #include "worker/transport/simulated.h"
 
@@ -38,11 +41,16 @@ struct SimCase {
   // Values held across all workers, at most: bounds the memory (about 4
   // bytes a value, 2-3 GiB at the default).
   uint64_t max_values = uint64_t{1} << 29;
-  int iterations = 3;  // error feedback carries residuals between them
+  int iterations = 3;  // 1..kMaxSimIterations; residuals carry over
   uint64_t seed = 1;   // of the synthetic gradients (synthetic.h)
+  // Real time an operation may take before it fails (a schedule that
+  // waits for a message never sent ends here).
+  absl::Duration timeout = absl::Minutes(10);
   transport::SimLink link;
   transport::SimCompute compute;
 };
+
+inline constexpr int kMaxSimIterations = 1000;
 
 struct SimResult {
   uint64_t simulated_n = 0;  // n', per worker
@@ -53,11 +61,12 @@ struct SimResult {
   // Per iteration, the slowest worker's clock at the end.
   std::vector<double> seconds;
   double mean_seconds = 0;
-  // The slowest worker's share of its clock charged for computation, mean
+  // The seconds of the slowest worker's clock charged for computation, mean
   // over the iterations.
   double compute_seconds = 0;
-  // Per worker, the most over workers and the mean over workers, averaged
-  // over iterations; bytes scaled to n.
+  // Rounds: the most of any worker in any iteration. Bytes received by a
+  // worker: the most over workers and the mean over workers, each averaged
+  // over the iterations and scaled to n.
   int max_rounds = 0;
   double max_bytes_received = 0;
   double mean_bytes_received = 0;
@@ -66,15 +75,22 @@ struct SimResult {
 // n' for a case: n, or the largest that keeps P x (the memory a worker
 // needs, in values) within max_values. A worker needs about 3 n' (gradient,
 // residual, working copy); the all-gather algorithms (topka, gaussiank) also
-// hold every worker's k' values at 8 bytes each, 2 P k'.
+// hold every worker's k' values at 8 bytes each, 2 P k'. Not counted: about
+// 1 MiB a worker thread for the top-k kernel's histograms while it selects.
+// 0 for a case with no valid P or density.
 uint64_t SimulatedValues(const SimCase& c);
 
-// Runs the case. InvalidArgument for bad options (a message naming the
-// flag); the algorithm's error if a worker failed.
+// OK, or InvalidArgument with a message naming the flag at fault (the
+// `gradmesh sim` flag names).
+absl::Status ValidateCase(const SimCase& c);
+
+// Runs the case. ValidateCase's errors; the algorithm's error if a worker
+// failed (DeadlineExceeded past c.timeout).
 absl::StatusOr<SimResult> Simulate(const SimCase& c);
 
 // This machine's cost per value of each kind of work on one core while
-// every core works (one measuring thread per core, each on its own 16Mi
+// every core works (one measuring thread per core up to 16, the threads
+// starting each kind together, each on its own 16Mi
 // synthetic values: 64 MiB, beyond the caches, as a gradient is, and memory
 // bandwidth shared as when workers compute at once): top-k at 1% of each
 // 1Mi chunk (select), sparse::Add of two 10% selections (merge),

@@ -1,5 +1,7 @@
 #include "tools/gradmesh/sim_report.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -104,7 +106,9 @@ void PrintHeader(const SimRequest& request, const SimCase& c) {
 
 void PrintCase(const CaseReport& r) {
   const SimResult& s = r.result;
-  std::printf("d=%d\n", r.c.algorithm.teams);
+  if (r.c.algorithm.algorithm == "spardl") {
+    std::printf("d=%d\n", r.c.algorithm.teams);
+  }
   std::printf("  time per all-reduce  %s (slowest worker; its compute %s)\n",
               Ms(s.mean_seconds).c_str(), Ms(s.compute_seconds).c_str());
   const std::string formula_rounds =
@@ -136,10 +140,8 @@ absl::StatusOr<CaseReport> RunCase(const SimCase& c) {
 // Every d, and the model's ranking beside the simulated one.
 absl::StatusOr<std::string> RunAllTeams(const SimRequest& request, bool text) {
   const SimCase& base = request.base;
-  if (base.algorithm.algorithm != "spardl") {
-    return absl::InvalidArgumentError("--teams=all needs --algo=spardl");
-  }
   const std::vector<int> teams = server::ValidTeamCounts(base.workers);
+  GM_CHECK(!teams.empty());  // ValidateCase checked P >= 1
   std::vector<CaseReport> reports;
   for (size_t i = 0; i < teams.size(); ++i) {
     std::fprintf(stderr, "gradmesh sim: d=%d (%zu of %zu)\n", teams[i], i + 1,
@@ -202,18 +204,25 @@ absl::Status WriteJson(const std::string& path, const std::string& json) {
   std::ofstream out(path);
   out << json << "\n";
   out.close();
-  if (!out)
-    return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+  if (!out) return absl::DataLossError(absl::StrCat("cannot write ", path));
   return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::Status RunSimCommand(SimRequest request) {
-  if (!(request.compute_scale > 0)) {
-    return absl::InvalidArgumentError("--compute_scale must be positive");
+  if (!(request.compute_scale > 0) || !std::isfinite(request.compute_scale)) {
+    return absl::InvalidArgumentError(
+        "--compute-scale must be positive and finite");
+  }
+  if (!(request.skip_factor >= 1) || !std::isfinite(request.skip_factor)) {
+    return absl::InvalidArgumentError("--skip-factor must be at least 1");
   }
   SimCase& base = request.base;
+  GM_RETURN_IF_ERROR(ValidateCase(base));
+  if (request.all_teams && base.algorithm.algorithm != "spardl") {
+    return absl::InvalidArgumentError("--teams=all needs --algo=spardl");
+  }
   if (request.calibrate) base.compute = Calibrate();
   base.compute.select_s_per_value *= request.compute_scale;
   base.compute.merge_s_per_value *= request.compute_scale;

@@ -2,12 +2,17 @@
 // valid d of SparDL beside the coordinator's model, as text or JSON.
 //
 // Text (one case):
-//   spardl  P=512  d=8  n=25,000,000  density 0.01
-//   time per all-reduce  14.21 ms   (compute 4.10 ms, slowest worker)
-//   rounds               17         Table I: 17
-//   bytes received       2.49 MB    Table I: 2.45 MB
-// JSON: the same figures under stable keys (SimCaseJson), one object; with
-// every d, {"cases": [...], "best_teams", "model_teams", "model": [...]}.
+//   spardl  P=512  n=25000000  density 0.01  (3 iterations)
+//   simulated at n'=349525 a worker (--max_values), bytes and work counted
+//   x71.5
+//   link: alpha 50 us, 25 Gbit/s; compute per value: select 0.98 ns, ...
+//   d=8
+//     time per all-reduce  49.140 ms (slowest worker; its compute 47.1 ms)
+//     rounds               15   Table I: 15
+//     bytes received       max 4.06 MB, mean 4.05 MB a worker   Table I: ...
+// JSON: the same figures under stable keys, one object per case; with
+// every d, {"cases": [...], "best_teams", "model_teams", "skip_factor",
+// "model": [...]}.
 #ifndef GRADMESH_TOOLS_GRADMESH_SIM_REPORT_H_
 #define GRADMESH_TOOLS_GRADMESH_SIM_REPORT_H_
 

@@ -21,10 +21,7 @@ class SimulatedNetwork::Endpoint : public Transport {
     const Key key{rank_, peer, tag};
     net_->PushArrival(key, net_->Depart(rank_, payload.size()));
     absl::Status status = inner_->Send(peer, tag, std::move(payload));
-    if (!status.ok()) {
-      absl::MutexLock lock(&net_->mu_);
-      net_->arrivals_[key].pop_back();  // never delivered
-    }
+    if (!status.ok()) net_->DropLastArrival(key);  // never delivered
     return status;
   }
 
@@ -65,10 +62,12 @@ Transport* SimulatedNetwork::endpoint(int rank) const {
 }
 
 void SimulatedNetwork::Start(int rank) {
+  GM_CHECK(rank >= 0 && rank < size()) << "rank " << rank;
   clocks_[rank] = {.seen = ThreadWork()};
 }
 
 SimTimes SimulatedNetwork::Finish(int rank) {
+  GM_CHECK(rank >= 0 && rank < size()) << "rank " << rank;
   Charge(rank);
   return {.seconds = clocks_[rank].now,
           .compute_seconds = clocks_[rank].compute};
@@ -101,6 +100,14 @@ double SimulatedNetwork::Depart(int from, uint64_t bytes) {
 void SimulatedNetwork::PushArrival(const Key& key, double arrival) {
   absl::MutexLock lock(&mu_);
   arrivals_[key].push_back(arrival);
+}
+
+void SimulatedNetwork::DropLastArrival(const Key& key) {
+  absl::MutexLock lock(&mu_);
+  auto it = arrivals_.find(key);
+  GM_CHECK(it != arrivals_.end() && !it->second.empty());
+  it->second.pop_back();
+  if (it->second.empty()) arrivals_.erase(it);
 }
 
 double SimulatedNetwork::PopArrival(const Key& key) {

@@ -33,15 +33,16 @@
 //   // on rank r's thread:
 //   net.Start(r);                          // clock 0, work counted from here
 //   ... the algorithm over net.endpoint(r) ...
-//   double seconds = net.Finish(r);        // its clock at the end
+//   double seconds = net.Finish(r).seconds;  // its clock at the end
 //
 // Clocks are in simulated seconds from each operation's Start; an operation
-// is simulated as if every rank started it at the same time. Start and
-// Finish of rank r must be called on the thread that runs rank r, and no
-// rank may start the next operation before every rank has finished this one
-// (a barrier between operations). Message delivery, Abort and counters are
-// LoopbackNetwork's (counters: real bytes, not scaled). Thread-safe
-// otherwise.
+// is simulated as if every rank started it at the same time. Rank r's
+// clock and work count belong to the thread that runs rank r: Start,
+// Finish, and Send and Recv on endpoint(r) must all be called on that one
+// thread (Abort and counters may come from any), and no rank may start the
+// next operation before every rank has finished this one (a barrier
+// between operations). Message delivery, Abort and counters are
+// LoopbackNetwork's (counters: real bytes, not scaled).
 #ifndef GRADMESH_WORKER_TRANSPORT_SIMULATED_H_
 #define GRADMESH_WORKER_TRANSPORT_SIMULATED_H_
 
@@ -113,8 +114,9 @@ class SimulatedNetwork {
     }
   };
 
-  // The clock of one rank, touched only on its own thread.
-  struct Clock {
+  // The clock of one rank, touched only on its own thread (a cache line
+  // each, so that ranks' threads do not share one).
+  struct alignas(64) Clock {
     double now = 0;
     double link_free = 0;
     double compute = 0;
@@ -127,6 +129,8 @@ class SimulatedNetwork {
   double Depart(int from, uint64_t bytes);
   void PushArrival(const Key& key, double arrival);
   double PopArrival(const Key& key);
+  // Forgets the arrival PushArrival queued last for `key` (its Send failed).
+  void DropLastArrival(const Key& key);
 
   const SimOptions options_;
   LoopbackNetwork loopback_;

@@ -118,17 +118,47 @@ TEST(SimulatedNetworkTest, ScaleMultipliesBytesAndWorkNotLatency) {
 
 TEST(SimulatedNetworkTest, StartResetsTheClockAndLink) {
   SimulatedNetwork net(2, {.link = kLink});
+  // Op 1: 1000 bytes, 2 ms. Op 2: 500 bytes, 1.5 ms, earlier than op 1's
+  // clocks and link: they must start again from 0.
   for (uint64_t op = 1; op <= 2; ++op) {
     const Tag tag{.operation = op};
+    const size_t bytes = op == 1 ? 1000 : 500;
     const std::vector<SimTimes> times = RunRanks(net, [&](int r, Transport* t) {
       if (r == 0) {
-        ASSERT_TRUE(t->Send(1, tag, Bytes(1000)).ok());
+        ASSERT_TRUE(t->Send(1, tag, Bytes(bytes)).ok());
       } else {
         Receive(t, 0, tag);
       }
     });
-    EXPECT_THAT(times[1].seconds, DoubleNear(2e-3, kTolerance)) << op;
+    EXPECT_THAT(times[1].seconds,
+                DoubleNear(op == 1 ? 2e-3 : 1.5e-3, kTolerance))
+        << op;
   }
+}
+
+// A Recv that timed out takes no arrival; two messages under one tag keep
+// their own arrivals.
+TEST(SimulatedNetworkTest, ArrivalsFollowTheirMessages) {
+  SimulatedNetwork net(2, {.link = kLink});
+  const Tag tag{.operation = 1};
+  std::vector<SimTimes> times = RunRanks(net, [&](int r, Transport* t) {
+    if (r == 1) {
+      EXPECT_TRUE(absl::IsDeadlineExceeded(
+          t->Recv(0, tag, absl::Now() + absl::Milliseconds(1)).status()));
+    }
+  });
+  EXPECT_EQ(times[1].seconds, 0);
+  times = RunRanks(net, [&](int r, Transport* t) {
+    if (r == 0) {
+      ASSERT_TRUE(t->Send(1, tag, Bytes(1000)).ok());  // arrives at 2 ms
+      ASSERT_TRUE(t->Send(1, tag, Bytes(2000)).ok());  // arrives at 4 ms
+    } else {
+      Receive(t, 0, tag);
+      EXPECT_THAT(net.Finish(1).seconds, DoubleNear(2e-3, kTolerance));
+      Receive(t, 0, tag);
+    }
+  });
+  EXPECT_THAT(times[1].seconds, DoubleNear(4e-3, kTolerance));
 }
 
 TEST(SimulatedNetworkTest, WorkBeforeStartIsNotCharged) {
