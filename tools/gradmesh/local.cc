@@ -106,10 +106,11 @@ std::string IterationJson(uint64_t it, const std::vector<Trainer>& trainers) {
         &json,
         "%s{\"seconds\":%.6f,\"wait_seconds\":%.6f,\"call_seconds\":%.6f,"
         "\"bytes_sent\":%u,\"bytes_received\":%u,\"rounds\":%d,"
-        "\"nonzeros\":%u,\"algorithm\":\"%s\",\"teams\":%d}",
+        "\"nonzeros\":%u,\"algorithm\":\"%s\",\"teams\":%d,"
+        "\"result_digest\":\"%016x\"}",
         w == 0 ? "" : ",", r.seconds, r.wait_seconds, trainers[w].call_seconds,
         r.bytes_sent, r.bytes_received, r.rounds, r.nonzeros, r.algorithm,
-        r.teams);
+        r.teams, sparse::Digest(ResultOf(trainers[w])));
   }
   return json + "]}";
 }

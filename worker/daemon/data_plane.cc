@@ -13,6 +13,7 @@
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/fnv1a.h"
 #include "common/status_macros.h"
 #include "worker/collectives/primitives.h"
 #include "worker/collectives/registry.h"
@@ -57,14 +58,6 @@ namespace {
 
 constexpr uint64_t kMaxNameBytes = 256;
 
-uint64_t Fnv1a(absl::string_view bytes, uint64_t hash = 14695981039346656037u) {
-  for (unsigned char c : bytes) {
-    hash ^= c;
-    hash *= 1099511628211u;
-  }
-  return hash;
-}
-
 // Member `rank`'s incarnation in `group`'s view (0 where views carry none).
 uint64_t Incarnation(const Group& group, int rank) {
   const auto& all = group.view.incarnations;
@@ -74,17 +67,6 @@ uint64_t Incarnation(const Group& group, int rank) {
 // An operation-id scope under `group`'s membership.
 std::string MembershipScope(absl::string_view scope, const Group& group) {
   return absl::StrCat(scope, "/", group.view.membership_epoch);
-}
-
-// FNV-1a over a result's indices and values, the same on every member.
-uint64_t ResultHash(const sparse::SparseBlock& result) {
-  const uint64_t hash = Fnv1a(
-      absl::string_view(reinterpret_cast<const char*>(result.indices.data()),
-                        result.indices.size() * sizeof(uint32_t)));
-  return Fnv1a(
-      absl::string_view(reinterpret_cast<const char*>(result.values.data()),
-                        result.values.size() * sizeof(float)),
-      hash);
 }
 
 std::string Key(const BucketName& name) {
@@ -659,7 +641,7 @@ absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
   // results (a corrupted message, a bug) find out here, before anyone does.
   std::string vote = "n";
   if (yes) {
-    const uint64_t hash = ResultHash(result);
+    const uint64_t hash = sparse::Digest(result);
     vote = "y";
     vote.append(reinterpret_cast<const char*>(&hash), sizeof(hash));
   }

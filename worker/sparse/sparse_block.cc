@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/fnv1a.h"
 #include "common/status_macros.h"
 #include "common/work_meter.h"
 
@@ -81,6 +82,16 @@ SparseBlock Slice(const SparseBlock& block, IndexRange range) {
   const size_t to = end - block.indices.begin();
   return SparseBlock{{begin, end},
                      {block.values.begin() + from, block.values.begin() + to}};
+}
+
+uint64_t Digest(const SparseBlock& block) {
+  const uint64_t hash = Fnv1a(
+      absl::string_view(reinterpret_cast<const char*>(block.indices.data()),
+                        block.indices.size() * sizeof(uint32_t)));
+  return Fnv1a(
+      absl::string_view(reinterpret_cast<const char*>(block.values.data()),
+                        block.values.size() * sizeof(float)),
+      hash);
 }
 
 }  // namespace gradmesh::sparse
