@@ -138,6 +138,22 @@ if [[ -n "$coordinator" && -n "$worker" ]]; then
   help=$("$worker" --help 2>&1 || true)
   grep -q -- "--operation_timeout_s" <<<"$help" || fail "worker --help lacks its flags"
   grep -q -- "--tls_ca" <<<"$help" || fail "worker --help lacks --tls_ca"
+  # --topk: a bad name is a usage error; cuda without a device (or in a
+  # build without CUDA) says so and exits before serving.
+  rc=0; err=$("$worker" --topk=tpu 2>&1) || rc=$?
+  [[ $rc -eq 2 ]] || fail "worker --topk=tpu exited $rc"
+  grep -q "is not auto, cpu or cuda" <<<"$err" || fail "worker --topk=tpu: $err"
+  if ! nvidia-smi -L >/dev/null 2>&1; then
+    rc=0; err=$(timeout 10 "$worker" --topk=cuda 2>&1) || rc=$?
+    [[ $rc -eq 1 ]] || fail "worker --topk=cuda without a device exited $rc"
+    grep -q "^gradmesh-worker: --topk=cuda: .*\(no CUDA\|has no CUDA\)" <<<"$err" ||
+        fail "worker --topk=cuda without a device: $err"
+    rc=0; timeout 60 "$gradmesh" local --workers=2 --topk=cuda \
+        --work-dir="$work/cuda" >"$work/cuda.out" 2>&1 || rc=$?
+    [[ $rc -ne 0 ]] || fail "local --topk=cuda without a device exited 0"
+    grep -q -- "--topk=cuda" "$work/cuda.out" ||
+        fail "local --topk=cuda without a device: $(tail -3 "$work/cuda.out")"
+  fi
   rc=0; err=$(GRADMESH_COORDINATOR_ALGO=nope "$coordinator" --listen=127.0.0.1:0 2>&1) || rc=$?
   [[ $rc -ne 0 ]] && grep -q "unknown algorithm 'nope'" <<<"$err" ||
       fail "coordinator ignored GRADMESH_COORDINATOR_ALGO: $err"

@@ -30,9 +30,7 @@
 #include "tools/gradmesh/replay.h"
 #include "tools/gradmesh/run.h"
 #include "tools/gradmesh/sim_report.h"
-#ifdef GRADMESH_HAS_CUDA
-#include "worker/kernels/force_cuda.h"
-#endif
+#include "worker/kernels/topk_choice.h"
 
 ABSL_FLAG(std::string, algo, "spardl",
           "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
@@ -107,8 +105,8 @@ ABSL_FLAG(std::string, job, "",
           "run: the job name the commands get as GRADMESH_JOB (empty: "
           "run-<pid>-<unix seconds>)");
 ABSL_FLAG(std::string, topk, "auto",
-          "top-k implementation: auto (the CPU for host data), cpu, or cuda "
-          "(copies each span to the device; needs a CUDA build and device)");
+          std::string("replay, and local and run's workers: ") +
+              gradmesh::kernels::kTopKFlagHelp);
 
 ABSL_FLAG(double, alpha_us, 50,
           "sim: latency of a message on a link, microseconds");
@@ -199,23 +197,11 @@ int Replay(int argc, char** argv) {
                  positional[1].c_str());
     return 2;
   }
-  const std::string topk = absl::GetFlag(FLAGS_topk);
-  if (topk == "cuda") {
-#ifdef GRADMESH_HAS_CUDA
-    if (const absl::Status status = gradmesh::kernels::ForceCudaTopK();
-        !status.ok()) {
-      std::fprintf(stderr, "gradmesh replay: --topk=cuda: %s\n",
-                   std::string(status.message()).c_str());
-      return 1;
-    }
-#else
-    std::fprintf(stderr, "gradmesh replay: --topk=cuda: built without CUDA\n");
-    return 1;
-#endif
-  } else if (topk != "auto" && topk != "cpu") {
-    std::fprintf(stderr,
-                 "gradmesh replay: --topk=%s is not auto, cpu or cuda\n",
-                 topk.c_str());
+  if (const absl::Status status =
+          gradmesh::kernels::UseTopK(absl::GetFlag(FLAGS_topk));
+      !status.ok()) {
+    std::fprintf(stderr, "gradmesh replay: %s\n",
+                 std::string(status.message()).c_str());
     return 1;
   }
   int teams = 1;
@@ -277,7 +263,8 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags() {
       {"heartbeat_timeout_ms", "2000"}};
   cluster.worker_flags = {
       {"operation_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_timeout_s))},
-      {"heartbeat_interval_ms", "250"}};
+      {"heartbeat_interval_ms", "250"},
+      {"topk", absl::GetFlag(FLAGS_topk)}};
   return cluster;
 }
 

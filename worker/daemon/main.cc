@@ -12,6 +12,7 @@
 #include "common/cli.h"
 #include "common/grpc/tls_flags.h"
 #include "worker/daemon/daemon.h"
+#include "worker/kernels/topk_choice.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7700",
           "coordinator address, host:port");
@@ -46,6 +47,7 @@ ABSL_FLAG(int, view_wait_ms, 5000,
           "a step cut by a membership change waits this long for the new "
           "view, then runs again there (more than the coordinator's "
           "--heartbeat_timeout_ms)");
+ABSL_FLAG(std::string, topk, "auto", gradmesh::kernels::kTopKFlagHelp);
 ABSL_FLAG(std::string, port_file, "",
           "write the advertised address and metrics port here once serving "
           "(for scripts that start workers on port 0)");
@@ -59,6 +61,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gradmesh-worker: unexpected argument '%s'\n",
                  args[1].c_str());
     return 2;
+  }
+  if (const absl::Status status =
+          gradmesh::kernels::UseTopK(absl::GetFlag(FLAGS_topk));
+      !status.ok()) {
+    std::fprintf(stderr, "gradmesh-worker: %s\n",
+                 std::string(status.message()).c_str());
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   gradmesh::BlockTerminationSignals();
   gradmesh::KeepLargeBuffersWarm();

@@ -1,0 +1,25 @@
+// The binaries' --topk flag: which implementation makes every top-k
+// selection of the process.
+//   auto, cpu: the CPU (topk.h), the engine's choice for host data;
+//   cuda: the CUDA kernels (force_cuda.h), each span copied to the device
+//         first; FailedPrecondition in a build without CUDA, Unavailable
+//         without a usable device.
+// InvalidArgument for any other name. Call it once, before any selection
+// (SetTopKPositionsForTesting's rule).
+#ifndef GRADMESH_WORKER_KERNELS_TOPK_CHOICE_H_
+#define GRADMESH_WORKER_KERNELS_TOPK_CHOICE_H_
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace gradmesh::kernels {
+
+inline constexpr char kTopKFlagHelp[] =
+    "top-k implementation: auto (the CPU for host data), cpu, or cuda "
+    "(copies each span to the device; needs a CUDA build and device)";
+
+absl::Status UseTopK(absl::string_view name);
+
+}  // namespace gradmesh::kernels
+
+#endif  // GRADMESH_WORKER_KERNELS_TOPK_CHOICE_H_
