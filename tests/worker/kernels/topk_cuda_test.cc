@@ -3,8 +3,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -58,6 +61,98 @@ TEST_F(CudaTopKTest, MatchesTheCpuOnRandomAndTiedSegments) {
         EXPECT_EQ((*got)[s].values, want.values) << "n=" << n << " s=" << s;
       }
       cudaFree(device);
+    }
+  }
+}
+
+// Device copy of `x`, freed with the fixture.
+class DeviceArray {
+ public:
+  explicit DeviceArray(const std::vector<float>& x) : n_(x.size()) {
+    EXPECT_EQ(cudaMalloc(&data_, std::max<size_t>(n_, 1) * sizeof(float)),
+              cudaSuccess);
+    EXPECT_EQ(
+        cudaMemcpy(data_, x.data(), n_ * sizeof(float), cudaMemcpyHostToDevice),
+        cudaSuccess);
+  }
+  ~DeviceArray() { cudaFree(data_); }
+  const float* data() const { return data_; }
+
+ private:
+  size_t n_;
+  float* data_ = nullptr;
+};
+
+// Every segment's device selection equals the CPU's TopKAbs.
+void ExpectParity(const std::vector<float>& x,
+                  const std::vector<TopKSegment>& segments,
+                  const std::string& what) {
+  const DeviceArray device(x);
+  size_t longest = 1;
+  for (const TopKSegment& s : segments) {
+    longest = std::max<size_t>(longest, s.end - s.begin);
+  }
+  auto topk = CudaTopK::Create(longest);
+  ASSERT_TRUE(topk.ok()) << topk.status();
+  auto got = (*topk)->SegmentedTopKAbs(device.data(), x.size(), segments, 3);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const auto span = absl::MakeConstSpan(x).subspan(
+        segments[s].begin, segments[s].end - segments[s].begin);
+    const sparse::SparseBlock want = TopKAbs(
+        span, segments[s].quota, 3 + static_cast<uint32_t>(segments[s].begin));
+    ASSERT_EQ((*got)[s].indices, want.indices) << what << " segment " << s;
+    ASSERT_EQ((*got)[s].values, want.values) << what << " segment " << s;
+  }
+}
+
+TEST_F(CudaTopKTest, SelectsNothingFromZerosOfEitherSign) {
+  std::vector<float> x(1'000'003, 0.0f);
+  for (size_t i = 0; i < x.size(); i += 3) x[i] = -0.0f;
+  ExpectParity(x, {{0, x.size(), 10}, {0, x.size(), x.size()}}, "zeros");
+  x[777] = -1e-3f;  // one nonzero among them: it alone is selected
+  ExpectParity(x, {{0, x.size(), 10}}, "one nonzero");
+}
+
+TEST_F(CudaTopKTest, OrdersDenormalsByMagnitudeWithTiesToTheLowerIndex) {
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  std::vector<float> x(300'001);
+  for (size_t i = 0; i < x.size(); ++i) {
+    // Denormals 1..63 times the smallest, both signs, many ties; a few
+    // normal values above them.
+    x[i] = (i % 2 ? -tiny : tiny) * static_cast<float>(i % 64);
+    if (i % 10007 == 0) x[i] = 1e-30f * static_cast<float>(i % 5 + 1);
+  }
+  for (uint64_t k : {1, 20, 4'700, 150'000, 300'001}) {
+    ExpectParity(x, {{0, x.size(), k}, {5, 70'000, k / 3}},
+                 "denormals k=" + std::to_string(k));
+  }
+}
+
+TEST_F(CudaTopKTest, ManySegmentsOfEveryLength) {
+  const std::vector<float> x = Values(2'000'000, 11, true);
+  std::vector<TopKSegment> segments;
+  std::mt19937_64 rng(5);
+  for (uint64_t begin = 0; begin < x.size();) {
+    const uint64_t length = std::min<uint64_t>(
+        x.size() - begin, segments.size() % 7 == 0 ? 1 : rng() % 40'000);
+    segments.push_back({begin, begin + length, rng() % (length / 50 + 2)});
+    begin += length;
+  }
+  ExpectParity(x, segments, "segments");
+}
+
+// 1 to 100M values, at the densities the engine uses (0.1% and 1%), on
+// random and on tied data.
+TEST_F(CudaTopKTest, MatchesTheCpuFromOneToAHundredMillionValues) {
+  for (size_t n : {size_t{1}, size_t{2}, size_t{1'000'000}, size_t{25'000'000},
+                   size_t{100'000'000}}) {
+    for (bool ties : {false, true}) {
+      const std::vector<float> x = Values(n, 100 + n + ties, ties);
+      ExpectParity(x,
+                   {{0, n, std::max<uint64_t>(1, n / 1000)},
+                    {0, n, std::max<uint64_t>(1, n / 100)}},
+                   "n=" + std::to_string(n) + (ties ? " tied" : " random"));
     }
   }
 }
