@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/kernels/topk_cuda.h"
 
 namespace gradmesh::kernels {
@@ -56,35 +58,54 @@ __global__ void Histogram(const float* x, size_t n, int shift, uint32_t mask,
   }
 }
 
-// Picks the boundary bin of a level (one thread): extends the prefix by
+// Picks the boundary bin of a level, in one block: extends the prefix by
 // `bits` bits and lowers `need` by the count above the bin. On the first
-// level it also decides take_all; on the last it fixes kth and ties.
-__global__ void Boundary(const unsigned long long* hist, int bins, int bits,
-                         bool first, bool last, unsigned long long k,
-                         Cut* cut) {
-  if (first) {
-    unsigned long long total = 0;
-    for (int b = 0; b < bins; ++b) total += hist[b];
-    cut->need = k;
-    cut->prefix = 0;
-    cut->take_all = total <= k;
-    cut->cutoff = -1;
+// level it also decides take_all; on the last it fixes kth and ties. Thread t
+// holds bins bins-1-2t and bins-2-2t, so the bins run in descending order and
+// an exclusive sum gives each bin the count above it; the boundary is the one
+// bin with above < need <= above + count.
+constexpr int kBoundaryThreads = kBins / 2;
+
+__global__ void __launch_bounds__(kBoundaryThreads)
+    Boundary(const unsigned long long* hist, int bins, int bits, bool first,
+             bool last, unsigned long long k, Cut* cut) {
+  using Scan = cub::BlockScan<unsigned long long, kBoundaryThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ int found_bin;
+  __shared__ unsigned long long found_above;
+  unsigned long long counts[2], above[2], total;
+  for (int j = 0; j < 2; ++j) {
+    const int bin = bins - 1 - (2 * static_cast<int>(threadIdx.x) + j);
+    counts[j] = bin >= 0 ? hist[bin] : 0;
   }
-  if (cut->take_all) return;
-  unsigned long long above = 0;
-  int bin = 0;
-  for (int b = bins - 1; b >= 0; --b) {
-    if (above + hist[b] >= cut->need) {
-      bin = b;
-      break;
+  Scan(scan).ExclusiveSum(counts, above, total);
+  if (threadIdx.x == 0) {
+    if (first) {
+      cut->need = k;
+      cut->prefix = 0;
+      cut->take_all = total <= k;
+      cut->cutoff = -1;
     }
-    above += hist[b];
+    found_bin = 0;
+    found_above = 0;
   }
-  cut->need -= above;
-  cut->prefix = (cut->prefix << bits) | static_cast<uint32_t>(bin);
-  if (last) {
-    cut->kth = cut->prefix;
-    cut->ties = cut->need;
+  __syncthreads();  // makes thread 0's writes visible to the block
+  if (cut->take_all) return;
+  const unsigned long long need = cut->need;
+  for (int j = 0; j < 2; ++j) {
+    if (above[j] < need && need <= above[j] + counts[j]) {
+      found_bin = bins - 1 - (2 * static_cast<int>(threadIdx.x) + j);
+      found_above = above[j];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    cut->need = need - found_above;
+    cut->prefix = (cut->prefix << bits) | static_cast<uint32_t>(found_bin);
+    if (last) {
+      cut->kth = cut->prefix;
+      cut->ties = cut->need;
+    }
   }
 }
 
@@ -247,7 +268,7 @@ absl::StatusOr<std::vector<TopKSelection>> CudaTopK::SegmentedTopKAbs(
       }
       Histogram<<<grid, kThreads, 0, s.stream>>>(
           x, len, shifts[level], masks[level], match[level], s.cut, s.hist);
-      Boundary<<<1, 1, 0, s.stream>>>(
+      Boundary<<<1, kBoundaryThreads, 0, s.stream>>>(
           s.hist, static_cast<int>(masks[level] + 1), bits[level], level == 0,
           level == 2, range.quota, s.cut);
       if (status.ok()) status = Check(cudaGetLastError(), "histogram launch");
@@ -273,27 +294,30 @@ absl::StatusOr<std::vector<TopKSelection>> CudaTopK::SegmentedTopKAbs(
     Gather<<<grid, kThreads, 0, s.stream>>>(x, selected, s.counts + 1,
                                             s.values);
     status = Check(cudaGetLastError(), "gather launch");
+    // At most min(quota, len) entries are selected, so that many are copied
+    // out with the count, before it is known: one synchronization.
+    const size_t bound = std::min<size_t>(range.quota, len);
     if (status.ok()) {
       status = Check(cudaMemcpyAsync(s.host_count, s.counts + 1, sizeof(int),
                                      cudaMemcpyDeviceToHost, s.stream),
                      "count copy");
     }
-    if (status.ok()) status = Check(cudaStreamSynchronize(s.stream), "top-k");
-    if (!status.ok()) return status;
-    const int count = *s.host_count;
-    status = Check(
-        cudaMemcpyAsync(s.host_positions, selected, count * sizeof(uint32_t),
-                        cudaMemcpyDeviceToHost, s.stream),
-        "positions copy");
+    if (status.ok()) {
+      status = Check(
+          cudaMemcpyAsync(s.host_positions, selected, bound * sizeof(uint32_t),
+                          cudaMemcpyDeviceToHost, s.stream),
+          "positions copy");
+    }
     if (status.ok()) {
       status =
-          Check(cudaMemcpyAsync(s.host_values, s.values, count * sizeof(float),
+          Check(cudaMemcpyAsync(s.host_values, s.values, bound * sizeof(float),
                                 cudaMemcpyDeviceToHost, s.stream),
                 "values copy");
     }
-    if (status.ok())
-      status = Check(cudaStreamSynchronize(s.stream), "copy out");
+    if (status.ok()) status = Check(cudaStreamSynchronize(s.stream), "top-k");
     if (!status.ok()) return status;
+    const int count = *s.host_count;
+    GM_CHECK(count >= 0 && static_cast<size_t>(count) <= bound);
     TopKSelection& block = out[seg];
     block.indices.resize(count);
     block.values.assign(s.host_values, s.host_values + count);

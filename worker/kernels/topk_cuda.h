@@ -4,13 +4,13 @@
 //
 // Per segment, all on one stream and without a host round trip inside a
 // selection: three histogram passes (11 + 11 + 9 bits of the |x| bit
-// pattern, shared-memory histograms, one tiny kernel per level to pick the
-// boundary bin) find the k-th key T and how many ties at T to take; an
+// pattern, shared-memory histograms, a one-block scan per level to pick
+// the boundary bin) find the k-th key T and how many ties at T to take; an
 // order-preserving CUB select lists the ties, a one-thread kernel turns "the
 // first m ties" into a cut-off index; a second order-preserving select takes
 // every position with key > T, or key == T at or below the cut-off. Indices
-// and values go to pinned host buffers; the stream is synchronized once per
-// call.
+// and values go to pinned host buffers with their count; the stream is
+// synchronized once per segment.
 //
 // The header is C++17 (the .cu files are compiled as such). Not thread-safe:
 // one CudaTopK per thread. Built only with GRADMESH_CUDA.
