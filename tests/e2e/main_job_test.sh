@@ -10,6 +10,14 @@ gradmesh=$1 package_dir=$2 source_dir=$3
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 export PYTHONPATH=$package_dir
+# --device=cuda with a PyTorch that cannot use CUDA: one clear line, exit 1.
+if ! /usr/bin/python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+  rc=0
+  err=$(/usr/bin/python3 "$source_dir/client/python/examples/fashion_mnist.py" \
+        --device=cuda 2>&1) || rc=$?
+  [[ $rc -eq 1 && $err == "fashion_mnist: --device=cuda: PyTorch "* ]] ||
+      { echo "FAIL: --device=cuda without CUDA: rc $rc: $err"; exit 1; }
+fi
 for algo in spardl dense; do
   "$gradmesh" run --workers=4 --algo="$algo" --density=0.01 -- \
       /usr/bin/python3 "$source_dir/client/python/examples/fashion_mnist.py" \

@@ -16,6 +16,9 @@ every rank writes the SHA-256 of its final parameters beside it, so that a
 caller can check that all ranks hold bitwise identical models.
 
 The data come from Debian's dataset-fashion-mnist package (no downloads).
+--device=cuda trains on the GPU (a PyTorch with CUDA; Debian's python3-torch
+is a CPU build): the gradients go to the worker through host memory, one copy
+each way per step.
 """
 
 import argparse
@@ -55,6 +58,8 @@ def parse_args():
                         help="fusion buckets M (default: by size)")
     parser.add_argument("--fusion", default="per_tensor",
                         choices=["per_tensor", "after_fusion"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where the model trains (default: %(default)s)")
     parser.add_argument("--data-dir", default=DATA_DIR)
     parser.add_argument("--out", default="",
                         help="write the run's figures here (JSON, rank 0) "
@@ -130,12 +135,23 @@ def parameter_hash(model):
     digest = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
         digest.update(name.encode())
-        digest.update(p.detach().contiguous().numpy().tobytes())
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def training_device(name):
+    """torch.device(name), or exit with why CUDA cannot be used."""
+    if name == "cuda" and not torch.cuda.is_available():
+        why = ("has no CUDA support (a CPU build, like Debian's python3-torch)"
+               if torch.version.cuda is None else "sees no CUDA device")
+        sys.exit(f"fashion_mnist: --device=cuda: PyTorch {torch.__version__} "
+                 f"{why}")
+    return torch.device(name)
 
 
 def main():
     args = parse_args()
+    device = training_device(args.device)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     gradmesh.init()
@@ -145,7 +161,9 @@ def main():
 
     train_x, train_y = load(args.data_dir, "train", args.train_limit)
     test_x, test_y = load(args.data_dir, "test", args.test_limit)
-    model = Net()
+    train_x, train_y = train_x.to(device), train_y.to(device)
+    test_x, test_y = test_x.to(device), test_y.to(device)
+    model = Net().to(device)
     gradmesh.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = gradmesh.torch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr,
@@ -161,11 +179,12 @@ def main():
     if rank == 0:
         print(f"{label}: {size} workers, plan {plan.algorithm} density "
               f"{plan.density:g} d={plan.teams}, {steps_per_epoch} steps of "
-              f"{args.batch_size} per epoch", flush=True)
+              f"{args.batch_size} per epoch on {device}", flush=True)
 
     record = {"label": label, "algorithm": plan.algorithm,
               "density": plan.density, "teams": plan.teams,
               "workers": size, "fusion": args.fusion,
+              "device": str(device),
               "epochs": [], "test_accuracy": [], "seconds": [],
               "steps": 0, "bytes_sent_per_step": 0.0,
               "tensors": 0, "tensors_missing": 0}

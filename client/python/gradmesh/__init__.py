@@ -148,8 +148,9 @@ def _as_array(tensor):
         array = tensor
     elif hasattr(tensor, "numpy") and hasattr(tensor, "is_cuda"):
         if tensor.is_cuda:
-            raise TypeError("gradmesh: CUDA tensors are not supported yet; "
-                            "pass tensor.cpu()")
+            raise TypeError("gradmesh: a CUDA tensor cannot be shared with "
+                            "the worker in place; pass tensor.cpu() (the "
+                            "optimizer and hook copy CUDA gradients for you)")
         array = tensor.detach().numpy()
     else:
         raise TypeError("gradmesh: expected a numpy array or a torch tensor, "
@@ -270,8 +271,8 @@ def _broadcast_bytes(views, root_rank):
 def broadcast_parameters(params, root_rank=0):
     """Overwrites `params` (a state_dict, or (name, tensor) pairs such as
     model.named_parameters()) with root_rank's values, in place: torch
-    tensors of any dtype and layout and numpy arrays; other entries (not
-    tensors) are left alone. Call it on every process, with the same names."""
+    tensors of any dtype and layout (CUDA ones through a host copy) and numpy
+    arrays; other entries (not tensors) are left alone. Call it on every process, with the same names."""
     if isinstance(params, dict):
         items = sorted(params.items())
     else:
@@ -284,13 +285,13 @@ def broadcast_parameters(params, root_rank=0):
                                  "contiguous numpy arrays")
             views.append(p.reshape(-1).view(np.uint8))
         elif hasattr(p, "is_cuda") and hasattr(p, "contiguous"):
-            if p.is_cuda:
-                raise TypeError("gradmesh: CUDA tensors are not supported yet")
             import torch
             data = p.detach()
-            flat = data.contiguous().reshape(-1)
+            # CUDA tensors go through a host copy, written back afterwards.
+            flat = data.contiguous().reshape(-1).cpu()
             views.append(flat.view(torch.uint8).numpy())
-            if flat.data_ptr() != data.data_ptr() or not data.is_contiguous():
+            if (p.is_cuda or flat.data_ptr() != data.data_ptr() or
+                    not data.is_contiguous()):
                 write_back.append((data, flat))
     _broadcast_bytes(views, root_rank)
     for data, flat in write_back:

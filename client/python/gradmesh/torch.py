@@ -23,6 +23,10 @@ tensor-to-bucket map; and by default each top-k selection gives every tensor
 its own quota (fusion="per_tensor"), so no tensor goes missing from the sum.
 fusion="after_fusion" selects over the fused bucket instead, for comparison.
 Error feedback stays in the worker daemons.
+
+CUDA parameters work: their gradients are copied into the buckets' host
+memory and the results back (one copy each way per step); the selection then
+runs in the worker daemon.
 """
 
 import itertools
@@ -153,7 +157,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self.last_infos.append(bucket.pending.wait())
                 for p, slot in zip(bucket.params, bucket.slots):
                     if p.grad is None:
-                        p.grad = slot.clone()
+                        p.grad = slot.to(p.device, copy=True)
                     else:
                         p.grad.copy_(slot)
             except gradmesh.GradmeshError as e:
