@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The GPU checks, all in one run, on a machine with an NVIDIA device and the
+# bundle of scripts/gpu-bundle.sh (no build tools needed there):
+#   1. the GPU tests (the gtest binaries that `ctest -L gpu` runs): parity of
+#      the CUDA top-k with the CPU's on random, tied, all-zero, denormal and
+#      segmented inputs of 1 to 100M values;
+#   2. bench/topk_cuda_bench: the CUDA top-k against a full CUB radix sort
+#      and the device's read time, same run;
+#   3. bench/topk_torch_bench.py: torch.topk on the same sizes, where the
+#      machine's PyTorch has CUDA;
+#   4. end to end: `gradmesh local` with 2 workers sharing the GPU, every
+#      selection on it (--topk=cuda), against the same seeded run on the CPU:
+#      every iteration's result digest must be equal.
+#
+#   scripts/gpu-check.sh [BUNDLE_DIR]      (.gpu)
+#
+# Logs and tables go to $OUT (or out/gpu-check). Exits 1 if any part failed,
+# after running them all; 2 at once where there is no device.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bundle=$(realpath "${1:-.gpu}")
+out=${OUT:-out/gpu-check}
+mkdir -p "$out"
+[[ -x $bundle/bin/gradmesh ]] ||
+    { echo "gpu-check: no bundle in $bundle (scripts/gpu-bundle.sh)" >&2; exit 1; }
+export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+bin=$bundle/bin
+failed=()
+
+{
+  date -u
+  nvidia-smi -L
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
+      --format=csv
+} >"$out/device.txt" 2>&1
+cat "$out/device.txt"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check: no NVIDIA device here (nvidia-smi fails); run it on a" \
+       "GPU machine" >&2
+  exit 2
+fi
+
+echo "== GPU tests"
+for test in cuda_device_test topk_cuda_test; do
+  "$bin/$test" 2>&1 | tee -a "$out/gpu-tests.log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || failed+=("$test")
+done
+grep -q "SKIPPED" "$out/gpu-tests.log" && failed+=("GPU tests skipped")
+
+echo "== CUDA top-k against CUB's sort and the read bandwidth"
+"$bin/topk_cuda_bench" 2>&1 | tee "$out/topk-bench.md"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || failed+=(topk_cuda_bench)
+
+echo "== torch.topk"
+python3 bench/topk_torch_bench.py 2>&1 | tee "$out/torch-bench.md"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || failed+=(topk_torch_bench)
+
+echo "== 2 workers sharing the GPU against the CPU, same seed"
+for algo in spardl gtopk; do
+  for topk in cpu cuda; do
+    log=$out/local-$algo-$topk.log
+    "$bin/gradmesh" local --bin-dir="$bin" --workers=2 --algo="$algo" \
+        --n=25000000 --density=0.01 --iterations=10 --topk="$topk" \
+        --work-dir="$(mktemp -d)" --json="$out/local-$algo-$topk.json" \
+        >"$log" 2>&1 || failed+=("local $algo --topk=$topk")
+    tail -3 "$log"
+  done
+  [[ -s $out/local-$algo-cpu.json && -s $out/local-$algo-cuda.json ]] ||
+      continue
+  python3 - "$out/local-$algo-cpu.json" "$out/local-$algo-cuda.json" <<'PY' ||
+import json, sys
+runs = [json.load(open(path)) for path in sys.argv[1:]]
+digests = [[w["result_digest"] for it in run["iterations"] for w in it["workers"]]
+           for run in runs]
+assert digests[0] and digests[0] == digests[1], "results differ"
+print(f"{len(digests[0])} results identical on the CPU and on the GPU")
+PY
+      failed+=("$algo: GPU results differ from the CPU's")
+done
+
+if ((${#failed[@]})); then
+  printf 'gpu-check: FAILED: %s\n' "${failed[@]}" | tee -a "$out/summary.txt"
+  exit 1
+fi
+echo "gpu-check: all passed" | tee -a "$out/summary.txt"
