@@ -7,24 +7,33 @@
 #   2. bench/topk_cuda_bench: the CUDA top-k against a full CUB radix sort
 #      and the device's read time, same run;
 #   3. bench/topk_torch_bench.py: torch.topk on the same sizes, where the
-#      machine's PyTorch has CUDA;
-#   4. end to end: `gradmesh local` with 2 workers sharing the GPU, every
-#      selection on it (--topk=cuda), against the same seeded run on the CPU:
-#      every iteration's result digest must be equal.
+#      machine's python3 has PyTorch;
+#   4. end to end: `gradmesh local` with 4 workers sharing the GPU, every
+#      selection on it (--topk=cuda), against the same seeded run on the CPU
+#      (SparDL with d = 2, and gTopk): every result digest must be equal.
 #
 #   scripts/gpu-check.sh [BUNDLE_DIR]      (.gpu)
 #
-# Logs and tables go to $OUT (or out/gpu-check). Exits 1 if any part failed,
-# after running them all; 2 at once where there is no device.
+# Logs and tables go to $OUT (or out/gpu-check), replacing an earlier run's.
+# Exits 1 if any part failed, after running them all; 2 at once where there
+# is no device or no bundle.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 bundle=$(realpath "${1:-.gpu}")
+cd "$(dirname "$0")/.."
 out=${OUT:-out/gpu-check}
+if [[ ! -x $bundle/bin/gradmesh ]]; then
+  echo "gpu-check: no bundle in $bundle (scripts/gpu-bundle.sh)" >&2
+  exit 2
+fi
 mkdir -p "$out"
-[[ -x $bundle/bin/gradmesh ]] ||
-    { echo "gpu-check: no bundle in $bundle (scripts/gpu-bundle.sh)" >&2; exit 1; }
-export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+rm -f "$out"/{device.txt,gpu-tests.log,topk-bench.md,torch-bench.md} \
+    "$out"/local-* "$out/summary.txt"
+# The bundle's libraries for its programs only (python3 keeps its own).
+lib=$bundle/lib
+run() { LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
 bin=$bundle/bin
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 failed=()
 
 {
@@ -42,28 +51,32 @@ fi
 
 echo "== GPU tests"
 for test in cuda_device_test topk_cuda_test; do
-  "$bin/$test" 2>&1 | tee -a "$out/gpu-tests.log"
+  run "$bin/$test" 2>&1 | tee -a "$out/gpu-tests.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || failed+=("$test")
 done
 grep -q "SKIPPED" "$out/gpu-tests.log" && failed+=("GPU tests skipped")
 
 echo "== CUDA top-k against CUB's sort and the read bandwidth"
-"$bin/topk_cuda_bench" 2>&1 | tee "$out/topk-bench.md"
+run "$bin/topk_cuda_bench" 2>&1 | tee "$out/topk-bench.md"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || failed+=(topk_cuda_bench)
 
 echo "== torch.topk"
-python3 bench/topk_torch_bench.py 2>&1 | tee "$out/torch-bench.md"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || failed+=(topk_torch_bench)
+if python3 -c "import torch" 2>/dev/null; then
+  python3 bench/topk_torch_bench.py 2>&1 | tee "$out/torch-bench.md"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || failed+=(topk_torch_bench)
+else
+  echo "python3 has no PyTorch here: skipped" | tee "$out/torch-bench.md"
+fi
 
-echo "== 2 workers sharing the GPU against the CPU, same seed"
+echo "== 4 workers sharing the GPU against the CPU, same seed"
 for algo in spardl gtopk; do
   for topk in cpu cuda; do
-    log=$out/local-$algo-$topk.log
-    "$bin/gradmesh" local --bin-dir="$bin" --workers=2 --algo="$algo" \
-        --n=25000000 --density=0.01 --iterations=10 --topk="$topk" \
-        --work-dir="$(mktemp -d)" --json="$out/local-$algo-$topk.json" \
-        >"$log" 2>&1 || failed+=("local $algo --topk=$topk")
-    tail -3 "$log"
+    name=local-$algo-$topk
+    run "$bin/gradmesh" local --bin-dir="$bin" --workers=4 --algo="$algo" \
+        --teams=2 --n=25000000 --density=0.01 --iterations=10 \
+        --topk="$topk" --work-dir="$work/$name" --json="$out/$name.json" \
+        >"$out/$name.log" 2>&1 || failed+=("local $algo --topk=$topk")
+    tail -3 "$out/$name.log"
   done
   [[ -s $out/local-$algo-cpu.json && -s $out/local-$algo-cuda.json ]] ||
       continue
@@ -79,7 +92,7 @@ PY
 done
 
 if ((${#failed[@]})); then
-  printf 'gpu-check: FAILED: %s\n' "${failed[@]}" | tee -a "$out/summary.txt"
+  printf 'gpu-check: FAILED: %s\n' "${failed[@]}" | tee "$out/summary.txt"
   exit 1
 fi
-echo "gpu-check: all passed" | tee -a "$out/summary.txt"
+echo "gpu-check: all passed" | tee "$out/summary.txt"

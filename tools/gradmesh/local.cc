@@ -97,7 +97,8 @@ sparse::SparseBlock ResultOf(const Trainer& t) {
 }
 
 // One successful iteration, per worker, as JSON: the worker's time, the part
-// of it spent waiting for peers, the client's call, bytes and rounds.
+// of it spent waiting for peers, the client's call, bytes, rounds and the
+// result's digest (sparse::Digest, to compare runs).
 std::string IterationJson(uint64_t it, const std::vector<Trainer>& trainers) {
   std::string json = absl::StrCat("{\"iteration\":", it, ",\"workers\":[");
   for (size_t w = 0; w < trainers.size(); ++w) {

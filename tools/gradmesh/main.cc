@@ -263,8 +263,13 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags() {
       {"heartbeat_timeout_ms", "2000"}};
   cluster.worker_flags = {
       {"operation_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_timeout_s))},
-      {"heartbeat_interval_ms", "250"},
-      {"topk", absl::GetFlag(FLAGS_topk)}};
+      {"heartbeat_interval_ms", "250"}};
+  const std::string topk = absl::GetFlag(FLAGS_topk);
+  if (absl::Status status = gradmesh::kernels::CheckTopKName(topk);
+      !status.ok()) {
+    return status;
+  }
+  if (topk != "auto") cluster.worker_flags.push_back({"topk", topk});
   return cluster;
 }
 

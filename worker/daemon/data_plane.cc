@@ -639,10 +639,9 @@ absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
   }
   // A yes carries a hash of the result: members that would apply different
   // results (a corrupted message, a bug) find out here, before anyone does.
-  std::string vote = "n";
+  std::string vote(1, yes ? 'y' : 'n');
   if (yes) {
     const uint64_t hash = sparse::Digest(result);
-    vote = "y";
     vote.append(reinterpret_cast<const char*>(&hash), sizeof(hash));
   }
   absl::StatusOr<std::vector<std::string>> votes = GatherSmall(

@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
                  args[1].c_str());
     return 2;
   }
+  // Before anything starts threads (the CUDA driver may): they inherit it.
+  gradmesh::BlockTerminationSignals();
   if (const absl::Status status =
           gradmesh::kernels::UseTopK(absl::GetFlag(FLAGS_topk));
       !status.ok()) {
@@ -69,7 +71,6 @@ int main(int argc, char** argv) {
                  std::string(status.message()).c_str());
     return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  gradmesh::BlockTerminationSignals();
   gradmesh::KeepLargeBuffersWarm();
 
   const double timeout = absl::GetFlag(FLAGS_operation_timeout_s);

@@ -8,14 +8,19 @@
 
 namespace gradmesh::kernels {
 
-absl::Status UseTopK(absl::string_view name) {
-  if (name == "auto" || name == "cpu") {
-    SetTopKPositionsForTesting(nullptr);
+absl::Status CheckTopKName(absl::string_view name) {
+  if (name == "auto" || name == "cpu" || name == "cuda") {
     return absl::OkStatus();
   }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--topk=", name, " is not auto, cpu or cuda"));
+}
+
+absl::Status UseTopK(absl::string_view name) {
+  if (absl::Status status = CheckTopKName(name); !status.ok()) return status;
   if (name != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--topk=", name, " is not auto, cpu or cuda"));
+    SetTopKPositionsForTesting(nullptr);
+    return absl::OkStatus();
   }
 #ifdef GRADMESH_HAS_CUDA
   absl::Status status = ForceCudaTopK();

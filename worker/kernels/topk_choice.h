@@ -20,6 +20,10 @@ inline constexpr char kTopKFlagHelp[] =
 
 absl::Status UseTopK(absl::string_view name);
 
+// InvalidArgument unless `name` is one UseTopK knows; changes nothing (for a
+// process that hands the flag on to others).
+absl::Status CheckTopKName(absl::string_view name);
+
 }  // namespace gradmesh::kernels
 
 #endif  // GRADMESH_WORKER_KERNELS_TOPK_CHOICE_H_

@@ -8,7 +8,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
 #include "worker/kernels/topk_cuda.h"
 
 namespace gradmesh::kernels {
@@ -65,6 +64,7 @@ __global__ void Histogram(const float* x, size_t n, int shift, uint32_t mask,
 // an exclusive sum gives each bin the count above it; the boundary is the one
 // bin with above < need <= above + count.
 constexpr int kBoundaryThreads = kBins / 2;
+static_assert(2 * kBoundaryThreads >= kBins, "two bins a thread cover all");
 
 __global__ void __launch_bounds__(kBoundaryThreads)
     Boundary(const unsigned long long* hist, int bins, int bits, bool first,
@@ -317,7 +317,10 @@ absl::StatusOr<std::vector<TopKSelection>> CudaTopK::SegmentedTopKAbs(
     if (status.ok()) status = Check(cudaStreamSynchronize(s.stream), "top-k");
     if (!status.ok()) return status;
     const int count = *s.host_count;
-    GM_CHECK(count >= 0 && static_cast<size_t>(count) <= bound);
+    if (count < 0 || static_cast<size_t>(count) > bound) {
+      return absl::InternalError(
+          absl::StrCat("top-k selected ", count, " values, more than ", bound));
+    }
     TopKSelection& block = out[seg];
     block.indices.resize(count);
     block.values.assign(s.host_values, s.host_values + count);

@@ -73,8 +73,9 @@ void Densify(const SparseBlock& block, IndexRange range,
 // The entries of `block` whose indices fall in `range`. O(log |block| + out).
 SparseBlock Slice(const SparseBlock& block, IndexRange range);
 
-// FNV-1a over the indices' then the values' bytes: equal blocks give equal
-// digests in every process, for comparing results across processes.
+// FNV-1a over the indices' then the values' bytes: bitwise equal blocks give
+// equal digests in every process (+0 and -0 differ), for comparing results
+// across processes.
 uint64_t Digest(const SparseBlock& block);
 
 }  // namespace gradmesh::sparse

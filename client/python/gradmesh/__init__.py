@@ -272,7 +272,8 @@ def broadcast_parameters(params, root_rank=0):
     """Overwrites `params` (a state_dict, or (name, tensor) pairs such as
     model.named_parameters()) with root_rank's values, in place: torch
     tensors of any dtype and layout (CUDA ones through a host copy) and numpy
-    arrays; other entries (not tensors) are left alone. Call it on every process, with the same names."""
+    arrays; other entries (not tensors) are left alone. Call it on every
+    process, with the same names."""
     if isinstance(params, dict):
         items = sorted(params.items())
     else:

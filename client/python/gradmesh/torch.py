@@ -24,9 +24,10 @@ its own quota (fusion="per_tensor"), so no tensor goes missing from the sum.
 fusion="after_fusion" selects over the fused bucket instead, for comparison.
 Error feedback stays in the worker daemons.
 
-CUDA parameters work: their gradients are copied into the buckets' host
-memory and the results back (one copy each way per step); the selection then
-runs in the worker daemon.
+CUDA parameters go through host memory: each gradient is copied into its
+bucket as backward produces it (a copy that waits for the GPU) and the result
+back; the selection then runs in the worker daemon. Not yet run with a
+PyTorch that has CUDA.
 """
 
 import itertools

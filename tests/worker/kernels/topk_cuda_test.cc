@@ -65,22 +65,25 @@ TEST_F(CudaTopKTest, MatchesTheCpuOnRandomAndTiedSegments) {
   }
 }
 
-// Device copy of `x`, freed with the fixture.
+// A device copy of `x`, freed when it goes out of scope; ok() is false when
+// it could not be made.
 class DeviceArray {
  public:
-  explicit DeviceArray(const std::vector<float>& x) : n_(x.size()) {
-    EXPECT_EQ(cudaMalloc(&data_, std::max<size_t>(n_, 1) * sizeof(float)),
-              cudaSuccess);
-    EXPECT_EQ(
-        cudaMemcpy(data_, x.data(), n_ * sizeof(float), cudaMemcpyHostToDevice),
-        cudaSuccess);
+  explicit DeviceArray(const std::vector<float>& x) {
+    ok_ = cudaMalloc(&data_, std::max<size_t>(x.size(), 1) * sizeof(float)) ==
+              cudaSuccess &&
+          cudaMemcpy(data_, x.data(), x.size() * sizeof(float),
+                     cudaMemcpyHostToDevice) == cudaSuccess;
   }
   ~DeviceArray() { cudaFree(data_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  bool ok() const { return ok_; }
   const float* data() const { return data_; }
 
  private:
-  size_t n_;
   float* data_ = nullptr;
+  bool ok_ = false;
 };
 
 // Every segment's device selection equals the CPU's TopKAbs.
@@ -88,6 +91,7 @@ void ExpectParity(const std::vector<float>& x,
                   const std::vector<TopKSegment>& segments,
                   const std::string& what) {
   const DeviceArray device(x);
+  ASSERT_TRUE(device.ok()) << what << ": no device copy of " << x.size();
   size_t longest = 1;
   for (const TopKSegment& s : segments) {
     longest = std::max<size_t>(longest, s.end - s.begin);
@@ -126,6 +130,7 @@ TEST_F(CudaTopKTest, OrdersDenormalsByMagnitudeWithTiesToTheLowerIndex) {
   for (uint64_t k : {1, 20, 4'700, 150'000, 300'001}) {
     ExpectParity(x, {{0, x.size(), k}, {5, 70'000, k / 3}},
                  "denormals k=" + std::to_string(k));
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -153,6 +158,7 @@ TEST_F(CudaTopKTest, MatchesTheCpuFromOneToAHundredMillionValues) {
                    {{0, n, std::max<uint64_t>(1, n / 1000)},
                     {0, n, std::max<uint64_t>(1, n / 100)}},
                    "n=" + std::to_string(n) + (ties ? " tied" : " random"));
+      if (HasFatalFailure()) return;
     }
   }
 }
