@@ -75,7 +75,6 @@ def main():
                           device, repeats)
             print(f"| {n} | {density * 100:.1f}% | {ms:.3f} | {read:.3f} |",
                   flush=True)
-        del x
     return 0
 
 
