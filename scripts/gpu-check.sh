@@ -83,10 +83,11 @@ for algo in spardl gtopk; do
   python3 - "$out/local-$algo-cpu.json" "$out/local-$algo-cuda.json" <<'PY' ||
 import json, sys
 runs = [json.load(open(path)) for path in sys.argv[1:]]
-digests = [[w["result_digest"] for it in run["iterations"] for w in it["workers"]]
-           for run in runs]
+digests = [{it["iteration"]: [w["result_digest"] for w in it["workers"]]
+            for it in run["iterations"]} for run in runs]
 assert digests[0] and digests[0] == digests[1], "results differ"
-print(f"{len(digests[0])} results identical on the CPU and on the GPU")
+count = sum(len(d) for d in digests[0].values())
+print(f"{count} results identical on the CPU and on the GPU")
 PY
       failed+=("$algo: GPU results differ from the CPU's")
 done
