@@ -76,9 +76,9 @@ struct Client::Impl {
     Authorize(context);
   }
   // A call's status. Unavailable because the worker refuses connections
-  // (none within kGoneAfter, and the last attempt failed rather than still
-  // being under way, as with a stalled worker) says so (IsWorkerGone), now
-  // and for every later call.
+  // (an attempt within kGoneAfter failed and none succeeded, unlike a
+  // stalled worker's, which stay under way) says so (IsWorkerGone), now and
+  // for every later call.
   absl::Status Check(const grpc::Status& status) const {
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE || !connected) {
       return ToAbsl(status);
@@ -93,17 +93,24 @@ struct Client::Impl {
     why.SetPayload(kWorkerGonePayload, absl::Cord("1"));
     return why;
   }
-  // Whether the worker's channel ends kGoneAfter in a failed connection
-  // attempt: refused, not merely slow to answer (a stalled worker's stays
-  // connecting) nor back (ready).
+  // Whether, within kGoneAfter, a connection attempt to the worker failed
+  // and none succeeded: refused, not merely slow to answer (a stalled
+  // worker's stays connecting) nor back (ready again). A failure seen at any
+  // point counts, since gRPC may be connecting again, after its backoff, when
+  // the time is up; and a first "ready" counts only once the channel has
+  // left it, since it can still report the connection that just broke.
   bool RefusesConnections() const {
     const auto until = absl::ToChronoTime(absl::Now() + kGoneAfter);
     grpc_connectivity_state state = channel->GetState(true);
-    while (state != GRPC_CHANNEL_READY &&
-           channel->WaitForStateChange(state, until)) {
+    bool left_ready = state != GRPC_CHANNEL_READY;
+    bool failed = false;
+    while (!(left_ready && state == GRPC_CHANNEL_READY)) {
+      failed = failed || state == GRPC_CHANNEL_TRANSIENT_FAILURE;
+      if (!channel->WaitForStateChange(state, until)) break;
       state = channel->GetState(true);
+      left_ready = left_ready || state != GRPC_CHANNEL_READY;
     }
-    return state == GRPC_CHANNEL_TRANSIENT_FAILURE;
+    return failed && state != GRPC_CHANNEL_READY;
   }
   void SetMembership(int r, int s) {
     absl::MutexLock lock(&mu);

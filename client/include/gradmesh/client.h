@@ -183,8 +183,9 @@ struct AllReduceOptions {
 class Client;
 
 // Whether `status` (from a Client call) says that the client's worker is
-// gone: it refused connections for a second after a call failed (a worker
-// that is alive but stalled is not gone: its calls fail at their deadline).
+// gone: after a call failed, it refused a connection within a second and
+// accepted none (a worker that is alive but stalled is not gone: its calls
+// fail at their deadline).
 bool IsWorkerGone(const absl::Status& status);
 
 // A registered bucket: tensors fused in registration order, in memory shared
