@@ -32,8 +32,10 @@ std::string FromEnv(const std::string& given, const char* variable,
 }
 
 // How long a worker that stopped answering (Unavailable) gets to accept a
-// connection again before it counts as gone.
+// connection again before it counts as gone, and how long a channel may
+// still report the connection that just broke as ready.
 constexpr absl::Duration kGoneAfter = absl::Seconds(1);
+constexpr absl::Duration kStaleReady = absl::Milliseconds(200);
 constexpr absl::string_view kWorkerGonePayload = "gradmesh.dev/worker-gone";
 
 }  // namespace
@@ -95,20 +97,26 @@ struct Client::Impl {
   }
   // Whether, within kGoneAfter, a connection attempt to the worker failed
   // and none succeeded: refused, not merely slow to answer (a stalled
-  // worker's stays connecting) nor back (ready again). A failure seen at any
-  // point counts, since gRPC may be connecting again, after its backoff, when
-  // the time is up; and a first "ready" counts only once the channel has
-  // left it, since it can still report the connection that just broke.
+  // worker's stays connecting) nor back (ready again). Right after a call
+  // broke, the channel may still say "ready" for the broken connection for
+  // a moment; one that stays ready for kStaleReady is alive (the worker
+  // itself answered Unavailable).
   bool RefusesConnections() const {
-    const auto until = absl::ToChronoTime(absl::Now() + kGoneAfter);
+    const absl::Time start = absl::Now();
     grpc_connectivity_state state = channel->GetState(true);
-    bool left_ready = state != GRPC_CHANNEL_READY;
+    if (state == GRPC_CHANNEL_READY) {
+      if (!channel->WaitForStateChange(
+              state, absl::ToChronoTime(start + kStaleReady))) {
+        return false;
+      }
+      state = channel->GetState(true);
+    }
+    const auto until = absl::ToChronoTime(start + kGoneAfter);
     bool failed = false;
-    while (!(left_ready && state == GRPC_CHANNEL_READY)) {
+    while (state != GRPC_CHANNEL_READY) {
       failed = failed || state == GRPC_CHANNEL_TRANSIENT_FAILURE;
       if (!channel->WaitForStateChange(state, until)) break;
       state = channel->GetState(true);
-      left_ready = left_ready || state != GRPC_CHANNEL_READY;
     }
     return failed && state != GRPC_CHANNEL_READY;
   }
