@@ -291,8 +291,7 @@ def broadcast_parameters(params, root_rank=0):
             # CUDA tensors go through a host copy, written back afterwards.
             flat = data.contiguous().reshape(-1).cpu()
             views.append(flat.view(torch.uint8).numpy())
-            if (p.is_cuda or flat.data_ptr() != data.data_ptr() or
-                    not data.is_contiguous()):
+            if flat.data_ptr() != data.data_ptr() or not data.is_contiguous():
                 write_back.append((data, flat))
     _broadcast_bytes(views, root_rank)
     for data, flat in write_back:
