@@ -3,30 +3,92 @@
 #include <malloc.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
-#include "absl/flags/usage_config.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace gradmesh {
 
+namespace {
+
+// `text` broken into lines of at most `width` characters, each indented.
+std::string Wrap(absl::string_view text, int indent, size_t width) {
+  std::string out;
+  std::string line;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      absl::StrAppend(&out, std::string(indent, ' '), line, "\n");
+      line.clear();
+    }
+    absl::StrAppend(&line, line.empty() ? "" : " ", word);
+  }
+  if (!line.empty())
+    absl::StrAppend(&out, std::string(indent, ' '), line, "\n");
+  return out;
+}
+
+[[noreturn]] void PrintHelpAndExit(const FlagsHelp& help,
+                                   absl::string_view env_prefix) {
+  std::vector<absl::CommandLineFlag*> flags;
+  if (help.flags.empty()) {
+    for (const auto& [name, flag] : absl::GetAllFlags()) {
+      if (!absl::StrContains(flag->Filename(), "absl/")) flags.push_back(flag);
+    }
+  } else {
+    for (const std::string& name : help.flags) {
+      absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+      if (flag == nullptr) {
+        std::fprintf(stderr, "--help names an unknown flag '%s'\n",
+                     name.c_str());
+        std::abort();
+      }
+      flags.push_back(flag);
+    }
+  }
+  std::sort(flags.begin(), flags.end(),
+            [](auto* a, auto* b) { return a->Name() < b->Name(); });
+  std::string out(help.usage.empty() ? absl::ProgramUsageMessage()
+                                     : absl::string_view(help.usage));
+  absl::StrAppend(&out,
+                  "\n\nflags (each may also come from the environment as ",
+                  env_prefix, "<NAME>):\n");
+  for (const absl::CommandLineFlag* flag : flags) {
+    const std::string value = flag->DefaultValue();
+    absl::StrAppend(
+        &out, "  --", absl::StrReplaceAll(flag->Name(), {{"_", "-"}}), "=",
+        value.empty() ? "\"\"" : value, "\n", Wrap(flag->Help(), 6, 72));
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fflush(stdout);
+  std::exit(0);
+}
+
+}  // namespace
+
 std::vector<std::string> ParseFlags(int argc, char** argv,
-                                    absl::string_view env_prefix) {
+                                    absl::string_view env_prefix,
+                                    const FlagsHelp& help) {
   // --some-flag[=v] becomes --some_flag[=v]; values are left alone.
   std::vector<std::string> normalized(argv, argv + argc);
   absl::flat_hash_set<std::string> given;
   for (std::string& arg : normalized) {
     if (arg == "--") break;
+    if (arg == "--help" || arg == "-h") PrintHelpAndExit(help, env_prefix);
     if (!absl::StartsWith(arg, "--")) continue;
     const size_t end = std::min(arg.find('='), arg.size());
     for (size_t i = 2; i < end; ++i) {
@@ -36,16 +98,6 @@ std::vector<std::string> ParseFlags(int argc, char** argv,
     if (absl::StartsWith(name, "no")) given.insert(name.substr(2));
     given.insert(std::move(name));
   }
-  // --help lists the program's own flags: all but Abseil's.
-  absl::FlagsUsageConfig config;
-  config.contains_help_flags = [](absl::string_view file) {
-    return !absl::StrContains(file, "absl/");
-  };
-  config.normalize_filename = [](absl::string_view file) {
-    return std::string(file);
-  };
-  absl::SetFlagsUsageConfig(config);
-
   std::vector<char*> args;
   for (std::string& a : normalized) args.push_back(a.data());
   const std::vector<char*> positional =

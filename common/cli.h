@@ -17,10 +17,22 @@
 
 namespace gradmesh {
 
+// What --help prints for a program or for one command of it.
+struct FlagsHelp {
+  // The first lines; empty: absl::ProgramUsageMessage().
+  std::string usage;
+  // The flags listed, by name; empty: every flag the program defines
+  // (Abseil's own aside).
+  std::vector<std::string> flags;
+};
+
 // Parses, exits with status 2 on a bad flag or environment value (one line
-// on stderr), and returns the positional arguments, argv[0] first.
+// on stderr), and returns the positional arguments, argv[0] first. --help or
+// -h (before any "--") prints `help` on stdout, every flag spelled with
+// dashes with its default and its text, and exits 0.
 std::vector<std::string> ParseFlags(int argc, char** argv,
-                                    absl::string_view env_prefix);
+                                    absl::string_view env_prefix,
+                                    const FlagsHelp& help = {});
 
 // For daemons: blocks SIGTERM and SIGINT in this thread (call before starting
 // any thread, so that every thread inherits the mask), and later waits for

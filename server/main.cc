@@ -50,9 +50,7 @@ ABSL_FLAG(std::string, port_file, "",
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "gradmesh-coordinator: membership, plans and d autotune.\n"
-      "Flags may also be set as GRADMESH_COORDINATOR_<FLAG> environment "
-      "variables.");
+      "gradmesh-coordinator: membership, plans and d autotune.");
   const auto args = gradmesh::ParseFlags(argc, argv, "GRADMESH_COORDINATOR_");
   if (args.size() > 1) {
     std::fprintf(stderr, "gradmesh-coordinator: unexpected argument '%s'\n",

@@ -67,7 +67,8 @@ def find_binary(bin_dir, name):
 def flags_of(binary):
     text = subprocess.run([binary, "--help"], capture_output=True,
                           text=True, timeout=30).stdout
-    flags = set(re.findall(r"^\s+--([a-z0-9_]+) \(", text, re.M))
+    flags = {f.replace("-", "_")
+             for f in re.findall(r"^  --([a-z0-9-]+)=", text, re.M)}
     if not flags:
         raise RuntimeError(f"no flags in `{binary} --help`")
     return flags

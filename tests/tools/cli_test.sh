@@ -12,8 +12,17 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 help=$("$gradmesh" --help) || fail "--help exited non-zero"
 grep -q "replay" <<<"$help" || fail "--help does not list replay"
-help=$("$gradmesh" replay --help 2>&1 || true)  # absl's --help exits 1
-grep -q -- "--density" <<<"$help" || fail "replay --help lacks --density"
+# A command's --help: its flags alone, with dashes, no source paths, exit 0.
+help=$("$gradmesh" replay --help) || fail "replay --help exited non-zero"
+grep -q -- "--density=0.01" <<<"$help" || fail "replay --help lacks --density"
+grep -q -- "--input-dir" <<<"$help" || fail "replay --help lacks --input-dir"
+grep -q -- "--netns\|--autotune-window" <<<"$help" &&
+    fail "replay --help lists local's flags"
+grep -q -- "--[a-z]*_" <<<"$help" && fail "replay --help spells a flag with _"
+grep -qi "flags from\|\.cc" <<<"$help" && fail "replay --help names sources"
+help=$("$gradmesh" run -h) || fail "run -h exited non-zero"
+grep -q -- "--job=" <<<"$help" || fail "run -h lacks --job"
+grep -q -- "--input-dir" <<<"$help" && fail "run -h lists replay's flags"
 
 expect_error() {  # expect_error PATTERN ARGS...
   local pattern=$1; shift
@@ -133,12 +142,15 @@ grep -q "FAILED" "$work/killed.out" && fail "local: iterations failed"
 # The daemons: --help, and configuration from the environment (Kubernetes
 # passes it that way); a flag on the command line wins over it.
 if [[ -n "$coordinator" && -n "$worker" ]]; then
-  help=$("$coordinator" --help 2>&1 || true)  # absl's --help exits 1
-  grep -q -- "--heartbeat_timeout_ms" <<<"$help" ||
+  help=$("$coordinator" --help) || fail "coordinator --help exited non-zero"
+  grep -q -- "--heartbeat-timeout-ms" <<<"$help" ||
       fail "coordinator --help lacks its flags"
-  help=$("$worker" --help 2>&1 || true)
-  grep -q -- "--operation_timeout_s" <<<"$help" || fail "worker --help lacks its flags"
-  grep -q -- "--tls_ca" <<<"$help" || fail "worker --help lacks --tls_ca"
+  grep -q "GRADMESH_COORDINATOR_" <<<"$help" ||
+      fail "coordinator --help does not name its environment"
+  help=$("$worker" --help) || fail "worker --help exited non-zero"
+  grep -q -- "--operation-timeout-s" <<<"$help" || fail "worker --help lacks its flags"
+  grep -q -- "--tls-ca" <<<"$help" || fail "worker --help lacks --tls-ca"
+  grep -qi "flags from\|\.cc" <<<"$help" && fail "worker --help names sources"
   # --topk: a bad name is a usage error; cuda without a device (or in a
   # build without CUDA) says so and exits before serving.
   rc=0; err=$("$worker" --topk=tpu 2>&1) || rc=$?

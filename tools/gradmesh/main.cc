@@ -61,7 +61,7 @@ ABSL_FLAG(std::string, output_dir, "replay-out",
 ABSL_FLAG(bool, overwrite, false, "replace a non-empty --output-dir");
 ABSL_FLAG(uint64_t, n, 1 << 20,
           "generated gradients: values per worker (sim: the gradient "
-          "modeled, which may run smaller: --max_values)");
+          "modeled, which may run smaller: --max-values)");
 ABSL_FLAG(uint64_t, iterations, 5,
           "generated gradients (replay, local, sim): iterations");
 ABSL_FLAG(uint64_t, seed, 1,
@@ -172,6 +172,26 @@ constexpr char kUsage[] =
     "\n"
     "`gradmesh <command> --help` lists the command's flags.";
 
+// Each command's --help: its line of the usage and the flags it reads.
+const std::vector<std::string> kAlgorithmFlags = {
+    "algo",          "density",  "teams",  "oktopk_tau", "oktopk_tau_prime",
+    "quantize_bits", "encoding", "values", "seed"};
+const std::vector<std::string> kClusterFlags = {
+    "algo",      "density", "teams",    "encoding",    "values",
+    "workers",   "bin_dir", "work_dir", "chunk_bytes", "autotune_window",
+    "timeout_s", "topk",    "tls_ca",   "tls_cert",    "tls_key"};
+
+std::vector<std::string> Plus(std::vector<std::string> flags,
+                              std::initializer_list<const char*> more) {
+  flags.insert(flags.end(), more.begin(), more.end());
+  return flags;
+}
+
+gradmesh::FlagsHelp CommandHelp(absl::string_view usage,
+                                std::vector<std::string> flags) {
+  return {.usage = std::string(usage), .flags = std::move(flags)};
+}
+
 // The algorithm flags (--algo, --density, --encoding...), with d = teams.
 absl::StatusOr<gradmesh::collectives::AlgorithmOptions> AlgorithmFromFlags(
     int teams) {
@@ -190,8 +210,15 @@ absl::StatusOr<gradmesh::collectives::AlgorithmOptions> AlgorithmFromFlags(
 }
 
 int Replay(int argc, char** argv) {
-  const std::vector<std::string> positional =
-      gradmesh::ParseFlags(argc, argv, "GRADMESH_");
+  const std::vector<std::string> positional = gradmesh::ParseFlags(
+      argc, argv, "GRADMESH_",
+      CommandHelp("usage: gradmesh replay [flags]\n\n"
+                  "Runs an all-reduce algorithm on P in-process workers over\n"
+                  "gradients from .npy files (or generated ones) and writes\n"
+                  "every rank's results, residuals and stats.json.",
+                  Plus(kAlgorithmFlags,
+                       {"workers", "input_dir", "output_dir", "overwrite", "n",
+                        "iterations", "timeout_s", "topk"})));
   if (positional.size() > 1) {
     std::fprintf(stderr, "gradmesh replay: unexpected argument '%s'\n",
                  positional[1].c_str());
@@ -277,8 +304,16 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags() {
 std::atomic<bool> interrupted{false};
 
 int Local(int argc, char** argv) {
-  const std::vector<std::string> positional =
-      gradmesh::ParseFlags(argc, argv, "GRADMESH_");
+  const std::vector<std::string> positional = gradmesh::ParseFlags(
+      argc, argv, "GRADMESH_",
+      CommandHelp(
+          "usage: gradmesh local [flags]\n\n"
+          "Starts a coordinator and P worker processes on 127.0.0.1\n"
+          "(or one per network namespace: --netns, --hosts), runs\n"
+          "iterations of seeded gradients through them, checks and\n"
+          "reports each one, then shuts the cluster down.",
+          Plus(kClusterFlags, {"netns", "hosts", "coordinator_host", "json",
+                               "n", "iterations", "seed", "verify"})));
   if (positional.size() > 1) {
     std::fprintf(stderr, "gradmesh local: unexpected argument '%s'\n",
                  positional[1].c_str());
@@ -335,8 +370,16 @@ int Run(int argc, char** argv) {
   }
   std::vector<std::string> command(argv + std::min(flags_end + 1, argc),
                                    argv + argc);
-  const std::vector<std::string> positional =
-      gradmesh::ParseFlags(flags_end, argv, "GRADMESH_");
+  const std::vector<std::string> positional = gradmesh::ParseFlags(
+      flags_end, argv, "GRADMESH_",
+      CommandHelp("usage: gradmesh run [flags] -- CMD [ARGS...]\n\n"
+                  "Starts a coordinator and P workers on 127.0.0.1, then P\n"
+                  "copies of CMD, copy r with GRADMESH_WORKER, GRADMESH_JOB,\n"
+                  "GRADMESH_RANK=r, GRADMESH_LOCAL_RANK=r and\n"
+                  "GRADMESH_WORLD_SIZE=P in its environment. When one fails,\n"
+                  "or on Ctrl-C, the others get SIGTERM; exits with the first\n"
+                  "failure's status.",
+                  Plus(kClusterFlags, {"job"})));
   if (positional.size() > 1) {
     std::fprintf(stderr,
                  "gradmesh run: unexpected argument '%s' (the command goes "
@@ -371,8 +414,12 @@ int Run(int argc, char** argv) {
 
 // `gradmesh health [--address=HOST:PORT] [--service=NAME]`.
 int Health(int argc, char** argv) {
-  const std::vector<std::string> positional =
-      gradmesh::ParseFlags(argc, argv, "GRADMESH_");
+  const std::vector<std::string> positional = gradmesh::ParseFlags(
+      argc, argv, "GRADMESH_",
+      CommandHelp("usage: gradmesh health [flags]\n\n"
+                  "Asks a daemon's health service whether it serves: exit 0\n"
+                  "if so, else 1 with the answer.",
+                  {"address", "service", "probe_timeout_ms"}));
   if (positional.size() > 1) {
     std::fprintf(stderr, "gradmesh health: unexpected argument '%s'\n",
                  positional[1].c_str());
@@ -401,7 +448,16 @@ int Sim(int argc, char** argv) {
     pointers.push_back(arg.data());
   }
   const std::vector<std::string> positional = gradmesh::ParseFlags(
-      static_cast<int>(pointers.size()), pointers.data(), "GRADMESH_");
+      static_cast<int>(pointers.size()), pointers.data(), "GRADMESH_",
+      CommandHelp(
+          "usage: gradmesh sim [flags]\n\n"
+          "Predicts an all-reduce on a simulated network: the real\n"
+          "algorithms on P in-process workers, each link alpha +\n"
+          "bytes x beta, compute per value.",
+          Plus(kAlgorithmFlags,
+               {"workers", "n", "max_values", "iterations", "timeout_s",
+                "alpha_us", "gbit", "select_ns", "merge_ns", "accumulate_ns",
+                "calibrate", "compute_scale", "skip_factor", "json"})));
   if (positional.size() > 1) {
     std::fprintf(stderr, "gradmesh sim: unexpected argument '%s'\n",
                  positional[1].c_str());

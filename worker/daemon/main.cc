@@ -25,7 +25,7 @@ ABSL_FLAG(
     "stable identity; ranks sort by it (default: the advertised address)");
 ABSL_FLAG(std::string, sdk_socket, "",
           "serve the SDK on this unix socket path (mode 0600); over TCP "
-          "(--listen or --sdk_listen) it needs --sdk_token_file");
+          "(--listen or --sdk-listen) it needs --sdk-token-file");
 ABSL_FLAG(std::string, sdk_listen, "",
           "serve the SDK over TCP on this host:port instead of on --listen, "
           "so that a network policy can tell trainers from peers (empty: "
@@ -46,16 +46,14 @@ ABSL_FLAG(int, heartbeat_interval_ms, 500, "heartbeat period");
 ABSL_FLAG(int, view_wait_ms, 5000,
           "a step cut by a membership change waits this long for the new "
           "view, then runs again there (more than the coordinator's "
-          "--heartbeat_timeout_ms)");
+          "--heartbeat-timeout-ms)");
 ABSL_FLAG(std::string, topk, "auto", gradmesh::kernels::kTopKFlagHelp);
 ABSL_FLAG(std::string, port_file, "",
           "write the advertised address and metrics port here once serving "
           "(for scripts that start workers on port 0)");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "gradmesh-worker: the gradmesh worker daemon.\n"
-      "Flags may also be set as GRADMESH_WORKER_<FLAG> environment variables.");
+  absl::SetProgramUsageMessage("gradmesh-worker: the gradmesh worker daemon.");
   const auto args = gradmesh::ParseFlags(argc, argv, "GRADMESH_WORKER_");
   if (args.size() > 1) {
     std::fprintf(stderr, "gradmesh-worker: unexpected argument '%s'\n",
