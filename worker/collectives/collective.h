@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "worker/collectives/plan.h"
+#include "worker/collectives/schedule.h"
 #include "worker/sparse/sparse_block.h"
 #include "worker/transport/transport.h"
 
@@ -147,13 +148,12 @@ class StepRunner {
   OpStats* const stats_;
 };
 
-// Phases number their steps 4096 apart in the message tags, so a world holds
-// at most this many workers.
-inline constexpr int kMaxWorldSize = 4096;
+// Phases number their steps kPhaseSteps apart in the message tags
+// (schedule.h), so a world holds at most this many workers.
+inline constexpr int kMaxWorldSize = kPhaseSteps;
 
 // Shared input checks: InvalidArgument unless 0 <= rank < world_size <=
-// kMaxWorldSize, the
-// density lies in (0, 1] and n fits uint32 indices.
+// kMaxWorldSize, the density lies in (0, 1] and n fits uint32 indices.
 absl::Status ValidateCommon(int world_size, int rank, uint64_t n,
                             double density);
 

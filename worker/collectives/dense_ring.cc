@@ -10,8 +10,8 @@
 namespace gradmesh::collectives {
 namespace {
 
-constexpr uint32_t kReduceScatterStep = 0;
-constexpr uint32_t kAllGatherStep = 1u << 12;
+constexpr int kReduceScatterPhase = 0;
+constexpr int kAllGatherPhase = 1;
 
 }  // namespace
 
@@ -29,16 +29,15 @@ absl::StatusOr<sparse::SparseBlock> DenseRing::AllReduce(
       BeginAllReduce("dense", n_, gradient, residual, context, stats));
   std::copy(residual.begin(), residual.end(), sum_.begin());
   StepRunner runner(context, stats);
-  const int p = world_size_;
-  const int w = rank_;
-  auto mod = [p](int x) { return ((x % p) + p) % p; };
-  for (int s = 0; s + 1 < p; ++s) {
-    GM_RETURN_IF_ERROR(RingStep(runner, kReduceScatterStep + s, mod(w - s),
-                                mod(w - s - 1), /*add=*/true));
+  const std::vector<Step> reduce = PlanRingReduceScatter(world_size_, rank_);
+  for (size_t s = 0; s < reduce.size(); ++s) {
+    GM_RETURN_IF_ERROR(RingStep(runner, PhaseStep(kReduceScatterPhase, s),
+                                reduce[s], /*add=*/true));
   }
-  for (int s = 0; s + 1 < p; ++s) {
-    GM_RETURN_IF_ERROR(RingStep(runner, kAllGatherStep + s, mod(w + 1 - s),
-                                mod(w - s), /*add=*/false));
+  const std::vector<Step> gather = PlanRingAllGather(world_size_, rank_);
+  for (size_t s = 0; s < gather.size(); ++s) {
+    GM_RETURN_IF_ERROR(RingStep(runner, PhaseStep(kAllGatherPhase, s),
+                                gather[s], /*add=*/false));
   }
   sparse::SparseBlock result;
   result.reserve(n_);
@@ -51,28 +50,27 @@ absl::StatusOr<sparse::SparseBlock> DenseRing::AllReduce(
   return result;
 }
 
-absl::Status DenseRing::RingStep(StepRunner& runner, uint32_t step, int send,
-                                 int recv, bool add) {
+absl::Status DenseRing::RingStep(StepRunner& runner, uint32_t tag,
+                                 const Step& step, bool add) {
   const int p = world_size_;
-  const sparse::IndexRange out = BlockRange(n_, p, send);
-  const sparse::IndexRange in = BlockRange(n_, p, recv);
+  const sparse::IndexRange out = BlockRange(n_, p, step.send.first);
+  const sparse::IndexRange in = BlockRange(n_, p, step.recv.first);
   GM_ASSIGN_OR_RETURN(
       std::string bytes,
-      runner.Exchange(step, (rank_ + 1) % p,
+      runner.Exchange(tag, step.send_to,
                       sparse::EncodeDense(absl::MakeConstSpan(sum_).subspan(
                           out.begin, out.size())),
-                      (rank_ + p - 1) % p));
+                      step.recv_from));
   absl::Span<float> target = absl::MakeSpan(sum_).subspan(in.begin, in.size());
-  const int source = (rank_ + p - 1) % p;
   if (!add) {
     const absl::Status status = sparse::DecodeDense(bytes, target);
-    return status.ok() ? status : PeerError(status, source);
+    return status.ok() ? status : PeerError(status, step.recv_from);
   }
   std::vector<float> received(in.size());
   if (absl::Status status =
           sparse::DecodeDense(bytes, absl::MakeSpan(received));
       !status.ok()) {
-    return PeerError(status, source);
+    return PeerError(status, step.recv_from);
   }
   CountAccumulated(received.size());
   for (size_t i = 0; i < received.size(); ++i) target[i] += received[i];

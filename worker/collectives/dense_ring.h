@@ -1,11 +1,11 @@
 // Dense ring all-reduce: ring reduce-scatter, then ring all-gather, for any
 // P >= 1. The reference every sparse method must beat.
 //
-// The gradient is cut into P chunks (BlockRange). Reduce-scatter step s
-// (0..P-2): worker w sends chunk (w - s) mod P to w + 1 and adds the chunk
-// (w - s - 1) mod P it receives from w - 1 into its own (own + received), so
-// chunk c is summed in the order g_c, then g_(c+1), ... and ends complete at
-// worker c - 1. All-gather step s: w forwards chunk (w + 1 - s) mod P.
+// The gradient is cut into P chunks (BlockRange), moved by the ring schedule
+// (schedule.h: PlanRingReduceScatter, PlanRingAllGather): reduce-scatter
+// step s (0..P-2) adds the chunk (w - s - 1) mod P received from w - 1 into
+// its own (own + received), so chunk c is summed in the order g_c, then
+// g_(c+1), ... and ends complete at worker c - 1.
 //
 // Result: the exact sum, as a block of all n entries (zeros included); the
 // residual is zero afterwards. Rounds 2(P-1); bytes received
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "worker/collectives/collective.h"
+#include "worker/collectives/schedule.h"
 
 namespace gradmesh::collectives {
 
@@ -34,9 +35,9 @@ class DenseRing : public Collective {
   DenseRing(int world_size, int rank, uint64_t n)
       : world_size_(world_size), rank_(rank), n_(n), sum_(n) {}
 
-  // Sends chunk `send` to the next worker and stores (or, when `add`, adds)
-  // the chunk `recv` received from the previous one.
-  absl::Status RingStep(StepRunner& runner, uint32_t step, int send, int recv,
+  // Sends chunk step.send.first to step.send_to and stores (or, when `add`,
+  // adds) the chunk step.recv.first received from step.recv_from.
+  absl::Status RingStep(StepRunner& runner, uint32_t tag, const Step& step,
                         bool add);
 
   const int world_size_;

@@ -3,14 +3,28 @@
 #include <vector>
 
 #include "common/status_macros.h"
+#include "worker/collectives/schedule.h"
 #include "worker/kernels/topk.h"
 #include "worker/sparse/coo.h"
 
 namespace gradmesh::collectives {
 namespace {
 
-constexpr uint32_t kReduceStep = 0;
-constexpr uint32_t kBroadcastStep = 1u << 12;
+constexpr int kReducePhase = 0;
+constexpr int kBroadcastPhase = 1;
+
+// One block over [0, n) from `peer` under `tag`.
+absl::StatusOr<sparse::SparseBlock> ReceiveBlock(StepRunner& runner,
+                                                 const BlockCodec& codec,
+                                                 uint32_t tag, int peer,
+                                                 uint64_t n) {
+  GM_ASSIGN_OR_RETURN(std::vector<std::string> bytes,
+                      runner.Receive(tag, peer, 1));
+  auto received =
+      codec.Decode(bytes[0], sparse::IndexRange{0, n}, runner.stats());
+  if (!received.ok()) return PeerError(received.status(), peer);
+  return received;
+}
 
 }  // namespace
 
@@ -31,26 +45,20 @@ absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
   const sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const sparse::IndexRange all{0, n_};
-  const int w = rank_;
-  int levels = 0;
-  while ((1 << levels) < world_size_) ++levels;
 
   // Reduce up the binomial tree, keeping what re-selection drops.
   sparse::SparseBlock current = selected;
   std::vector<sparse::SparseBlock> discarded;
-  for (int t = 0; t < levels; ++t) {
-    const int bit = 1 << t;
-    if (w % (2 * bit) == bit) {
+  for (const TreeStep& step : PlanTreeReduce(world_size_, rank_)) {
+    const uint32_t tag = PhaseStep(kReducePhase, step.level);
+    if (step.send) {
       GM_RETURN_IF_ERROR(
-          runner.Send(kReduceStep + t, w - bit, {codec_.Encode(current, all)}));
-      break;
+          runner.Send(tag, step.peer, {codec_.Encode(current, all)}));
+      continue;
     }
-    if (w + bit >= world_size_) continue;
-    GM_ASSIGN_OR_RETURN(std::vector<std::string> bytes,
-                        runner.Receive(kReduceStep + t, w + bit, 1));
-    auto received = codec_.Decode(bytes[0], all, stats);
-    if (!received.ok()) return PeerError(received.status(), w + bit);
-    const sparse::SparseBlock sum = sparse::Add(current, *received);
+    GM_ASSIGN_OR_RETURN(const sparse::SparseBlock received,
+                        ReceiveBlock(runner, codec_, tag, step.peer, n_));
+    const sparse::SparseBlock sum = sparse::Add(current, received);
     discarded.emplace_back();
     kernels::SplitTopKAbs(sum, k_, &current, &discarded.back());
     // Rounding for the wire: what it takes off or drops stays here too.
@@ -59,20 +67,15 @@ absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
   }
 
   // Broadcast the root's block down the same tree.
-  for (int t = levels - 1; t >= 0; --t) {
-    const int bit = 1 << t;
-    if (w % (2 * bit) == 0) {
-      if (w + bit < world_size_) {
-        GM_RETURN_IF_ERROR(runner.Send(kBroadcastStep + t, w + bit,
-                                       {codec_.Encode(current, all)}));
-      }
-    } else if (w % (2 * bit) == bit) {
-      GM_ASSIGN_OR_RETURN(std::vector<std::string> bytes,
-                          runner.Receive(kBroadcastStep + t, w - bit, 1));
-      auto received = codec_.Decode(bytes[0], all, stats);
-      if (!received.ok()) return PeerError(received.status(), w - bit);
-      current = *std::move(received);
+  for (const TreeStep& step : PlanTreeBroadcast(world_size_, rank_)) {
+    const uint32_t tag = PhaseStep(kBroadcastPhase, step.level);
+    if (step.send) {
+      GM_RETURN_IF_ERROR(
+          runner.Send(tag, step.peer, {codec_.Encode(current, all)}));
+      continue;
     }
+    GM_ASSIGN_OR_RETURN(current,
+                        ReceiveBlock(runner, codec_, tag, step.peer, n_));
   }
 
   GM_RETURN_IF_ERROR(Commit(context, current));

@@ -13,12 +13,12 @@
 namespace gradmesh::collectives {
 namespace {
 
-constexpr uint32_t kSplitStep = 0;
-constexpr uint32_t kRepartitionStep = 1u << 12;
-constexpr uint32_t kEvaluateStep = 2u << 12;
-constexpr uint32_t kCountsStep = 3u << 12;
-constexpr uint32_t kBalanceStep = 4u << 12;
-constexpr uint32_t kGatherStep = 5u << 12;
+constexpr int kSplitPhase = 0;
+constexpr int kRepartitionPhase = 1;
+constexpr int kEvaluatePhase = 2;
+constexpr int kCountsPhase = 3;
+constexpr int kBalancePhase = 4;
+constexpr int kGatherPhase = 5;
 
 std::string EncodeUint32s(const std::vector<uint32_t>& values) {
   std::string out(values.size() * sizeof(uint32_t), '\0');
@@ -150,7 +150,7 @@ absl::Status OkTopk::Repartition(StepRunner& runner,
                          : local.indices[r * m / p];
   }
   GM_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
-                      AllGather(runner, kRepartitionStep, world_,
+                      AllGather(runner, PhaseStep(kRepartitionPhase), world_,
                                 EncodeUint32s(mine), PreferredAllGather(p)));
   std::vector<uint64_t> sums(p - 1, 0);
   for (int q = 0; q < p; ++q) {
@@ -169,9 +169,9 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::SplitAndReduce(
     StepRunner& runner, const sparse::SparseBlock& local) {
   std::vector<sparse::IndexRange> regions;
   for (int r = 0; r < world_size_; ++r) regions.push_back(Region(r));
-  GM_ASSIGN_OR_RETURN(
-      std::vector<sparse::SparseBlock> parts,
-      SplitExchange(runner, kSplitStep, codec_, world_, local, regions));
+  GM_ASSIGN_OR_RETURN(std::vector<sparse::SparseBlock> parts,
+                      SplitExchange(runner, PhaseStep(kSplitPhase), codec_,
+                                    world_, local, regions));
   return SumInOrder(std::move(parts));
 }
 
@@ -179,7 +179,7 @@ absl::Status OkTopk::EvaluateGlobalThreshold(
     StepRunner& runner, const sparse::SparseBlock& reduced) {
   GM_ASSIGN_OR_RETURN(
       std::vector<std::string> gathered,
-      AllGather(runner, kEvaluateStep, world_,
+      AllGather(runner, PhaseStep(kEvaluatePhase), world_,
                 codec_.Encode(reduced, sparse::IndexRange{0, n_}),
                 PreferredAllGather(world_size_)));
   std::vector<float> values;
@@ -196,80 +196,25 @@ absl::Status OkTopk::EvaluateGlobalThreshold(
 absl::StatusOr<sparse::SparseBlock> OkTopk::BalanceAndAllGather(
     StepRunner& runner, sparse::SparseBlock mine, OpStats* stats) {
   const int p = world_size_;
-  const int w = rank_;
   GM_ASSIGN_OR_RETURN(
       std::vector<std::string> gathered_counts,
-      AllGather(runner, kCountsStep, world_,
+      AllGather(runner, PhaseStep(kCountsPhase), world_,
                 EncodeUint32s({static_cast<uint32_t>(mine.size())}),
                 PreferredAllGather(p)));
-  std::vector<uint64_t> offset(p + 1, 0);
-  uint64_t largest = 0;
+  std::vector<uint64_t> counts(p);
   for (int r = 0; r < p; ++r) {
     auto count = DecodeUint32s(gathered_counts[r], 1);
     if (!count.ok()) return PeerError(count.status(), r);
-    offset[r + 1] = offset[r] + (*count)[0];
-    largest = std::max<uint64_t>(largest, (*count)[0]);
+    counts[r] = (*count)[0];
   }
-  const uint64_t total = offset[p];
-  const bool balance = total > 0 && largest * p > 4 * total;
-  stats->SetDetail("balanced", balance);
-
-  sparse::SparseBlock chunk;
-  if (!balance) {
-    chunk = std::move(mine);
-  } else {
-    // Worker j takes global positions [target(j), target(j+1)).
-    auto target = [&](int j) { return j * total / p; };
-    auto overlap = [&](int from, int to) {
-      const uint64_t lo = std::max(offset[from], target(to));
-      const uint64_t hi = std::min(offset[from + 1], target(to + 1));
-      return std::make_pair(lo, std::max(lo, hi));
-    };
-    std::vector<sparse::SparseBlock> pieces(p);
-    const auto [own_lo, own_hi] = overlap(w, w);
-    if (own_hi > own_lo) {
-      pieces[w] = Positions(mine, own_lo - offset[w], own_hi - offset[w]);
-    }
-    for (int s = 1; s < p; ++s) {
-      const int to = (w + s) % p;
-      const int from = (w - s + p) % p;
-      const auto [send_lo, send_hi] = overlap(w, to);
-      const auto [recv_lo, recv_hi] = overlap(from, w);
-      std::vector<std::string> outgoing;
-      if (send_hi > send_lo) {
-        outgoing.push_back(codec_.Encode(
-            Positions(mine, send_lo - offset[w], send_hi - offset[w]),
-            sparse::IndexRange{0, n_}));
-      }
-      const int expected = recv_hi > recv_lo ? 1 : 0;
-      std::vector<std::string> received;
-      if (!outgoing.empty() && expected) {
-        GM_ASSIGN_OR_RETURN(
-            received, runner.Exchange(kBalanceStep + s, to, std::move(outgoing),
-                                      from, 1));
-      } else if (!outgoing.empty()) {
-        GM_RETURN_IF_ERROR(
-            runner.Send(kBalanceStep + s, to, std::move(outgoing)));
-      } else if (expected) {
-        GM_ASSIGN_OR_RETURN(received,
-                            runner.Receive(kBalanceStep + s, from, 1));
-      }
-      if (expected) {
-        auto piece =
-            codec_.Decode(received[0], sparse::IndexRange{0, n_}, stats);
-        if (!piece.ok()) return PeerError(piece.status(), from);
-        if (piece->size() != recv_hi - recv_lo) {
-          return PeerError(absl::InvalidArgumentError("unexpected piece size"),
-                           from);
-        }
-        pieces[from] = *std::move(piece);
-      }
-    }
-    chunk = SumInOrder(std::move(pieces));  // disjoint: a concatenation
+  const Balance balance = PlanBalance(counts);
+  stats->SetDetail("balanced", balance.needed);
+  sparse::SparseBlock chunk = std::move(mine);
+  if (balance.needed) {
+    GM_ASSIGN_OR_RETURN(chunk, Rebalance(runner, balance, chunk, stats));
   }
-
   GM_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
-                      AllGather(runner, kGatherStep, world_,
+                      AllGather(runner, PhaseStep(kGatherPhase), world_,
                                 codec_.Encode(chunk, sparse::IndexRange{0, n_}),
                                 PreferredAllGather(p)));
   sparse::SparseBlock result;
@@ -284,6 +229,52 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::BalanceAndAllGather(
   }
   GM_RETURN_IF_ERROR(sparse::Validate(result, sparse::IndexRange{0, n_}));
   return result;
+}
+
+absl::StatusOr<sparse::SparseBlock> OkTopk::Rebalance(
+    StepRunner& runner, const Balance& balance, const sparse::SparseBlock& mine,
+    OpStats* stats) {
+  const int w = rank_;
+  const uint64_t own = balance.offsets[w];
+  const auto piece_of_mine = [&](PositionRange range) {
+    return Positions(mine, range.begin - own, range.end - own);
+  };
+  std::vector<sparse::SparseBlock> pieces(world_size_);
+  if (const PositionRange keep = balance.Transfer(w, w); keep.size() > 0) {
+    pieces[w] = piece_of_mine(keep);
+  }
+  const std::vector<Step> steps = PlanRotation(world_size_, w);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const uint32_t tag = PhaseStep(kBalancePhase, s + 1);
+    const int to = steps[s].send_to;
+    const int from = steps[s].recv_from;
+    const PositionRange out = balance.Transfer(w, to);
+    const PositionRange in = balance.Transfer(from, w);
+    std::vector<std::string> outgoing;
+    if (out.size() > 0) {
+      outgoing.push_back(
+          codec_.Encode(piece_of_mine(out), sparse::IndexRange{0, n_}));
+    }
+    // One round whichever halves this step has.
+    std::vector<std::string> received;
+    if (!outgoing.empty() && in.size() > 0) {
+      GM_ASSIGN_OR_RETURN(
+          received, runner.Exchange(tag, to, std::move(outgoing), from, 1));
+    } else if (!outgoing.empty()) {
+      GM_RETURN_IF_ERROR(runner.Send(tag, to, std::move(outgoing)));
+    } else if (in.size() > 0) {
+      GM_ASSIGN_OR_RETURN(received, runner.Receive(tag, from, 1));
+    }
+    if (in.size() == 0) continue;
+    auto piece = codec_.Decode(received[0], sparse::IndexRange{0, n_}, stats);
+    if (!piece.ok()) return PeerError(piece.status(), from);
+    if (piece->size() != in.size()) {
+      return PeerError(absl::InvalidArgumentError("unexpected piece size"),
+                       from);
+    }
+    pieces[from] = *std::move(piece);
+  }
+  return SumInOrder(std::move(pieces));  // disjoint: a concatenation
 }
 
 }  // namespace gradmesh::collectives

@@ -43,6 +43,7 @@
 
 #include "worker/collectives/collective.h"
 #include "worker/collectives/primitives.h"
+#include "worker/collectives/schedule.h"
 #include "worker/collectives/wire.h"
 
 namespace gradmesh::collectives {
@@ -77,6 +78,12 @@ class OkTopk : public Collective {
                                        const sparse::SparseBlock& reduced);
   absl::StatusOr<sparse::SparseBlock> BalanceAndAllGather(
       StepRunner& runner, sparse::SparseBlock mine, OpStats* stats);
+  // Moves `mine` (this rank's part of the concatenation) as `balance` says;
+  // returns this rank's balanced chunk.
+  absl::StatusOr<sparse::SparseBlock> Rebalance(StepRunner& runner,
+                                                const Balance& balance,
+                                                const sparse::SparseBlock& mine,
+                                                OpStats* stats);
 
   const int world_size_;
   const int rank_;

@@ -75,13 +75,14 @@ absl::StatusOr<std::vector<sparse::SparseBlock>> SplitExchange(
   GM_CHECK(static_cast<int>(regions.size()) == p);
   std::vector<sparse::SparseBlock> parts(p);
   parts[w] = sparse::Slice(block, regions[w]);
-  for (int s = 1; s < p; ++s) {
-    const int to = (w + s) % p;
-    const int from = (w - s + p) % p;
+  const std::vector<Step> steps = PlanRotation(p, w);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const int to = steps[s].send_to;
+    const int from = steps[s].recv_from;
     GM_ASSIGN_OR_RETURN(
         std::string bytes,
         runner.Exchange(
-            step_base + s - 1, world.ranks[to],
+            step_base + s, world.ranks[to],
             codec.Encode(sparse::Slice(block, regions[to]), regions[to]),
             world.ranks[from]));
     auto part = codec.Decode(bytes, regions[w], runner.stats());

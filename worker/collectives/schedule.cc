@@ -78,4 +78,95 @@ std::vector<int> PlanRecursiveDoubling(int p, int g) {
   return partners;
 }
 
+std::vector<TreeStep> PlanTreeReduce(int p, int w) {
+  GM_CHECK(p >= 1 && w >= 0 && w < p) << p << " " << w;
+  std::vector<TreeStep> steps;
+  for (int t = 0; t < CeilLog2(p); ++t) {
+    const int bit = 1 << t;
+    if (w % (2 * bit) == bit) {
+      steps.push_back({.level = t, .peer = w - bit, .send = true});
+      break;
+    }
+    if (w + bit < p) steps.push_back({.level = t, .peer = w + bit});
+  }
+  return steps;
+}
+
+std::vector<TreeStep> PlanTreeBroadcast(int p, int w) {
+  GM_CHECK(p >= 1 && w >= 0 && w < p) << p << " " << w;
+  std::vector<TreeStep> steps;
+  for (int t = CeilLog2(p) - 1; t >= 0; --t) {
+    const int bit = 1 << t;
+    if (w % (2 * bit) == 0) {
+      if (w + bit < p) {
+        steps.push_back({.level = t, .peer = w + bit, .send = true});
+      }
+    } else if (w % (2 * bit) == bit) {
+      steps.push_back({.level = t, .peer = w - bit});
+    }
+  }
+  return steps;
+}
+
+namespace {
+
+// Ring steps s = 0..p-2: send block `first_send - s`, receive the one before.
+std::vector<Step> PlanRing(int p, int w, int first_send) {
+  GM_CHECK(p >= 1 && w >= 0 && w < p) << p << " " << w;
+  std::vector<Step> steps;
+  for (int s = 0; s + 1 < p; ++s) {
+    steps.push_back({.send_to = Mod(w + 1, p),
+                     .recv_from = Mod(w - 1, p),
+                     .send = {Mod(first_send - s, p), 1},
+                     .recv = {Mod(first_send - s - 1, p), 1}});
+  }
+  return steps;
+}
+
+}  // namespace
+
+std::vector<Step> PlanRingReduceScatter(int p, int w) {
+  return PlanRing(p, w, w);
+}
+
+std::vector<Step> PlanRingAllGather(int p, int w) {
+  return PlanRing(p, w, w + 1);
+}
+
+std::vector<Step> PlanRotation(int p, int w) {
+  GM_CHECK(p >= 1 && w >= 0 && w < p) << p << " " << w;
+  std::vector<Step> steps;
+  for (int s = 1; s < p; ++s) {
+    steps.push_back({.send_to = Mod(w + s, p),
+                     .recv_from = Mod(w - s, p),
+                     .send = {Mod(w + s, p), 1},
+                     .recv = {w, 1}});
+  }
+  return steps;
+}
+
+Balance PlanBalance(const std::vector<uint64_t>& counts) {
+  Balance balance;
+  balance.offsets.assign(counts.size() + 1, 0);
+  uint64_t largest = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    balance.offsets[r + 1] = balance.offsets[r] + counts[r];
+    largest = std::max(largest, counts[r]);
+  }
+  const uint64_t total = balance.total();
+  balance.needed = total > 0 && largest * counts.size() > 4 * total;
+  return balance;
+}
+
+PositionRange Balance::Transfer(int from, int to) const {
+  const uint64_t p = offsets.size() - 1;
+  GM_CHECK(from >= 0 && to >= 0 &&
+           static_cast<uint64_t>(std::max(from, to)) < p)
+      << from << " " << to;
+  const auto target = [&](uint64_t j) { return j * total() / p; };
+  const uint64_t lo = std::max(offsets[from], target(to));
+  const uint64_t hi = std::min(offsets[from + 1], target(to + 1));
+  return {lo, std::max(lo, hi)};
+}
+
 }  // namespace gradmesh::collectives

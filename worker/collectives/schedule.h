@@ -27,6 +27,35 @@
 //
 // Recursive doubling (R-SAG): at step t, group member g exchanges with
 // g XOR 2^t; log2(p) steps, p a power of two.
+//
+// Binomial tree (gTopk), p = 6, levels = ceil(log2 p) = 3:
+//
+//   level 0:  1 -> 0   3 -> 2   5 -> 4        (w % 2 == 1 sends to w - 1)
+//   level 1:  2 -> 0            6 absent      (w % 4 == 2 sends to w - 2)
+//   level 2:  4 -> 0                          (w % 8 == 4 sends to w - 4)
+//
+// Reduce: a position receives from w + 2^t at every level t below the one
+// where it sends to its parent (the root never sends). Broadcast runs the
+// same edges from the top level down, in the other direction.
+//
+// Ring (dense all-reduce), p positions, w sends to w+1, receives from w-1:
+// reduce-scatter step s (0..p-2) sends block w-s and receives block w-s-1,
+// so after p-1 steps w holds the sum of block w+1; all-gather step s sends
+// block w+1-s and receives block w-s.
+//
+// Rotation (SparCML's split, Ok-Topk): step s (1..p-1) sends to w+s and
+// receives from w-s, so that no position is the target of two senders at
+// once.
+//
+// Ok-Topk's balance: ranks hold counts[r] values, concatenated in rank order;
+// when the largest count passes 4x the mean, rank j ends with positions
+// [j*total/p, (j+1)*total/p) of the concatenation, each moved by the
+// rotation from the rank that holds it.
+//
+// Tag spaces: every message of one operation is tagged with a step number;
+// an algorithm's phases number their steps from PhaseStep(phase, 0), each
+// phase kPhaseSteps apart, so no schedule may take more than kPhaseSteps
+// steps in a phase.
 #ifndef GRADMESH_WORKER_COLLECTIVES_SCHEDULE_H_
 #define GRADMESH_WORKER_COLLECTIVES_SCHEDULE_H_
 
@@ -74,6 +103,63 @@ std::vector<Step> PlanBruckAllGather(int p, int w);
 
 // The partner of member g at each recursive-doubling step (p a power of two).
 std::vector<int> PlanRecursiveDoubling(int p, int g);
+
+// Steps of one phase of an operation: a phase takes at most this many, so a
+// world holds at most this many workers (a ring or rotation phase takes
+// p - 1 steps).
+inline constexpr uint32_t kPhaseSteps = 1u << 12;
+
+// The tag step of `step` in phase `phase` (phases 0, 1, 2, ... of one
+// algorithm's operation).
+constexpr uint32_t PhaseStep(int phase, uint32_t step = 0) {
+  return static_cast<uint32_t>(phase) * kPhaseSteps + step;
+}
+
+// One edge of a binomial tree, as one position sees it.
+struct TreeStep {
+  int level = 0;  // the tag step within the phase
+  int peer = 0;
+  bool send = false;  // false: receive from peer
+  friend bool operator==(const TreeStep&, const TreeStep&) = default;
+};
+
+// The reduce steps of position w in a tree of p (p >= 1), in order: receive
+// from each child, then (unless w is the root 0) send to the parent.
+std::vector<TreeStep> PlanTreeReduce(int p, int w);
+
+// The broadcast steps of position w, root 0: receive from the parent, then
+// send to each child, the farthest first.
+std::vector<TreeStep> PlanTreeBroadcast(int p, int w);
+
+// The ring's steps of position w (p >= 1): send_to w+1, recv_from w-1, one
+// block each way (BlockRun count 1). p - 1 steps each.
+std::vector<Step> PlanRingReduceScatter(int p, int w);
+std::vector<Step> PlanRingAllGather(int p, int w);
+
+// The rotation's steps of position w: step s (1..p-1, at index s-1) sends
+// to w+s and receives from w-s; send = {w+s, 1} (the destination's block),
+// recv = {w, 1}.
+std::vector<Step> PlanRotation(int p, int w);
+
+// Positions [begin, end) of a concatenation.
+struct PositionRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t size() const { return end - begin; }
+  friend bool operator==(const PositionRange&, const PositionRange&) = default;
+};
+
+// Ok-Topk's balance of the concatenation of counts[0..p-1].
+struct Balance {
+  std::vector<uint64_t> offsets;  // p + 1 prefix sums of the counts
+  bool needed = false;            // the largest count passes 4x the mean
+
+  uint64_t total() const { return offsets.back(); }
+  // The positions that rank `from` sends to rank `to` when balancing (from
+  // == to: what it keeps); empty when they share none.
+  PositionRange Transfer(int from, int to) const;
+};
+Balance PlanBalance(const std::vector<uint64_t>& counts);
 
 // d teams of P/d consecutive ranks: rank = team * team_size + position.
 // Consecutive ranks share a team, so the heavier in-team traffic (SRS and

@@ -16,9 +16,9 @@ namespace gradmesh::collectives {
 namespace {
 
 // Tag steps of the three phases, so their messages can never mix.
-constexpr uint32_t kSrsStep = 0;
-constexpr uint32_t kSagStep = 1u << 12;
-constexpr uint32_t kGatherStep = 2u << 12;
+constexpr int kSrsPhase = 0;
+constexpr int kSagPhase = 1;
+constexpr int kGatherPhase = 2;
 
 std::vector<sparse::IndexRange> RunRanges(
     const std::vector<sparse::IndexRange>& ranges, BlockRun run) {
@@ -150,8 +150,9 @@ absl::Status SparDl::SparReduceScatter(StepRunner& runner) {
     }
     std::vector<const sparse::SparseBlock*> bag_view;
     for (const sparse::SparseBlock& block : bag) bag_view.push_back(&block);
-    GM_ASSIGN_OR_RETURN(std::vector<sparse::SparseBlock> received,
-                        ExchangeInTeam(runner, kSrsStep + s, step, bag_view));
+    GM_ASSIGN_OR_RETURN(
+        std::vector<sparse::SparseBlock> received,
+        ExchangeInTeam(runner, PhaseStep(kSrsPhase, s), step, bag_view));
     for (const sparse::SparseBlock& block : received) {
       sparse::ScatterAdd(block, absl::MakeSpan(work_));
     }
@@ -165,9 +166,9 @@ absl::Status SparDl::RecursiveSag(StepRunner& runner) {
   sparse::SparseBlock dropped;
   for (size_t t = 0; t < partners.size(); ++t) {
     const int peer = layout_.rank_of(partners[t], position_);
-    GM_ASSIGN_OR_RETURN(
-        std::string bytes,
-        runner.Exchange(kSagStep + t, peer, codec_.Encode(own_, range), peer));
+    GM_ASSIGN_OR_RETURN(std::string bytes,
+                        runner.Exchange(PhaseStep(kSagPhase, t), peer,
+                                        codec_.Encode(own_, range), peer));
     auto received = codec_.Decode(bytes, range, runner.stats());
     if (!received.ok()) return PeerError(received.status(), peer);
     const sparse::SparseBlock sum = team_ < partners[t]
@@ -196,7 +197,7 @@ absl::Status SparDl::BruckSag(StepRunner& runner, OpStats* stats) {
     teams.ranks.push_back(layout_.rank_of(t, position_));
   teams.position = team_;
   GM_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
-                      AllGather(runner, kSagStep, teams,
+                      AllGather(runner, PhaseStep(kSagPhase), teams,
                                 codec_.Encode(team_blocks[team_], range),
                                 AllGatherKind::kBruck));
   for (int t = 0; t < d; ++t) {
@@ -230,7 +231,7 @@ absl::StatusOr<sparse::SparseBlock> SparDl::TeamAllGather(StepRunner& runner) {
     }
     GM_ASSIGN_OR_RETURN(
         std::vector<sparse::SparseBlock> received,
-        ExchangeInTeam(runner, kGatherStep + s, step, outgoing));
+        ExchangeInTeam(runner, PhaseStep(kGatherPhase, s), step, outgoing));
     for (int i = 0; i < step.recv.count; ++i) {
       blocks[(step.recv.first + i) % p] = std::move(received[i]);
     }

@@ -16,8 +16,8 @@
 namespace gradmesh::collectives {
 namespace {
 
-constexpr uint32_t kSplitStep = 0;
-constexpr uint32_t kAllGatherStep = 1u << 12;
+constexpr int kSplitPhase = 0;
+constexpr int kAllGatherPhase = 1;
 constexpr char kSparse = 0;
 constexpr char kDense = 1;
 constexpr char kQuantized = 2;
@@ -149,7 +149,7 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
   std::vector<sparse::IndexRange> partitions;
   for (int r = 0; r < p; ++r) partitions.push_back(BlockRange(n_, p, r));
   GM_ASSIGN_OR_RETURN(std::vector<sparse::SparseBlock> parts,
-                      SplitExchange(runner, kSplitStep, codec_,
+                      SplitExchange(runner, PhaseStep(kSplitPhase), codec_,
                                     Group::World(p, w), selected, partitions));
   Stream stream;
   for (const sparse::SparseBlock& part : parts) {
@@ -174,7 +174,7 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
                         (static_cast<uint64_t>(w) << 40);
   GM_ASSIGN_OR_RETURN(
       std::vector<std::string> gathered,
-      AllGather(runner, kAllGatherStep, Group::World(p, w),
+      AllGather(runner, PhaseStep(kAllGatherPhase), Group::World(p, w),
                 EncodeStream(stream, mine, codec_, quantize_bits_, seed,
                              &quantization_error),
                 PreferredAllGather(p)));

@@ -1,5 +1,7 @@
 #include "worker/collectives/schedule.h"
 
+#include <algorithm>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -203,6 +205,178 @@ TEST(ScheduleTest, TeamLayoutIsConsecutive) {
   for (int r = 0; r < 12; ++r) {
     EXPECT_EQ(layout.rank_of(layout.team_of(r), layout.position_of(r)), r);
   }
+}
+
+// Group sizes for the O(p^2) checks: every p to 64, then larger and odd ones
+// up to the limit.
+std::vector<int> QuadraticSizes() {
+  std::vector<int> sizes;
+  for (int p = 1; p <= 64; ++p) sizes.push_back(p);
+  for (int p : {100, 127, 255, 256, 257, 511, 1000, 1023, kMaxGroup}) {
+    sizes.push_back(p);
+  }
+  return sizes;
+}
+
+TEST(ScheduleTest, TreeReduceGathersEveryPositionAtTheRootUpTo1024) {
+  for (int p = 1; p <= kMaxGroup; ++p) {
+    std::vector<std::vector<TreeStep>> plans(p);
+    for (int w = 0; w < p; ++w) plans[w] = PlanTreeReduce(p, w);
+    // holds[w]: how many positions' values w has summed so far.
+    std::vector<int> holds(p, 1);
+    std::vector<bool> sent(p, false);
+    for (int t = 0; t < CeilLog2(p); ++t) {
+      for (int w = 0; w < p; ++w) {
+        for (const TreeStep& step : plans[w]) {
+          if (step.level != t || !step.send) continue;
+          ASSERT_FALSE(sent[w]) << p << " " << w;
+          ASSERT_THAT(plans[step.peer],
+                      ::testing::Contains(TreeStep{.level = t, .peer = w}))
+              << p << " " << w;
+          holds[step.peer] += holds[w];
+          sent[w] = true;
+        }
+      }
+    }
+    ASSERT_EQ(holds[0], p) << p;
+    for (int w = 0; w < p; ++w) {
+      ASSERT_EQ(sent[w], w != 0) << p << " " << w;
+      // Receives come before the one send.
+      for (size_t i = 0; i + 1 < plans[w].size(); ++i) {
+        ASSERT_FALSE(plans[w][i].send);
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, TreeBroadcastReachesEveryPositionOnceUpTo1024) {
+  for (int p = 1; p <= kMaxGroup; ++p) {
+    std::vector<std::vector<TreeStep>> plans(p);
+    for (int w = 0; w < p; ++w) plans[w] = PlanTreeBroadcast(p, w);
+    std::vector<int> received(p, 0);
+    std::vector<bool> has(p, false);
+    has[0] = true;
+    for (int t = CeilLog2(p) - 1; t >= 0; --t) {
+      for (int w = 0; w < p; ++w) {
+        for (const TreeStep& step : plans[w]) {
+          if (step.level != t || !step.send) continue;
+          ASSERT_TRUE(has[w]) << p << " " << w;
+          ASSERT_THAT(plans[step.peer],
+                      ::testing::Contains(TreeStep{.level = t, .peer = w}));
+          has[step.peer] = true;
+          ++received[step.peer];
+        }
+      }
+    }
+    for (int w = 0; w < p; ++w) {
+      ASSERT_TRUE(has[w]) << p << " " << w;
+      ASSERT_EQ(received[w], w == 0 ? 0 : 1) << p << " " << w;
+    }
+  }
+}
+
+TEST(ScheduleTest, RingSumsEveryBlockThenGathersIt) {
+  for (int p : QuadraticSizes()) {
+    std::vector<std::vector<Step>> reduce(p), gather(p);
+    for (int w = 0; w < p; ++w) {
+      reduce[w] = PlanRingReduceScatter(p, w);
+      gather[w] = PlanRingAllGather(p, w);
+      ASSERT_EQ(static_cast<int>(reduce[w].size()), p - 1);
+    }
+    // count[w][b]: contributions to block b that w holds.
+    std::vector<std::vector<int>> count(p, std::vector<int>(p, 1));
+    for (int s = 0; s + 1 < p; ++s) {
+      std::vector<int> arriving(p);  // at out.send_to, from w
+      for (int w = 0; w < p; ++w) {
+        const Step& out = reduce[w][s];
+        const Step& in = reduce[out.send_to][s];
+        ASSERT_EQ(in.recv_from, w);
+        ASSERT_EQ(in.recv, out.send);
+        arriving[w] = count[w][out.send.first];
+      }
+      for (int w = 0; w < p; ++w) {
+        const Step& out = reduce[w][s];
+        count[out.send_to][out.send.first] += arriving[w];
+      }
+    }
+    // Position w then owns the whole sum of block w + 1.
+    std::vector<std::vector<bool>> whole(p, std::vector<bool>(p, false));
+    for (int w = 0; w < p; ++w) {
+      ASSERT_EQ(count[w][Mod(w + 1, p)], p) << p << " " << w;
+      whole[w][Mod(w + 1, p)] = true;
+    }
+    for (int s = 0; s + 1 < p; ++s) {
+      for (int w = 0; w < p; ++w) {
+        const Step& out = gather[w][s];
+        const Step& in = gather[out.send_to][s];
+        ASSERT_EQ(in.recv_from, w);
+        ASSERT_EQ(in.recv, out.send);
+        ASSERT_TRUE(whole[w][out.send.first]) << p << " " << w << " " << s;
+      }
+      for (int w = 0; w < p; ++w) {
+        whole[gather[w][s].send_to][gather[w][s].send.first] = true;
+      }
+    }
+    for (int w = 0; w < p; ++w) {
+      ASSERT_THAT(whole[w], ::testing::Each(true)) << p << " " << w;
+    }
+  }
+}
+
+TEST(ScheduleTest, RotationPairsEveryTwoPositionsOnce) {
+  for (int p : QuadraticSizes()) {
+    std::vector<std::vector<Step>> plans(p);
+    for (int w = 0; w < p; ++w) plans[w] = PlanRotation(p, w);
+    for (int w = 0; w < p; ++w) {
+      ASSERT_EQ(static_cast<int>(plans[w].size()), p - 1);
+      std::set<int> targets;
+      for (size_t s = 0; s < plans[w].size(); ++s) {
+        const Step& step = plans[w][s];
+        ASSERT_EQ(plans[step.send_to][s].recv_from, w);
+        ASSERT_EQ(step.send.first, step.send_to);
+        targets.insert(step.send_to);
+      }
+      ASSERT_EQ(static_cast<int>(targets.size()), p - 1);
+      ASSERT_FALSE(targets.contains(w));
+    }
+  }
+}
+
+TEST(ScheduleTest, BalanceMovesEveryPositionToItsTargetOnce) {
+  std::mt19937 rng(7);
+  for (int p : QuadraticSizes()) {
+    for (int trial = 0; trial < 3; ++trial) {
+      std::vector<uint64_t> counts(p);
+      for (uint64_t& c : counts) c = rng() % 50;
+      if (trial == 1) counts[rng() % p] += 400 * static_cast<uint64_t>(p);
+      if (trial == 2) std::fill(counts.begin(), counts.end(), 0);
+      const Balance balance = PlanBalance(counts);
+      const uint64_t total = balance.total();
+      uint64_t largest = 0;
+      for (uint64_t c : counts) largest = std::max(largest, c);
+      ASSERT_EQ(balance.needed, total > 0 && largest * p > 4 * total);
+      for (int to = 0; to < p; ++to) {
+        uint64_t next = to * total / p;  // what `to` must receive next
+        for (int from = 0; from < p; ++from) {
+          const PositionRange range = balance.Transfer(from, to);
+          if (range.size() == 0) continue;
+          ASSERT_EQ(range.begin, next) << p << " " << from << " " << to;
+          ASSERT_GE(range.begin, balance.offsets[from]);
+          ASSERT_LE(range.end, balance.offsets[from + 1]);
+          next = range.end;
+        }
+        ASSERT_EQ(next, (to + 1) * total / p) << p << " " << to;
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, PhasesHaveDisjointTagSpaces) {
+  EXPECT_EQ(PhaseStep(0), 0u);
+  EXPECT_EQ(PhaseStep(1), kPhaseSteps);
+  EXPECT_EQ(PhaseStep(2, 5), 2 * kPhaseSteps + 5);
+  // The longest phase, a ring or a rotation of the largest world, fits.
+  EXPECT_LE(PlanRotation(kMaxGroup, 0).size(), kPhaseSteps);
 }
 
 }  // namespace
