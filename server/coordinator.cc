@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "worker/collectives/plan.h"
+#include "worker/collectives/registry.h"
 #include "worker/transport/transport.h"
 
 namespace gradmesh::server {

@@ -4,13 +4,10 @@
 #include <cmath>
 
 #include "common/status_macros.h"
-#include "worker/collectives/plan.h"
-#include "worker/collectives/schedule.h"
+#include "worker/collectives/registry.h"
 
 namespace gradmesh::server {
 namespace {
-
-constexpr double kBytesPerValue = 8;  // 4-byte index + 4-byte value
 
 // The fit is refused when the samples' (rounds, bytes) columns are this close
 // to parallel: det <= kMinSinSquared * |rounds|^2 |bytes|^2.
@@ -19,24 +16,9 @@ constexpr double kMinSinSquared = 1e-6;
 }  // namespace
 
 CommCost SparDlCost(int world_size, int teams, uint64_t n, double density) {
-  GM_CHECK(world_size >= 1 && teams >= 1 && world_size % teams == 0)
-      << "P=" << world_size << " d=" << teams;
-  const double p_workers = world_size;
-  const double d = teams;
-  const double k = static_cast<double>(collectives::SelectionSize(n, density));
-  const int team_size = world_size / teams;
-
-  // SRS and the final Bruck all-gather each receive the team's other blocks.
-  double values = 2 * k * (p_workers - d) / p_workers;
-  int rounds = 2 * collectives::CeilLog2(team_size);
-  if (teams > 1) {
-    const int sag_rounds = collectives::CeilLog2(teams);  // = log2 d for R-SAG
-    rounds += sag_rounds;
-    values += collectives::IsPowerOfTwo(teams)
-                  ? d * k / p_workers * sag_rounds  // R-SAG
-                  : (d - 1) * k / p_workers;        // B-SAG at h = k/P
-  }
-  return {.rounds = rounds, .bytes = kBytesPerValue * values};
+  const collectives::FormulaCost cost =
+      collectives::FindAlgorithm("spardl")->cost(world_size, teams, n, density);
+  return {.rounds = cost.rounds, .bytes = cost.model_bytes};
 }
 
 double ModelSeconds(const CommCost& cost, const LinkModel& link) {

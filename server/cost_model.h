@@ -51,8 +51,9 @@ struct CommCost {
 };
 
 // SparDL's cost for `teams` (d) teams over `world_size` (P) workers and a
-// gradient of n values, per the formula above. d must divide P (checked: the
-// caller picks d from ValidTeamCounts).
+// gradient of n values, per the formula above: the table of algorithms'
+// spardl entry (collectives/registry.h) at its model point. d must divide P
+// (checked: the caller picks d from ValidTeamCounts).
 CommCost SparDlCost(int world_size, int teams, uint64_t n, double density);
 
 // rounds * alpha + bytes * beta.

@@ -15,11 +15,14 @@
 #include "server/cost_model.h"
 #include "tests/tools/sim_cases.h"
 #include "tools/gradmesh/sim.h"
-#include "tools/gradmesh/table_one.h"
+#include "worker/collectives/registry.h"
 #include "worker/collectives/schedule.h"
 
 namespace gradmesh::tools {
 namespace {
+
+using collectives::FormulaCost;
+using collectives::TableOneCost;
 
 using collectives::CeilLog2;
 

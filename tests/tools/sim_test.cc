@@ -8,10 +8,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/tools/sim_cases.h"
-#include "tools/gradmesh/table_one.h"
+#include "worker/collectives/registry.h"
 
 namespace gradmesh::tools {
 namespace {
+
+using collectives::FormulaCost;
+using collectives::TableOneCost;
 
 // ---- Scaling and the clock ----
 

@@ -28,21 +28,9 @@ struct WorkerIteration {
   uint64_t bytes_received = 0;  // real, unscaled
 };
 
-bool GathersEveryWorker(const std::string& algorithm) {
-  return algorithm == "topka" || algorithm == "gaussiank";
-}
-
-// The smallest selection an algorithm makes at n values: SparDL's blocks of
-// dk/P, the whole k where a worker selects once (TopkA, gTopk), and the
-// partitions' k/P elsewhere; the dense ring selects nothing (n).
-double BlockQuota(const SimCase& c, uint64_t n) {
-  const std::string& algorithm = c.algorithm.algorithm;
-  const double k =
-      static_cast<double>(collectives::SelectionSize(n, c.algorithm.density));
-  if (algorithm == "dense") return static_cast<double>(n);
-  if (algorithm == "spardl") return k * c.algorithm.teams / c.workers;
-  if (GathersEveryWorker(algorithm) || algorithm == "gtopk") return k;
-  return k / c.workers;
+// The table's entry of c's algorithm (ValidateCase has checked the name).
+const collectives::AlgorithmEntry& EntryOf(const SimCase& c) {
+  return *collectives::FindAlgorithm(c.algorithm.algorithm);
 }
 
 // One worker: a fresh gradient each iteration, then one all-reduce between
@@ -91,7 +79,9 @@ SimResult Summarize(const SimCase& c, uint64_t n,
                     const std::vector<std::vector<WorkerIteration>>& runs) {
   SimResult result{.simulated_n = n,
                    .scale = static_cast<double>(c.n) / static_cast<double>(n)};
-  result.min_block_quota = BlockQuota(c, n);
+  result.min_block_quota = EntryOf(c).smallest_selection(
+      c.workers, c.algorithm.teams, n,
+      static_cast<double>(collectives::SelectionSize(n, c.algorithm.density)));
   for (int t = 0; t < c.iterations; ++t) {
     const WorkerIteration* slowest = &runs[0][t];
     double max_bytes = 0, sum_bytes = 0;
@@ -208,7 +198,7 @@ absl::Status ValidateCase(const SimCase& c) {
 uint64_t SimulatedValues(const SimCase& c) {
   // Values a worker holds per value of n.
   double per_value = 3;
-  if (GathersEveryWorker(c.algorithm.algorithm)) {
+  if (EntryOf(c).gathers_every_worker) {
     per_value += 2 * c.workers * c.algorithm.density;
   }
   const double fits =

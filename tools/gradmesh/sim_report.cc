@@ -13,9 +13,12 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "server/cost_model.h"
-#include "tools/gradmesh/table_one.h"
+#include "worker/collectives/registry.h"
 
 namespace gradmesh::tools {
+
+using collectives::FormulaCost;
+using collectives::TableOneCost;
 namespace {
 
 struct CaseReport {

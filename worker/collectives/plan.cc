@@ -7,11 +7,6 @@
 
 namespace gradmesh::collectives {
 
-std::vector<std::string> AlgorithmNames() {
-  return {"spardl", "dense",  "topka",    "topkdsa",
-          "gtopk",  "oktopk", "gaussiank"};
-}
-
 uint64_t SelectionSize(uint64_t n, double density) {
   if (n == 0) return 0;
   const long long k = std::llround(density * static_cast<double>(n));

@@ -1,7 +1,6 @@
-// What a plan names, apart from the algorithms' code: the algorithm names,
-// the selection size k for a density, and the wire format of sparse blocks.
-// The coordinator checks and models plans with these alone; the daemons and
-// the algorithms (collectives) build on them.
+// What a plan names, apart from the algorithms' code: the selection size k
+// for a density and the wire format of sparse blocks. The algorithms
+// themselves are in the table of registry.h.
 #ifndef GRADMESH_WORKER_COLLECTIVES_PLAN_H_
 #define GRADMESH_WORKER_COLLECTIVES_PLAN_H_
 
@@ -15,9 +14,6 @@
 #include "worker/sparse/codec.h"
 
 namespace gradmesh::collectives {
-
-// The algorithms CreateCollective (registry.h) knows.
-std::vector<std::string> AlgorithmNames();
 
 // k for a density: round(density * n), at least 1 when n > 0, at most n.
 uint64_t SelectionSize(uint64_t n, double density);

@@ -549,9 +549,10 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
   out.tensors = bucket.tensor_starts.size();
   out.tensors_missing = collectives::CountMissingTensors(
       bucket.tensor_starts, bucket.layout.n, *result);
+  const collectives::AlgorithmEntry* entry =
+      collectives::FindAlgorithm(out.plan.algorithm);
   Record(out, g,
-         bucket.per_tensor_quota &&
-             collectives::AppliesTensorQuotas(out.plan.algorithm));
+         bucket.per_tensor_quota && entry != nullptr && entry->tensor_quotas);
   if (hooks_.on_success) hooks_.on_success(out);
   return out;
 }
@@ -783,10 +784,11 @@ void DataPlane::Record(const ReduceResult& result, const Group& group,
   const std::string& algorithm = result.plan.algorithm;
   m.operations_ok().Increment();
   m.operation_seconds(algorithm).Observe(result.seconds);
-  // A ring reduce-scatter + all-gather sends 2 (P - 1) / P of the float32s.
-  const double members = group.size();
-  m.dense_ring_bytes().Increment(2.0 * (members - 1) / members * 4.0 *
-                                 static_cast<double>(result.values));
+  // The yardstick: the dense ring's cost formula for the same values.
+  m.dense_ring_model_bytes().Increment(
+      collectives::FindAlgorithm("dense")
+          ->cost(group.size(), 1, result.values, 1.0)
+          .model_bytes);
   m.topk_seconds(algorithm).Observe(stats.topk_seconds);
   {
     // Bytes per peer: what the group's transport counted since the last

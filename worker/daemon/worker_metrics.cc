@@ -124,13 +124,15 @@ WorkerMetrics::WorkerMetrics()
                       "changed under them")
                   .Register(r)
                   .Add({});
-  dense_ring_bytes_ = &BuildCounter()
-                           .Name("gradmesh_worker_dense_ring_bytes_total")
-                           .Help(
-                               "Bytes a dense ring all-reduce would have sent "
-                               "for the same successful all-reduces")
-                           .Register(r)
-                           .Add({});
+  dense_ring_model_bytes_ =
+      &BuildCounter()
+           .Name("gradmesh_worker_dense_ring_model_bytes_total")
+           .Help(
+               "Bytes a dense ring all-reduce of the same "
+               "successful all-reduces would move, by its "
+               "cost formula (not measured)")
+           .Register(r)
+           .Add({});
   // Every outcome and refusal starts at 0, so that rates and alerts over
   // them have a series before the first error.
   for (int code = 0; code <= 16; ++code) {

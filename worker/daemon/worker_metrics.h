@@ -4,8 +4,9 @@
 //   gradmesh_worker_topk_seconds{algorithm}             histogram
 //   gradmesh_worker_bytes_sent_total{peer}              counter (payload)
 //   gradmesh_worker_bytes_received_total{peer}          counter (payload)
-//   gradmesh_worker_dense_ring_bytes_total              counter: what a dense
-//       ring all-reduce would have sent for the same all-reduces
+//   gradmesh_worker_dense_ring_model_bytes_total        counter: what a dense
+//       ring all-reduce of the same all-reduces would move, by the dense
+//       entry's cost formula (collectives/registry.h), not measured
 //   gradmesh_worker_nonzeros{phase}                     gauge: srs, sag, result
 //   gradmesh_worker_residual_norm{buffer}               gauge (L2, at scrape)
 //   gradmesh_worker_bsag_h                              gauge (B-SAG's h)
@@ -86,7 +87,9 @@ class WorkerMetrics {
   prometheus::Counter& retries() { return *retries_; }
   prometheus::Counter& unresolved() { return *unresolved_; }
   prometheus::Counter& mismatches() { return *mismatches_; }
-  prometheus::Counter& dense_ring_bytes() { return *dense_ring_bytes_; }
+  prometheus::Counter& dense_ring_model_bytes() {
+    return *dense_ring_model_bytes_;
+  }
   prometheus::Counter& operations_ok() { return *operations_ok_; }
 
  private:
@@ -114,7 +117,7 @@ class WorkerMetrics {
   prometheus::Counter* retries_;
   prometheus::Counter* unresolved_;
   prometheus::Counter* mismatches_;
-  prometheus::Counter* dense_ring_bytes_;
+  prometheus::Counter* dense_ring_model_bytes_;
   prometheus::Counter* operations_ok_;  // operations("OK"), per success
   absl::Mutex norms_mu_;
   std::vector<std::string> norm_buffers_ ABSL_GUARDED_BY(norms_mu_);

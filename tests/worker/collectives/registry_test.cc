@@ -1,0 +1,71 @@
+// The table of algorithms: every entry is reachable by name, honours what it
+// says it honours (and refuses the rest), and its cost is a consistent range.
+// The formulas' figures are checked against the schedules per algorithm in
+// baselines_test, spardl_test, sim_test and coordinator_test.
+#include "worker/collectives/registry.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradmesh::collectives {
+namespace {
+
+TEST(RegistryTest, EveryEntryIsFoundByItsUniqueName) {
+  std::set<std::string> names;
+  for (const AlgorithmEntry& entry : Algorithms()) {
+    EXPECT_TRUE(names.insert(std::string(entry.name)).second) << entry.name;
+    EXPECT_EQ(FindAlgorithm(entry.name), &entry);
+    EXPECT_NE(entry.create, nullptr) << entry.name;
+    EXPECT_NE(entry.smallest_selection, nullptr) << entry.name;
+  }
+  EXPECT_EQ(AlgorithmNames().size(), names.size());
+  EXPECT_EQ(AlgorithmNames()[0], "spardl");
+  EXPECT_EQ(FindAlgorithm("allreduce"), nullptr);
+  const auto unknown = CreateCollective({.algorithm = "allreduce"}, 4, 0, 100);
+  EXPECT_TRUE(absl::IsInvalidArgument(unknown.status()));
+  EXPECT_THAT(std::string(unknown.status().message()),
+              ::testing::HasSubstr("spardl"));
+}
+
+TEST(RegistryTest, EntriesHonourTeamsAndQuantizationAsTheySay) {
+  for (const AlgorithmEntry& entry : Algorithms()) {
+    SCOPED_TRACE(entry.name);
+    const std::string name(entry.name);
+    EXPECT_EQ(CreateCollective({.algorithm = name, .teams = 2}, 4, 0, 100).ok(),
+              entry.teams);
+    EXPECT_EQ(
+        CreateCollective({.algorithm = name, .quantize_bits = 4}, 4, 0, 100)
+            .ok(),
+        entry.quantizes);
+    EXPECT_TRUE(CreateCollective({.algorithm = name}, 4, 0, 100).ok());
+  }
+}
+
+TEST(RegistryTest, CostsCoverModelPointsInsideTheirRanges) {
+  for (const AlgorithmEntry& entry : Algorithms()) {
+    if (entry.cost == nullptr) continue;
+    for (int p : {1, 2, 6, 8, 12}) {
+      for (int teams = 1; teams <= p; ++teams) {
+        if (p % teams != 0 || (teams > 1 && !entry.teams)) continue;
+        SCOPED_TRACE(absl::StrCat(entry.name, " P=", p, " d=", teams));
+        const FormulaCost cost = entry.cost(p, teams, 100000, 0.01);
+        EXPECT_LE(cost.min_bytes, cost.model_bytes);
+        EXPECT_LE(cost.model_bytes, cost.max_bytes);
+        EXPECT_GE(cost.rounds, 0);
+      }
+    }
+  }
+  // SparDL is exact where Table I is (d = 1, d a power of two), a range with
+  // B-SAG.
+  EXPECT_TRUE(TableOneCost("spardl", 8, 2, 100000, 0.01)->exact());
+  EXPECT_FALSE(TableOneCost("spardl", 6, 3, 100000, 0.01)->exact());
+  EXPECT_FALSE(TableOneCost("gaussiank", 8, 1, 100000, 0.01).has_value());
+}
+
+}  // namespace
+}  // namespace gradmesh::collectives
