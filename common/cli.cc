@@ -65,8 +65,9 @@ std::string Wrap(absl::string_view text, int indent, size_t width) {
   std::string out(help.usage.empty() ? absl::ProgramUsageMessage()
                                      : absl::string_view(help.usage));
   absl::StrAppend(&out,
-                  "\n\nflags (each may also come from the environment as ",
-                  env_prefix, "<NAME>):\n");
+                  "\n\nflags (each may also come from the environment: "
+                  "--some-flag as ",
+                  env_prefix, "SOME_FLAG):\n");
   for (const absl::CommandLineFlag* flag : flags) {
     const std::string value = flag->DefaultValue();
     absl::StrAppend(
@@ -88,7 +89,10 @@ std::vector<std::string> ParseFlags(int argc, char** argv,
   absl::flat_hash_set<std::string> given;
   for (std::string& arg : normalized) {
     if (arg == "--") break;
-    if (arg == "--help" || arg == "-h") PrintHelpAndExit(help, env_prefix);
+    if (arg == "-h" || absl::StartsWith(arg, "--help") ||
+        absl::StartsWith(arg, "-help")) {
+      PrintHelpAndExit(help, env_prefix);
+    }
     if (!absl::StartsWith(arg, "--")) continue;
     const size_t end = std::min(arg.find('='), arg.size());
     for (size_t i = 2; i < end; ++i) {

@@ -28,8 +28,9 @@ struct FlagsHelp {
 
 // Parses, exits with status 2 on a bad flag or environment value (one line
 // on stderr), and returns the positional arguments, argv[0] first. --help or
-// -h (before any "--") prints `help` on stdout, every flag spelled with
-// dashes with its default and its text, and exits 0.
+// -h (or Abseil's --helpfull and the like; before any "--") prints `help` on
+// stdout, every flag spelled with dashes with its default and its text, and
+// exits 0.
 std::vector<std::string> ParseFlags(int argc, char** argv,
                                     absl::string_view env_prefix,
                                     const FlagsHelp& help = {});

@@ -145,7 +145,7 @@ if [[ -n "$coordinator" && -n "$worker" ]]; then
   help=$("$coordinator" --help) || fail "coordinator --help exited non-zero"
   grep -q -- "--heartbeat-timeout-ms" <<<"$help" ||
       fail "coordinator --help lacks its flags"
-  grep -q "GRADMESH_COORDINATOR_" <<<"$help" ||
+  grep -q "GRADMESH_COORDINATOR_SOME_FLAG" <<<"$help" ||
       fail "coordinator --help does not name its environment"
   help=$("$worker" --help) || fail "worker --help exited non-zero"
   grep -q -- "--operation-timeout-s" <<<"$help" || fail "worker --help lacks its flags"

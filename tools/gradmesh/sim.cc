@@ -196,9 +196,12 @@ absl::Status ValidateCase(const SimCase& c) {
 }
 
 uint64_t SimulatedValues(const SimCase& c) {
+  const collectives::AlgorithmEntry* entry =
+      collectives::FindAlgorithm(c.algorithm.algorithm);
+  if (entry == nullptr) return 0;  // a bad case
   // Values a worker holds per value of n.
   double per_value = 3;
-  if (EntryOf(c).gathers_every_worker) {
+  if (entry->gathers_every_worker) {
     per_value += 2 * c.workers * c.algorithm.density;
   }
   const double fits =

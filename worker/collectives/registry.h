@@ -4,7 +4,8 @@
 // coordinator's model all read the same facts.
 //
 // Adding an algorithm: its own files (a Collective, its header with its
-// schedule and cost), one entry in registry.cc, its tests (docs/design.md).
+// schedule), one entry in registry.cc with its cost formula and factory, its
+// tests (docs/design.md).
 //
 // Costs: SparDL's Table I (paper 000) for SparDL, TopkA, TopkDSA, gTopk and
 // Ok-Topk, and the ring's 2 (P-1) rounds and 2 (P-1)/P n values for the

@@ -78,6 +78,11 @@ std::vector<int> PlanRecursiveDoubling(int p, int g) {
   return partners;
 }
 
+uint32_t PhaseStep(int phase, uint32_t step) {
+  GM_CHECK(phase >= 0 && step < kPhaseSteps) << phase << " " << step;
+  return static_cast<uint32_t>(phase) * kPhaseSteps + step;
+}
+
 std::vector<TreeStep> PlanTreeReduce(int p, int w) {
   GM_CHECK(p >= 1 && w >= 0 && w < p) << p << " " << w;
   std::vector<TreeStep> steps;
@@ -146,6 +151,7 @@ std::vector<Step> PlanRotation(int p, int w) {
 }
 
 Balance PlanBalance(const std::vector<uint64_t>& counts) {
+  GM_CHECK(!counts.empty());
   Balance balance;
   balance.offsets.assign(counts.size() + 1, 0);
   uint64_t largest = 0;
@@ -159,6 +165,7 @@ Balance PlanBalance(const std::vector<uint64_t>& counts) {
 }
 
 PositionRange Balance::Transfer(int from, int to) const {
+  GM_CHECK(offsets.size() >= 2) << "a Balance from PlanBalance";
   const uint64_t p = offsets.size() - 1;
   GM_CHECK(from >= 0 && to >= 0 &&
            static_cast<uint64_t>(std::max(from, to)) < p)

@@ -110,10 +110,8 @@ std::vector<int> PlanRecursiveDoubling(int p, int g);
 inline constexpr uint32_t kPhaseSteps = 1u << 12;
 
 // The tag step of `step` in phase `phase` (phases 0, 1, 2, ... of one
-// algorithm's operation).
-constexpr uint32_t PhaseStep(int phase, uint32_t step = 0) {
-  return static_cast<uint32_t>(phase) * kPhaseSteps + step;
-}
+// algorithm's operation). step < kPhaseSteps (checked).
+uint32_t PhaseStep(int phase, uint32_t step = 0);
 
 // One edge of a binomial tree, as one position sees it.
 struct TreeStep {
@@ -149,7 +147,8 @@ struct PositionRange {
   friend bool operator==(const PositionRange&, const PositionRange&) = default;
 };
 
-// Ok-Topk's balance of the concatenation of counts[0..p-1].
+// Ok-Topk's balance of the concatenation of counts[0..p-1]; made by
+// PlanBalance (p >= 1).
 struct Balance {
   std::vector<uint64_t> offsets;  // p + 1 prefix sums of the counts
   bool needed = false;            // the largest count passes 4x the mean

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/collectives/primitives.h"
+#include "worker/collectives/schedule.h"
 #include "worker/kernels/topk.h"
 #include "worker/sparse/coo.h"
 
@@ -110,7 +111,7 @@ absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
   const sparse::IndexRange all{0, n_};
   GM_ASSIGN_OR_RETURN(
       std::vector<std::string> gathered,
-      AllGather(runner, /*step_base=*/0, Group::World(world_size_, rank_),
+      AllGather(runner, PhaseStep(0), Group::World(world_size_, rank_),
                 codec_.Encode(selected, all), PreferredAllGather(world_size_)));
   std::vector<sparse::SparseBlock> blocks(world_size_);
   for (int r = 0; r < world_size_; ++r) {

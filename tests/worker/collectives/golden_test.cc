@@ -1,6 +1,9 @@
 // Bitwise stability of every algorithm: fixed inputs, several iterations with
 // residuals carried, and the digests of what every rank ends with, against
-// digests recorded from an earlier build. A change that moves code around
+// digests recorded from an earlier build. The inputs come from libstdc++'s
+// normal distribution and the sums from this machine's float arithmetic: on
+// another standard library or compiler the digests may differ with no change
+// in the code; record them anew there. A change that moves code around
 // must leave them all equal; a change that means to alter what an algorithm
 // selects, sends or applies updates them, and says so in its commit.
 #include <cstdint>

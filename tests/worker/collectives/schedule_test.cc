@@ -239,6 +239,11 @@ TEST(ScheduleTest, TreeReduceGathersEveryPositionAtTheRootUpTo1024) {
       }
     }
     ASSERT_EQ(holds[0], p) << p;
+    int receives = 0;
+    for (int w = 0; w < p; ++w) {
+      for (const TreeStep& step : plans[w]) receives += step.send ? 0 : 1;
+    }
+    ASSERT_EQ(receives, p - 1) << p;  // one per send: no receive waits forever
     for (int w = 0; w < p; ++w) {
       ASSERT_EQ(sent[w], w != 0) << p << " " << w;
       // Receives come before the one send.
@@ -268,10 +273,13 @@ TEST(ScheduleTest, TreeBroadcastReachesEveryPositionOnceUpTo1024) {
         }
       }
     }
+    int receives = 0;
     for (int w = 0; w < p; ++w) {
       ASSERT_TRUE(has[w]) << p << " " << w;
       ASSERT_EQ(received[w], w == 0 ? 0 : 1) << p << " " << w;
+      for (const TreeStep& step : plans[w]) receives += step.send ? 0 : 1;
     }
+    ASSERT_EQ(receives, p - 1) << p;  // one per send: no receive waits forever
   }
 }
 
@@ -376,7 +384,9 @@ TEST(ScheduleTest, PhasesHaveDisjointTagSpaces) {
   EXPECT_EQ(PhaseStep(1), kPhaseSteps);
   EXPECT_EQ(PhaseStep(2, 5), 2 * kPhaseSteps + 5);
   // The longest phase, a ring or a rotation of the largest world, fits.
-  EXPECT_LE(PlanRotation(kMaxGroup, 0).size(), kPhaseSteps);
+  EXPECT_LE(PlanRotation(kPhaseSteps, 0).size(), kPhaseSteps);
+  EXPECT_LE(PlanRingAllGather(kPhaseSteps, 0).size(), kPhaseSteps);
+  EXPECT_DEATH(PhaseStep(1, kPhaseSteps), "step");
 }
 
 }  // namespace
