@@ -4,9 +4,9 @@
 # the block decoders' and the peer frame codec's fuzz targets for a bounded
 # time, then the unit and integration tests again under AddressSanitizer +
 # UndefinedBehaviorSanitizer (the integration tests' daemons included), and
-# the transport, data plane, view tracker and coordinator tests under
-# ThreadSanitizer (with a TSan build of Debian's Abseil; the gRPC transport
-# is left out: Debian's gRPC is not instrumented).
+# the transport, view tracker, step protocol, data plane and coordinator
+# tests under ThreadSanitizer (with a TSan build of Debian's Abseil; the gRPC
+# transport is left out: Debian's gRPC is not instrumented).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -43,9 +43,10 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -L 'unit|integration' --output-on-failure \
     -j "$jobs"
 
-echo "== transport, data plane and coordinator tests under ThreadSanitizer"
+echo "== transport, step protocol, data plane and coordinator tests under ThreadSanitizer"
 bash scripts/tsan-abseil.sh build-tsan/absl
-tsan_tests=(loopback_test view_tracker_test data_plane_test coordinator_test)
+tsan_tests=(loopback_test view_tracker_test step_protocol_test data_plane_test
+    coordinator_test)
 bash scripts/build.sh build-tsan/build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DGRADMESH_SANITIZE=thread -DGRADMESH_CUDA=OFF \
     -DCMAKE_PREFIX_PATH="$PWD/build-tsan/absl" -- "${tsan_tests[@]}"

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -133,7 +132,19 @@ uint64_t OperationId(absl::string_view kind, absl::string_view scope,
 
 DataPlane::DataPlane(ViewTracker* views, DataPlaneHooks hooks,
                      DataPlaneOptions options)
-    : views_(views), hooks_(std::move(hooks)), options_(options) {}
+    : views_(views),
+      hooks_(std::move(hooks)),
+      options_(options),
+      protocol_({.gather =
+                     [this](const Group& g, uint64_t op, std::string mine,
+                            absl::Time deadline) {
+                       return GatherSmall(g, op, std::move(mine), deadline);
+                     },
+                 .ask_outcome = hooks_.ask_outcome,
+                 .current = [views] { return views->current(); }},
+                views->clock(), hooks_.metrics,
+                {.view_wait = options.view_wait,
+                 .outcome_retention = options.outcome_retention}) {}
 
 absl::StatusOr<Membership> DataPlane::Register(
     const BucketName& name, const std::vector<TensorSpec>& tensors,
@@ -564,193 +575,18 @@ Outcome DataPlane::Decide(const OutcomeKey& key) {
     for (const auto& [name, bucket] : buckets_)
       known |= bucket->id == key.bucket_id;
   }
-  absl::MutexLock lock(&outcomes_mu_);
-  auto it = outcomes_.find(key);
-  if (it != outcomes_.end()) {
-    // An abort settled on in doubt is not a decision others may follow.
-    return it->second.gave_up ? Outcome::kInDoubt : it->second.outcome;
-  }
-  // A registration this process does not hold (it restarted, or never had
-  // it): it knows nothing, and promises nothing.
-  if (!known) return Outcome::kInDoubt;
-  outcomes_.emplace(key, OutcomeEntry{.outcome = Outcome::kAborted,
-                                      .promised = true,
-                                      .at = absl::Now()});
-  outcome_order_.push_back(key);
-  ForgetOldOutcomesLocked();
-  return Outcome::kAborted;
-}
-
-Outcome DataPlane::SetOutcome(const OutcomeKey& key, Outcome outcome,
-                              bool gave_up) {
-  absl::MutexLock lock(&outcomes_mu_);
-  auto [it, inserted] =
-      outcomes_.try_emplace(key, OutcomeEntry{.at = absl::Now()});
-  if (inserted) outcome_order_.push_back(key);
-  OutcomeEntry& entry = it->second;
-  // A promise to refuse the step is kept, whatever comes later.
-  if (!(entry.promised && outcome == Outcome::kCommitted)) {
-    entry.outcome = outcome;
-    entry.gave_up = gave_up;
-  }
-  const Outcome recorded = entry.outcome;
-  ForgetOldOutcomesLocked();
-  return recorded;
-}
-
-void DataPlane::ForgetOldOutcomesLocked() {
-  // Past kOutcomesKept, decided entries older than the retention go, oldest
-  // first; undecided ones stay (at most one per bucket in flight).
-  const absl::Time old = absl::Now() - options_.outcome_retention;
-  for (size_t looked = 0;
-       outcomes_.size() > kOutcomesKept && looked < outcome_order_.size();
-       ++looked) {
-    const OutcomeKey oldest = outcome_order_.front();
-    auto it = outcomes_.find(oldest);
-    if (it != outcomes_.end() && it->second.at > old) break;
-    outcome_order_.pop_front();
-    if (it == outcomes_.end()) continue;
-    if (it->second.outcome == Outcome::kVoting ||
-        it->second.outcome == Outcome::kInDoubt) {
-      outcome_order_.push_back(oldest);
-    } else {
-      outcomes_.erase(it);
-    }
-  }
+  return protocol_.Decide(key, known);
 }
 
 absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
                                const ReduceCall& call,
                                const sparse::SparseBlock& result,
                                absl::Time deadline, bool* refused_by_vote) {
-  const OutcomeKey key{bucket.id, call.step, g.view.epoch};
-  // Yes, unless the client gave up or this worker has promised a peer that
-  // asked that the step would not be applied here (Decide).
-  bool yes = call.cancelled == nullptr || !call.cancelled();
-  {
-    absl::MutexLock lock(&outcomes_mu_);
-    auto [it, inserted] = outcomes_.try_emplace(
-        key, OutcomeEntry{.outcome = Outcome::kVoting, .at = absl::Now()});
-    if (inserted) outcome_order_.push_back(key);
-    if (it->second.outcome == Outcome::kAborted) yes = false;
-    if (!yes) {
-      it->second.outcome = Outcome::kAborted;
-      it->second.promised = true;
-    }
-  }
-  // A yes carries a hash of the result: members that would apply different
-  // results (a corrupted message, a bug) find out here, before anyone does.
-  std::string vote(1, yes ? 'y' : 'n');
-  if (yes) {
-    const uint64_t hash = sparse::Digest(result);
-    vote.append(reinterpret_cast<const char*>(&hash), sizeof(hash));
-  }
-  absl::StatusOr<std::vector<std::string>> votes = GatherSmall(
-      g, OperationId("commit", bucket.buffer, call.step), vote, deadline);
-  if (!votes.ok()) {
-    if (!yes) return votes.status();
-    SetOutcome(key, Outcome::kInDoubt);
-    return Resolve(g, key, votes.status(), deadline);
-  }
-  // A no first: it explains a differing vote too.
-  for (int r = 0; r < g.size(); ++r) {
-    const std::string& theirs = (*votes)[r];
-    if (theirs.empty() || theirs[0] != 'y') {
-      SetOutcome(key, Outcome::kAborted);
-      *refused_by_vote = true;
-      return absl::AbortedError(absl::StrCat(
-          "rank ", r,
-          " voted no (its client gave up, or it had promised a peer in doubt "
-          "to refuse the step); no member applied it"));
-    }
-  }
-  for (int r = 0; r < g.size(); ++r) {
-    if ((*votes)[r] != vote) {
-      SetOutcome(key, Outcome::kAborted);
-      *refused_by_vote = true;
-      if (hooks_.metrics != nullptr) hooks_.metrics->mismatches().Increment();
-      return absl::AbortedError(absl::StrCat(
-          "rank ", r, "'s result differs from rank ", g.rank,
-          "'s (a corrupted message or a bug); no member applied the step"));
-    }
-  }
-  SetOutcome(key, Outcome::kCommitted);
-  return absl::OkStatus();
-}
-
-std::optional<Outcome> DataPlane::AskPeer(const Group& g, int peer,
-                                          const OutcomeKey& key,
-                                          absl::Time deadline) {
-  absl::StatusOr<Outcome> theirs =
-      hooks_.ask_outcome(g.view.addresses[peer], key, deadline);
-  if (theirs.ok()) return *theirs;
-  // Unreachable: gone for good once a newer view leaves it out (what it did
-  // is no one's concern then), undecided while it may still answer.
-  std::shared_ptr<Group> now = views_->current();
-  const bool dropped =
-      now != nullptr && now->view.epoch > g.view.epoch &&
-      std::find(now->view.member_ids.begin(), now->view.member_ids.end(),
-                g.view.member_ids[peer]) == now->view.member_ids.end();
-  if (dropped) return std::nullopt;
-  return Outcome::kVoting;
-}
-
-absl::Status DataPlane::Resolve(const Group& g, const OutcomeKey& key,
-                                const absl::Status& why, absl::Time deadline) {
-  // This worker voted yes and did not hear every vote: a peer that did may
-  // have applied the step. Ask every peer; any that applied it decides
-  // "apply", else any that refused it (a no vote or a promise) "abort";
-  // with some still undecided (voting, or unreachable while a member), ask
-  // again. Otherwise no live member applied it: abort, as every other
-  // worker in doubt does. Past the deadline and a grace of view_wait, the
-  // truth is that this worker does not know.
-  if (hooks_.ask_outcome == nullptr) {
-    SetOutcome(key, Outcome::kAborted, /*gave_up=*/true);
-    return why;
-  }
-  const absl::Time until =
-      deadline + std::max(absl::Seconds(1), options_.view_wait);
-  absl::Duration pause = absl::Milliseconds(20);
-  while (true) {
-    std::vector<std::optional<Outcome>> answers(g.size());
-    {
-      const absl::Time ask_until =
-          std::min(until, absl::Now() + absl::Seconds(1));
-      std::vector<std::thread> asks;
-      for (int p = 0; p < g.size(); ++p) {
-        if (p == g.rank) continue;
-        asks.emplace_back(
-            [&, p] { answers[p] = AskPeer(g, p, key, ask_until); });
-      }
-      for (std::thread& t : asks) t.join();
-    }
-    auto any = [&](Outcome o) {
-      return std::find(answers.begin(), answers.end(), o) != answers.end();
-    };
-    if (any(Outcome::kCommitted)) {
-      return SetOutcome(key, Outcome::kCommitted) == Outcome::kCommitted
-                 ? absl::OkStatus()
-                 : why;
-    }
-    if (any(Outcome::kAborted)) {
-      SetOutcome(key, Outcome::kAborted);
-      return why;
-    }
-    if (!any(Outcome::kVoting)) {
-      SetOutcome(key, Outcome::kAborted, /*gave_up=*/true);
-      return why;
-    }
-    if (absl::Now() >= until) {
-      SetOutcome(key, Outcome::kAborted, /*gave_up=*/true);
-      if (hooks_.metrics != nullptr) hooks_.metrics->unresolved().Increment();
-      return absl::DataLossError(absl::StrCat(
-          "this worker could not learn whether its peers applied the step (",
-          why.message(),
-          "); replicas may differ: broadcast the parameters again"));
-    }
-    absl::SleepFor(pause);
-    pause = std::min(2 * pause, absl::Milliseconds(320));
-  }
+  // Yes, unless the client gave up.
+  const bool yes = call.cancelled == nullptr || !call.cancelled();
+  return protocol_.Vote(g, {bucket.id, call.step, g.view.epoch},
+                        OperationId("commit", bucket.buffer, call.step), yes,
+                        sparse::Digest(result), deadline, refused_by_vote);
 }
 
 void DataPlane::WriteResult(const ReduceCall& call, const Bucket& bucket,

@@ -24,22 +24,16 @@
 // disagreement), the gradient's finite values are in the residual, and the
 // next step carries them. Non-finite values are never kept.
 //
-// A step is all or nothing on the members that finish it. Once a worker
-// knows the result, the members vote (an all-gather of a yes with a hash of
-// the result, or a no when its client has given up); only with every vote
-// yes, for the same result, does a worker change its residual and write the
-// result (members whose results differ all fail the step with Aborted). A
-// worker that voted yes but did not hear every vote is in doubt: it asks its
-// peers for their outcome (DataPlaneHooks::ask_outcome, answered by Decide) and
-// applies the step iff one of them did; a peer asked about a step it has not
-// voted on promises never to apply it. A worker that cannot learn the outcome
-// by its deadline plus view_wait (a peer unreachable but still a member)
-// answers DataLoss: its replica may differ from the others'. Without a view
-// change nothing more happens: the step failed, its gradient is in the
-// residual. When membership changed under the step (Aborted or Unavailable),
-// the worker waits for the new view (up to DataPlaneOptions::view_wait) and
-// runs the same step again there from the residual; every survivor whose
-// attempt failed does the same, so they meet under the same step.
+// A step is all or nothing on the members that finish it: once a worker
+// knows the result, the members vote (step_protocol.h), and only a step
+// every member voted for changes the residual and writes the result. A
+// worker in doubt asks its peers (DataPlaneHooks::ask_outcome, answered by
+// Decide). Without a view change nothing more happens after a failed vote:
+// the step failed, its gradient is in the residual. When membership changed
+// under the step (Aborted or Unavailable), the worker waits for the new view
+// (up to DataPlaneOptions::view_wait) and runs the same step again there from
+// the residual; every survivor whose attempt failed does the same, so they meet
+// under the same step.
 //
 // Thread-safe: one call per bucket runs at a time (a second waits, until its
 // deadline at most), calls on distinct buckets run concurrently.
@@ -47,7 +41,6 @@
 #define GRADMESH_WORKER_DAEMON_DATA_PLANE_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -62,6 +55,7 @@
 #include "absl/time/time.h"
 #include "common/shm_segment.h"
 #include "worker/collectives/collective.h"
+#include "worker/daemon/step_protocol.h"
 #include "worker/daemon/view_tracker.h"
 #include "worker/engine/engine.h"
 
@@ -115,25 +109,6 @@ struct Membership {
   uint64_t epoch = 0;
   int rank = 0;
   int world_size = 0;
-};
-
-// A step's decision, as one worker holds it: the registration (its agreed
-// id), the step and the epoch of the attempt.
-struct OutcomeKey {
-  uint64_t bucket_id = 0;
-  uint64_t step = 0;
-  uint64_t epoch = 0;
-  friend bool operator==(const OutcomeKey&, const OutcomeKey&) = default;
-  template <typename H>
-  friend H AbslHashValue(H h, const OutcomeKey& key) {
-    return H::combine(std::move(h), key.bucket_id, key.step, key.epoch);
-  }
-};
-enum class Outcome {
-  kVoting,     // voted yes, votes still coming
-  kCommitted,  // applied
-  kAborted,    // not applied, and never will be
-  kInDoubt,    // voted yes, missed a vote, asking the others
 };
 
 struct DataPlaneOptions {
@@ -204,14 +179,9 @@ class DataPlane {
                                        uint64_t sequence, int root,
                                        absl::Time deadline);
 
-  // This worker's outcome of `key`, for a peer in doubt. A step of a
-  // registration it holds and has not voted on is refused from now on: it
-  // will vote no (kAborted). An abort it settled on in doubt itself, or a
-  // registration it does not hold, reads kInDoubt (the asker keeps asking).
+  // This worker's outcome of `key`, for a peer in doubt
+  // (StepProtocol::Decide, for the registrations this worker holds).
   Outcome Decide(const OutcomeKey& key);
-  // Decided outcomes are forgotten only past this many and once older than
-  // DataPlaneOptions::outcome_retention; undecided ones never.
-  static constexpr size_t kOutcomesKept = 4096;
 
   // The residual's L2 norm per bucket ("job/bucket"); -1 for a bucket busy
   // with an operation (not waited for).
@@ -268,25 +238,10 @@ class DataPlane {
                                        const Group& g,
                                        absl::Span<const float> gradient,
                                        absl::Time deadline, bool* retriable);
-  // The members' vote on `result` (see the file comment).
+  // The members' vote on `result` (StepProtocol::Vote).
   absl::Status Commit(const Group& g, const Bucket& bucket,
                       const ReduceCall& call, const sparse::SparseBlock& result,
                       absl::Time deadline, bool* refused_by_vote);
-  // In doubt after `why`: OK if a peer applied the step, `why` if none did,
-  // DataLoss if that can't be learned in time.
-  absl::Status Resolve(const Group& g, const OutcomeKey& key,
-                       const absl::Status& why, absl::Time deadline);
-  // Peer `peer`'s outcome of `key`; an unreachable peer is kVoting
-  // (undecided) while it is a member of the newest view, nullopt (gone)
-  // after.
-  std::optional<Outcome> AskPeer(const Group& g, int peer,
-                                 const OutcomeKey& key, absl::Time deadline);
-  // Records `outcome` (`gave_up`: an abort settled on in doubt) unless a
-  // promise to refuse the step stands; returns what is recorded.
-  Outcome SetOutcome(const OutcomeKey& key, Outcome outcome,
-                     bool gave_up = false);
-  // Forgets decided outcomes past kOutcomesKept and the retention.
-  void ForgetOldOutcomesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(outcomes_mu_);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
                    const sparse::SparseBlock& result, int world_size);
   // `per_tensor_quota`: whether the selections were split per tensor.
@@ -315,16 +270,7 @@ class DataPlane {
   };
   absl::flat_hash_map<std::string, Numbering> numbering_ ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
-  struct OutcomeEntry {
-    Outcome outcome = Outcome::kVoting;
-    bool promised = false;  // kAborted by a no vote or a promise: final
-    bool gave_up = false;   // kAborted settled on in doubt: not a decision
-    absl::Time at;          // recorded
-  };
-  absl::Mutex outcomes_mu_;
-  absl::flat_hash_map<OutcomeKey, OutcomeEntry> outcomes_
-      ABSL_GUARDED_BY(outcomes_mu_);
-  std::deque<OutcomeKey> outcome_order_ ABSL_GUARDED_BY(outcomes_mu_);
+  StepProtocol protocol_;
 };
 
 // The id of operation (kind, scope, number) on the wire: a stable 64-bit

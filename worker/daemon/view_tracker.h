@@ -123,6 +123,9 @@ class ViewTracker {
 
   // The latest group that applies now (null before the first view).
   std::shared_ptr<Group> current() const;
+
+  // The clock it was given, for the parts that share its time.
+  Clock* clock() const { return clock_; }
   uint64_t latest_epoch() const;
 
   // Destroys, outside the lock, the groups that no view uses and no

@@ -1,0 +1,226 @@
+#include "worker/daemon/step_protocol.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/daemon/worker_metrics.h"
+
+namespace gradmesh::daemon {
+
+StepProtocol::StepProtocol(StepPeers peers, Clock* clock,
+                           WorkerMetrics* metrics, StepProtocolOptions options)
+    : peers_(std::move(peers)),
+      clock_(clock),
+      metrics_(metrics),
+      options_(options) {}
+
+absl::Status StepProtocol::Vote(const Group& g, const OutcomeKey& key,
+                                uint64_t operation, bool yes,
+                                uint64_t result_digest, absl::Time deadline,
+                                bool* refused_by_vote) {
+  yes = RecordVote(key, yes);
+  // A yes carries a hash of the result: members that would apply different
+  // results (a corrupted message, a bug) find out here, before anyone does.
+  std::string vote(1, yes ? 'y' : 'n');
+  if (yes) {
+    vote.append(reinterpret_cast<const char*>(&result_digest),
+                sizeof(result_digest));
+  }
+  absl::StatusOr<std::vector<std::string>> votes =
+      peers_.gather(g, operation, vote, deadline);
+  if (!votes.ok()) {
+    if (!yes) return votes.status();
+    SetOutcome(key, Outcome::kInDoubt);
+    return Resolve(g, key, votes.status(), deadline);
+  }
+  if (absl::Status tally = Tally(g, *votes, vote); !tally.ok()) {
+    SetOutcome(key, Outcome::kAborted);
+    *refused_by_vote = true;
+    return tally;
+  }
+  SetOutcome(key, Outcome::kCommitted);
+  return absl::OkStatus();
+}
+
+bool StepProtocol::RecordVote(const OutcomeKey& key, bool yes) {
+  absl::MutexLock lock(&mu_);
+  Entry& entry = EntryLocked(key);
+  // A promise to a peer in doubt (Decide) turns the vote into a no.
+  if (entry.outcome == Outcome::kAborted) yes = false;
+  if (!yes) {
+    entry.outcome = Outcome::kAborted;
+    entry.promised = true;
+  }
+  return yes;
+}
+
+absl::Status StepProtocol::Tally(const Group& g,
+                                 const std::vector<std::string>& votes,
+                                 const std::string& mine) {
+  // A no first: it explains a differing vote too.
+  for (int r = 0; r < g.size(); ++r) {
+    if (votes[r].empty() || votes[r][0] != 'y') {
+      return absl::AbortedError(absl::StrCat(
+          "rank ", r,
+          " voted no (its client gave up, or it had promised a peer in doubt "
+          "to refuse the step); no member applied it"));
+    }
+  }
+  for (int r = 0; r < g.size(); ++r) {
+    if (votes[r] != mine) {
+      if (metrics_ != nullptr) metrics_->mismatches().Increment();
+      return absl::AbortedError(absl::StrCat(
+          "rank ", r, "'s result differs from rank ", g.rank,
+          "'s (a corrupted message or a bug); no member applied the step"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Outcome StepProtocol::Decide(const OutcomeKey& key, bool holds_registration) {
+  absl::MutexLock lock(&mu_);
+  auto it = outcomes_.find(key);
+  if (it != outcomes_.end()) {
+    // An abort settled on in doubt is not a decision others may follow.
+    return it->second.gave_up ? Outcome::kInDoubt : it->second.outcome;
+  }
+  // A registration this process does not hold (it restarted, or never had
+  // it): it knows nothing, and promises nothing.
+  if (!holds_registration) return Outcome::kInDoubt;
+  Entry& entry = EntryLocked(key);
+  entry.outcome = Outcome::kAborted;
+  entry.promised = true;
+  ForgetOldLocked();
+  return Outcome::kAborted;
+}
+
+absl::Status StepProtocol::Resolve(const Group& g, const OutcomeKey& key,
+                                   const absl::Status& why,
+                                   absl::Time deadline) {
+  // This worker voted yes and did not hear every vote: a peer that did may
+  // have applied the step. Ask every peer; any that applied it decides
+  // "apply", else any that refused it (a no vote or a promise) "abort";
+  // with some still undecided (voting, or unreachable while a member), ask
+  // again. Otherwise no live member applied it: abort, as every other
+  // worker in doubt does. Past the deadline and a grace of view_wait, the
+  // truth is that this worker does not know.
+  if (peers_.ask_outcome == nullptr) {
+    SetOutcome(key, Outcome::kAborted, /*gave_up=*/true);
+    return why;
+  }
+  const absl::Time until =
+      deadline + std::max(absl::Seconds(1), options_.view_wait);
+  absl::Duration pause = absl::Milliseconds(20);
+  while (true) {
+    const std::vector<std::optional<Outcome>> answers =
+        AskPeers(g, key, std::min(until, clock_->Now() + absl::Seconds(1)));
+    auto any = [&](Outcome o) {
+      return std::find(answers.begin(), answers.end(), o) != answers.end();
+    };
+    if (any(Outcome::kCommitted)) {
+      return SetOutcome(key, Outcome::kCommitted) == Outcome::kCommitted
+                 ? absl::OkStatus()
+                 : why;
+    }
+    if (any(Outcome::kAborted)) {
+      SetOutcome(key, Outcome::kAborted);
+      return why;
+    }
+    if (!any(Outcome::kVoting)) {
+      SetOutcome(key, Outcome::kAborted, /*gave_up=*/true);
+      return why;
+    }
+    if (clock_->Now() >= until) {
+      SetOutcome(key, Outcome::kAborted, /*gave_up=*/true);
+      if (metrics_ != nullptr) metrics_->unresolved().Increment();
+      return absl::DataLossError(absl::StrCat(
+          "this worker could not learn whether its peers applied the step (",
+          why.message(),
+          "); replicas may differ: broadcast the parameters again"));
+    }
+    Pause(pause);
+    pause = std::min(2 * pause, absl::Milliseconds(320));
+  }
+}
+
+std::vector<std::optional<Outcome>> StepProtocol::AskPeers(
+    const Group& g, const OutcomeKey& key, absl::Time deadline) {
+  std::vector<std::optional<Outcome>> answers(g.size());
+  std::vector<std::thread> asks;
+  for (int p = 0; p < g.size(); ++p) {
+    if (p == g.rank) continue;
+    asks.emplace_back([&, p] { answers[p] = AskPeer(g, p, key, deadline); });
+  }
+  for (std::thread& t : asks) t.join();
+  return answers;
+}
+
+std::optional<Outcome> StepProtocol::AskPeer(const Group& g, int peer,
+                                             const OutcomeKey& key,
+                                             absl::Time deadline) {
+  absl::StatusOr<Outcome> theirs =
+      peers_.ask_outcome(g.view.addresses[peer], key, deadline);
+  if (theirs.ok()) return *theirs;
+  // Unreachable: gone for good once a newer view leaves it out (what it did
+  // is no one's concern then), undecided while it may still answer.
+  std::shared_ptr<Group> now = peers_.current ? peers_.current() : nullptr;
+  const bool dropped =
+      now != nullptr && now->view.epoch > g.view.epoch &&
+      std::find(now->view.member_ids.begin(), now->view.member_ids.end(),
+                g.view.member_ids[peer]) == now->view.member_ids.end();
+  if (dropped) return std::nullopt;
+  return Outcome::kVoting;
+}
+
+Outcome StepProtocol::SetOutcome(const OutcomeKey& key, Outcome outcome,
+                                 bool gave_up) {
+  absl::MutexLock lock(&mu_);
+  Entry& entry = EntryLocked(key);
+  // A promise to refuse the step is kept, whatever comes later.
+  if (!(entry.promised && outcome == Outcome::kCommitted)) {
+    entry.outcome = outcome;
+    entry.gave_up = gave_up;
+  }
+  const Outcome recorded = entry.outcome;
+  ForgetOldLocked();
+  return recorded;
+}
+
+StepProtocol::Entry& StepProtocol::EntryLocked(const OutcomeKey& key) {
+  auto [it, inserted] = outcomes_.try_emplace(key, Entry{.at = clock_->Now()});
+  if (inserted) order_.push_back(key);
+  return it->second;
+}
+
+void StepProtocol::ForgetOldLocked() {
+  // Past kOutcomesKept, decided entries older than the retention go, oldest
+  // first; undecided ones stay (at most one per bucket in flight).
+  const absl::Time old = clock_->Now() - options_.outcome_retention;
+  for (size_t looked = 0;
+       outcomes_.size() > kOutcomesKept && looked < order_.size(); ++looked) {
+    const OutcomeKey oldest = order_.front();
+    auto it = outcomes_.find(oldest);
+    if (it != outcomes_.end() && it->second.at > old) break;
+    order_.pop_front();
+    if (it == outcomes_.end()) continue;
+    if (it->second.outcome == Outcome::kVoting ||
+        it->second.outcome == Outcome::kInDoubt) {
+      order_.push_back(oldest);
+    } else {
+      outcomes_.erase(it);
+    }
+  }
+}
+
+void StepProtocol::Pause(absl::Duration pause) const {
+  absl::Mutex mu;
+  absl::MutexLock lock(&mu);
+  static constexpr bool kNever = false;
+  clock_->AwaitWithDeadline(&mu, absl::Condition(&kNever),
+                            clock_->Now() + pause);
+}
+
+}  // namespace gradmesh::daemon

@@ -1,0 +1,164 @@
+// StepProtocol: how the members of a step decide whether it is applied.
+//
+// Once a worker knows a step's result, the members vote: an all-gather of a
+// yes with a hash of the result, or a no when its client has given up. Only
+// with every vote yes, for the same result, does a worker apply the step
+// (members whose results differ all refuse it, Aborted). A worker that voted
+// yes but did not hear every vote is in doubt: it asks its peers for their
+// outcome (StepPeers::ask_outcome, answered by Decide) and applies the step
+// iff one of them did; a peer asked about a step it has not voted on
+// promises never to apply it. A worker that cannot learn the outcome by its
+// deadline plus view_wait (a peer unreachable but still a member) answers
+// DataLoss: its replica may differ from the others'.
+//
+// The protocol holds the outcome table and nothing else: the all-gather, the
+// question to a peer and the newest view are injected (StepPeers), and so is
+// time (Clock), so it runs over any transport and is tested alone.
+//
+// Thread-safe: votes on distinct keys and Decide run concurrently.
+#ifndef GRADMESH_WORKER_DAEMON_STEP_PROTOCOL_H_
+#define GRADMESH_WORKER_DAEMON_STEP_PROTOCOL_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "worker/daemon/view_tracker.h"
+
+namespace gradmesh::daemon {
+
+class WorkerMetrics;
+
+// A step's decision, as one worker holds it: the registration (its agreed
+// id), the step and the epoch of the attempt.
+struct OutcomeKey {
+  uint64_t bucket_id = 0;
+  uint64_t step = 0;
+  uint64_t epoch = 0;
+  friend bool operator==(const OutcomeKey&, const OutcomeKey&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const OutcomeKey& key) {
+    return H::combine(std::move(h), key.bucket_id, key.step, key.epoch);
+  }
+};
+enum class Outcome {
+  kVoting,     // voted yes, votes still coming
+  kCommitted,  // applied
+  kAborted,    // not applied, and never will be
+  kInDoubt,    // voted yes, missed a vote, asking the others
+};
+
+struct StepPeers {
+  // Every member's small record of `group` by rank, under operation id
+  // `operation`, by `deadline`.
+  std::function<absl::StatusOr<std::vector<std::string>>(
+      const Group& group, uint64_t operation, std::string mine,
+      absl::Time deadline)>
+      gather;
+  // The outcome of `key` at the member reachable at `address` (its Decide).
+  // Empty: a worker in doubt aborts.
+  std::function<absl::StatusOr<Outcome>(
+      const std::string& address, const OutcomeKey& key, absl::Time deadline)>
+      ask_outcome;
+  // The newest view's group, or null: a peer that a newer view leaves out
+  // is gone, not undecided.
+  std::function<std::shared_ptr<Group>()> current;
+};
+
+struct StepProtocolOptions {
+  // How long past its deadline a worker in doubt keeps asking (at least 1 s).
+  absl::Duration view_wait = absl::Seconds(5);
+  // How long decided outcomes are kept for peers in doubt: longer than any
+  // operation timeout plus view_wait.
+  absl::Duration outcome_retention = absl::Minutes(5);
+};
+
+class StepProtocol {
+ public:
+  // `clock` outlives the protocol; `metrics` may be null.
+  StepProtocol(StepPeers peers, Clock* clock, WorkerMetrics* metrics,
+               StepProtocolOptions options);
+  StepProtocol(const StepProtocol&) = delete;
+  StepProtocol& operator=(const StepProtocol&) = delete;
+
+  // The members' vote on step `key` of group `g`, under operation id
+  // `operation`. This worker votes yes with `result_digest` when `yes` and
+  // it has not promised a peer to refuse the step, else no. OK: apply the
+  // step. Aborted with *refused_by_vote: a member voted no, or the results
+  // differ; no member applies it. Another error: the vote failed and nobody
+  // applied the step as far as this worker could learn (DataLoss when it
+  // could not learn it). Blocks until deadline + view_wait at most.
+  absl::Status Vote(const Group& g, const OutcomeKey& key, uint64_t operation,
+                    bool yes, uint64_t result_digest, absl::Time deadline,
+                    bool* refused_by_vote);
+
+  // This worker's outcome of `key`, for a peer in doubt. A step of a
+  // registration it holds (`holds_registration`) and has not voted on is
+  // refused from now on: it will vote no (kAborted). An abort it settled on
+  // in doubt itself, or a registration it does not hold, reads kInDoubt (the
+  // asker keeps asking).
+  Outcome Decide(const OutcomeKey& key, bool holds_registration);
+
+  // Decided outcomes are forgotten only past this many and once older than
+  // the retention; undecided ones never.
+  static constexpr size_t kOutcomesKept = 4096;
+
+ private:
+  struct Entry {
+    Outcome outcome = Outcome::kVoting;
+    bool promised = false;  // kAborted by a no vote or a promise: final
+    bool gave_up = false;   // kAborted settled on in doubt: not a decision
+    absl::Time at;          // recorded
+  };
+
+  // Records this worker's vote; returns whether it is yes.
+  bool RecordVote(const OutcomeKey& key, bool yes);
+  // Aborted naming the member that refused, or whose result differs; OK if
+  // every vote equals `mine`.
+  absl::Status Tally(const Group& g, const std::vector<std::string>& votes,
+                     const std::string& mine);
+  // In doubt after `why`: OK if a peer applied the step, `why` if none did,
+  // DataLoss if that can't be learned in time.
+  absl::Status Resolve(const Group& g, const OutcomeKey& key,
+                       const absl::Status& why, absl::Time deadline);
+  // Every peer's outcome of `key`, asked at once.
+  std::vector<std::optional<Outcome>> AskPeers(const Group& g,
+                                               const OutcomeKey& key,
+                                               absl::Time deadline);
+  // Peer `peer`'s outcome of `key`; an unreachable peer is kVoting
+  // (undecided) while it is a member of the newest view, nullopt (gone)
+  // after.
+  std::optional<Outcome> AskPeer(const Group& g, int peer,
+                                 const OutcomeKey& key, absl::Time deadline);
+  // Records `outcome` (`gave_up`: an abort settled on in doubt) unless a
+  // promise to refuse the step stands; returns what is recorded.
+  Outcome SetOutcome(const OutcomeKey& key, Outcome outcome,
+                     bool gave_up = false);
+  // The entry of `key`, made (kVoting, now) if absent.
+  Entry& EntryLocked(const OutcomeKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets decided outcomes past kOutcomesKept and the retention.
+  void ForgetOldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits `pause` on the clock.
+  void Pause(absl::Duration pause) const;
+
+  const StepPeers peers_;
+  Clock* const clock_;
+  WorkerMetrics* const metrics_;
+  const StepProtocolOptions options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<OutcomeKey, Entry> outcomes_ ABSL_GUARDED_BY(mu_);
+  std::deque<OutcomeKey> order_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradmesh::daemon
+
+#endif  // GRADMESH_WORKER_DAEMON_STEP_PROTOCOL_H_
