@@ -53,32 +53,15 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/shm_segment.h"
-#include "worker/collectives/collective.h"
+#include "worker/daemon/bucket.h"
 #include "worker/daemon/step_protocol.h"
+#include "worker/daemon/step_recorder.h"
 #include "worker/daemon/view_tracker.h"
 #include "worker/engine/engine.h"
 
 namespace gradmesh::daemon {
 
 class WorkerMetrics;
-
-struct TensorSpec {
-  std::string name;
-  uint64_t size = 0;
-};
-
-// How a bucket's selections treat its tensors (the SDK's Fusion).
-struct BucketOptions {
-  // Split every selection's quota per tensor (SAFusion), rather than one
-  // top-k over the fused bucket.
-  bool per_tensor_quota = true;
-};
-
-struct BucketName {
-  std::string job;
-  std::string bucket;
-};
 
 struct ReduceCall {
   BucketName name;
@@ -88,21 +71,6 @@ struct ReduceCall {
   bool return_residual = false;
   // Whether the caller has given up; checked before the result is written.
   std::function<bool()> cancelled;
-};
-
-// What one operation did, for the caller and for autotune's reports.
-struct ReduceResult {
-  uint64_t nonzeros = 0;
-  uint64_t epoch = 0;
-  int rank = 0;
-  int world_size = 0;
-  PlanInfo plan;
-  double seconds = 0;
-  uint64_t step = 0;
-  uint64_t values = 0;  // the bucket's size
-  uint64_t tensors = 0;
-  uint64_t tensors_missing = 0;  // with no entry in the result
-  collectives::OpStats stats;
 };
 
 struct Membership {
@@ -188,8 +156,6 @@ class DataPlane {
   std::vector<std::pair<std::string, double>> ResidualNorms() const;
 
  private:
-  struct Bucket;
-
   struct AgreeRecord;
 
   absl::StatusOr<std::shared_ptr<Bucket>> Find(const BucketName& name) const;
@@ -200,20 +166,12 @@ class DataPlane {
       const BucketName& name, absl::Time deadline,
       const std::function<bool()>& cancelled,
       absl::FunctionRef<absl::StatusOr<T>(Bucket&)> body);
-  // Waits until no call runs on `bucket` (DeadlineExceeded past `deadline`),
-  // then marks it busy until Release.
-  absl::Status Hold(Bucket& bucket, absl::Time deadline);
-  void Release(Bucket& bucket);
   // Waits for an operation in flight on `bucket`, then drops its residual.
   void Forget(Bucket& bucket);
-  // An error if `bucket` was forgotten, or if the caller has given up (its
-  // memory must not be read).
-  absl::Status Usable(Bucket& bucket,
-                      const std::function<bool()>& cancelled) const;
-  // `waited` (may be null) accumulates the time blocked on peers.
+  // engine::GatherSmall on `group`, its operation then retired.
   absl::StatusOr<std::vector<std::string>> GatherSmall(
       const Group& group, uint64_t operation, std::string mine,
-      absl::Time deadline, double* waited = nullptr);
+      absl::Time deadline, bool same_size = false, double* waited = nullptr);
   // Frees what the transport keeps for an operation that has ended here.
   void Retire(const Group& group, uint64_t operation);
   absl::Status Agree(const Group& group, const Bucket& bucket, uint64_t op,
@@ -221,8 +179,6 @@ class DataPlane {
                      double* waited = nullptr);
   absl::StatusOr<ReduceResult> Run(const ReduceCall& call, Bucket& bucket,
                                    absl::Time deadline);
-  // One attempt of a step on `g`; *retriable tells whether its failure came
-  // from a membership change (not from a member's vote).
   // Broadcast of a bucket this call holds.
   absl::StatusOr<Membership> BroadcastHeld(Bucket& bucket, uint64_t sequence,
                                            int root, absl::Time deadline);
@@ -234,6 +190,24 @@ class DataPlane {
   // FailedPrecondition naming one that did not.
   absl::StatusOr<std::shared_ptr<Group>> RegisteredOn(
       const Bucket& bucket, std::shared_ptr<Group> group) const;
+  // What one attempt of a step learns on its way.
+  struct StepState {
+    ReduceResult out;
+    bool refused_by_vote = false;
+  };
+  // The engine's request for an attempt: the agreement before it and the
+  // vote after it run on `g`, their figures into *state.
+  engine::Request StepRequest(const ReduceCall& call, Bucket& bucket,
+                              const Group& g, absl::Span<const float> gradient,
+                              absl::Time deadline, StepState* state);
+  // After every member voted to apply the step: its result into the
+  // segment, its figures recorded.
+  absl::StatusOr<ReduceResult> Applied(const ReduceCall& call,
+                                       const Bucket& bucket, const Group& g,
+                                       const sparse::SparseBlock& result,
+                                       ReduceResult out);
+  // One attempt of a step on `g`; *retriable tells whether its failure came
+  // from a membership change (not from a member's vote).
   absl::StatusOr<ReduceResult> Attempt(const ReduceCall& call, Bucket& bucket,
                                        const Group& g,
                                        absl::Span<const float> gradient,
@@ -244,17 +218,12 @@ class DataPlane {
                       absl::Time deadline, bool* refused_by_vote);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
                    const sparse::SparseBlock& result, int world_size);
-  // `per_tensor_quota`: whether the selections were split per tensor.
-  void Record(const ReduceResult& result, const Group& group,
-              bool per_tensor_quota);
 
   ViewTracker* const views_;
   const DataPlaneHooks hooks_;
   const DataPlaneOptions options_;
   engine::Engine engine_;
-  absl::Mutex counted_mu_;
-  uint64_t counted_epoch_ ABSL_GUARDED_BY(counted_mu_) = 0;
-  transport::Counters counted_ ABSL_GUARDED_BY(counted_mu_);  // recorded
+  StepRecorder recorder_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Bucket>> buckets_
       ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/collectives/tensor_quota.h"
 
 namespace gradmesh::engine {
 
@@ -14,6 +15,23 @@ absl::Status CheckOptions(const GroupConfig& group) {
                                        group.transport->size(),
                                        group.transport->rank(), 0)
       .status();
+}
+
+bool SplitsPerTensor(absl::string_view algorithm) {
+  const collectives::AlgorithmEntry* entry =
+      collectives::FindAlgorithm(algorithm);
+  return entry != nullptr && entry->tensor_quotas;
+}
+
+double DenseRingModelBytes(int world_size, uint64_t values) {
+  return collectives::FindAlgorithm("dense")
+      ->cost(world_size, 1, values, 1.0)
+      .model_bytes;
+}
+
+uint64_t CountMissingTensors(absl::Span<const uint64_t> starts, uint64_t n,
+                             const sparse::SparseBlock& result) {
+  return collectives::CountMissingTensors(starts, n, result);
 }
 
 absl::StatusOr<std::shared_ptr<Engine::Buffer>> Engine::FindOrCreate(

@@ -58,6 +58,18 @@ struct GroupConfig {
 // InvalidArgument if the algorithm would reject `options` at this group size.
 absl::Status CheckOptions(const GroupConfig& group);
 
+// What the daemon reads of the table of algorithms (collectives/registry.h)
+// and of a result, without naming the algorithms' code:
+//   whether `algorithm` splits its selections' quotas per tensor;
+bool SplitsPerTensor(absl::string_view algorithm);
+//   the bytes the dense ring's cost formula gives for `values` values on
+//   `world_size` workers (the yardstick of the traffic saved);
+double DenseRingModelBytes(int world_size, uint64_t values);
+//   the tensors (first indices `starts` of a buffer of n values) with no
+//   entry in `result` (collectives/tensor_quota.h).
+uint64_t CountMissingTensors(absl::Span<const uint64_t> starts, uint64_t n,
+                             const sparse::SparseBlock& result);
+
 // One operation on one buffer.
 struct Request {
   absl::string_view buffer;
