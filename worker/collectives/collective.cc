@@ -152,24 +152,24 @@ uint64_t AccumulateFinite(absl::Span<const float> gradient,
   return nonfinite;
 }
 
-absl::Status Accumulated(const OpContext& context, uint64_t nonfinite) {
-  return context.accumulated == nullptr ? absl::OkStatus()
-                                        : context.accumulated(nonfinite);
-}
-
-absl::Status Commit(const OpContext& context,
-                    const sparse::SparseBlock& result) {
-  return context.commit == nullptr ? absl::OkStatus() : context.commit(result);
-}
-
-absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,
-                            absl::Span<const float> gradient,
-                            absl::Span<float> residual,
-                            const OpContext& context, OpStats* stats) {
+absl::StatusOr<uint64_t> AccumulateChecked(absl::string_view algorithm,
+                                           uint64_t n,
+                                           absl::Span<const float> gradient,
+                                           absl::Span<float> residual,
+                                           OpStats* stats) {
   GM_CHECK(stats != nullptr);
   GM_RETURN_IF_ERROR(ValidateSizes(algorithm, n, gradient, residual));
   *stats = OpStats{};
-  return Accumulated(context, AccumulateFinite(gradient, residual));
+  return AccumulateFinite(gradient, residual);
+}
+
+absl::StatusOr<sparse::SparseBlock> Collective::AllReduce(
+    absl::Span<const float> gradient, absl::Span<float> residual,
+    const OpContext& context, OpStats* stats) {
+  GM_RETURN_IF_ERROR(Accumulate(gradient, residual, stats).status());
+  GM_ASSIGN_OR_RETURN(Proposal proposal, Reduce(residual, context, stats));
+  proposal.apply(proposal.result, residual);
+  return std::move(proposal.result);
 }
 
 void LeaveSelected(const sparse::SparseBlock& sent,

@@ -8,14 +8,18 @@
 //     left; the algorithm works on gradient + residual and leaves the new
 //     residual there. Summed over workers, inputs = result + residuals (up to
 //     float rounding).
-//   - Before it changes the residual, every algorithm asks OpContext::commit
-//     (if set) whether the result stands; a refusal is an error like others.
+//   - An operation runs in two phases, so that an algorithm never calls up
+//     into its caller: Accumulate adds the gradient into the residual (the
+//     accumulator), then Reduce runs the schedule and proposes a result and
+//     how the residual changes (Proposal). The caller applies the proposal,
+//     or drops it (a member refused the step): the accumulator then stays
+//     the residual, and nothing is lost. AllReduce does all three.
 //   - On error nothing is lost: `residual` then holds old residual + gradient
 //     (the whole input is fed back next time; non-finite values are never
-//     added, see AllReduce) and the status says why, with
-//     codes chosen for the caller: Unavailable (peer gone), DeadlineExceeded,
-//     Aborted, InvalidArgument (bad size or a malformed peer message).
-//     The caller decides whether to Abort the transport.
+//     added) and the status says why, with codes chosen for the caller:
+//     Unavailable (peer gone), DeadlineExceeded, Aborted, InvalidArgument
+//     (bad size or a malformed peer message). The caller decides whether to
+//     Abort the transport.
 //
 // A Collective instance belongs to one worker and one gradient buffer (it may
 // keep state across iterations, such as B-SAG's h) and is not thread-safe;
@@ -45,16 +49,17 @@ struct OpContext {
   uint64_t epoch = 0;
   uint64_t operation = 0;
   absl::Time deadline = absl::InfiniteFuture();
-  // Called once the gradient is in the residual (non-finite values left
-  // out), with their count; a non-OK status ends the operation with it
-  // before anything is sent, the gradient kept. May be empty.
-  std::function<absl::Status(uint64_t nonfinite)> accumulated;
-  // Called with the result once this worker knows it, before the residual
-  // changes (after the last message of the schedule): a non-OK status fails
-  // the operation with it, the accumulator (old residual + gradient) kept,
-  // as for any other error. The daemon's members commit here (and check
-  // that they all hold the same result). May be empty.
-  std::function<absl::Status(const sparse::SparseBlock& result)> commit;
+};
+
+// What Reduce proposes once its schedule has run.
+struct Proposal {
+  sparse::SparseBlock result;
+  // Turns the accumulator into the new residual, given `result`. Called at
+  // most once, with Reduce's accumulator, before the next call on the
+  // instance.
+  std::function<void(const sparse::SparseBlock& result,
+                     absl::Span<float> residual)>
+      apply;
 };
 
 // What one operation cost this worker and what it produced.
@@ -104,14 +109,27 @@ class Collective {
  public:
   virtual ~Collective() = default;
 
-  // Runs one all-reduce and fills `stats` (not null). gradient.size() and
-  // residual.size() must equal the n the instance was created for. The
-  // gradient is read once, in the pass that adds its finite values into the
-  // residual; non-finite values never enter it (OpContext::accumulated
-  // hears how many there were).
-  virtual absl::StatusOr<sparse::SparseBlock> AllReduce(
+  // The first phase: resets `stats` (not null) and adds the finite values
+  // of `gradient` into `residual` in one pass, which then holds the
+  // accumulator; returns how many values were not finite (left out).
+  // InvalidArgument, and nothing changes, unless both hold the n the
+  // instance was created for.
+  virtual absl::StatusOr<uint64_t> Accumulate(absl::Span<const float> gradient,
+                                              absl::Span<float> residual,
+                                              OpStats* stats) = 0;
+
+  // The second phase, after Accumulate: runs the schedule over the
+  // accumulator (left unchanged) and proposes the result. On error nothing
+  // is proposed.
+  virtual absl::StatusOr<Proposal> Reduce(absl::Span<const float> accumulator,
+                                          const OpContext& context,
+                                          OpStats* stats) = 0;
+
+  // Accumulate, Reduce and the proposal applied: one all-reduce where
+  // nobody votes (tools and tests).
+  absl::StatusOr<sparse::SparseBlock> AllReduce(
       absl::Span<const float> gradient, absl::Span<float> residual,
-      const OpContext& context, OpStats* stats) = 0;
+      const OpContext& context, OpStats* stats);
 };
 
 // Runs the steps of one operation over its transport and accounts for them.
@@ -171,24 +189,14 @@ absl::Status PeerError(const absl::Status& status, int peer);
 uint64_t AccumulateFinite(absl::Span<const float> gradient,
                           absl::Span<float> residual);
 
-// The end of the accumulation pass: tells context.accumulated (if any).
-absl::Status Accumulated(const OpContext& context, uint64_t nonfinite);
-
-// The result is known here: asks context.commit (if any) whether it stands.
-// Every algorithm calls it once, right before it writes the new residual.
-absl::Status Commit(const OpContext& context,
-                    const sparse::SparseBlock& result);
-
-// The common start of an AllReduce: checks the sizes (InvalidArgument, and
-// nothing changes), accumulates the gradient into the residual (error
-// feedback's first step; AccumulateFinite, then Accumulated) and resets
-// `stats` (not null). The residual then holds the accumulator and must stay
-// untouched until the operation has succeeded, so that a failed operation
-// loses nothing.
-absl::Status BeginAllReduce(absl::string_view algorithm, uint64_t n,
-                            absl::Span<const float> gradient,
-                            absl::Span<float> residual,
-                            const OpContext& context, OpStats* stats);
+// The common Accumulate: checks the sizes (InvalidArgument, and nothing
+// changes), resets `stats` (not null) and returns
+// AccumulateFinite(gradient, residual).
+absl::StatusOr<uint64_t> AccumulateChecked(absl::string_view algorithm,
+                                           uint64_t n,
+                                           absl::Span<const float> gradient,
+                                           absl::Span<float> residual,
+                                           OpStats* stats);
 
 // A locally selected block left, as rounded for the wire (wire.h): the
 // residual becomes 0 at its entries, plus what rounding took off (`loss`).

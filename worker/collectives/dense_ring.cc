@@ -22,12 +22,16 @@ absl::StatusOr<std::unique_ptr<DenseRing>> DenseRing::Create(int world_size,
   return std::unique_ptr<DenseRing>(new DenseRing(world_size, rank, n));
 }
 
-absl::StatusOr<sparse::SparseBlock> DenseRing::AllReduce(
-    absl::Span<const float> gradient, absl::Span<float> residual,
-    const OpContext& context, OpStats* stats) {
-  GM_RETURN_IF_ERROR(
-      BeginAllReduce("dense", n_, gradient, residual, context, stats));
-  std::copy(residual.begin(), residual.end(), sum_.begin());
+absl::StatusOr<uint64_t> DenseRing::Accumulate(absl::Span<const float> gradient,
+                                               absl::Span<float> residual,
+                                               OpStats* stats) {
+  return AccumulateChecked("dense", n_, gradient, residual, stats);
+}
+
+absl::StatusOr<Proposal> DenseRing::Reduce(absl::Span<const float> accumulator,
+                                           const OpContext& context,
+                                           OpStats* stats) {
+  std::copy(accumulator.begin(), accumulator.end(), sum_.begin());
   StepRunner runner(context, stats);
   const std::vector<Step> reduce = PlanRingReduceScatter(world_size_, rank_);
   for (size_t s = 0; s < reduce.size(); ++s) {
@@ -44,10 +48,12 @@ absl::StatusOr<sparse::SparseBlock> DenseRing::AllReduce(
   for (uint64_t i = 0; i < n_; ++i) {
     result.push_back(static_cast<uint32_t>(i), sum_[i]);
   }
-  GM_RETURN_IF_ERROR(Commit(context, result));
-  std::fill(residual.begin(), residual.end(), 0.0f);
   stats->result_nonzeros = result.size();
-  return result;
+  return Proposal{
+      .result = std::move(result),
+      .apply = [](const sparse::SparseBlock&, absl::Span<float> residual) {
+        std::fill(residual.begin(), residual.end(), 0.0f);
+      }};
 }
 
 absl::Status DenseRing::RingStep(StepRunner& runner, uint32_t tag,

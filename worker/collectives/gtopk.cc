@@ -36,13 +36,17 @@ absl::StatusOr<std::unique_ptr<GTopk>> GTopk::Create(int world_size, int rank,
       new GTopk(world_size, rank, n, SelectionSize(n, density), wire));
 }
 
-absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
-    absl::Span<const float> gradient, absl::Span<float> residual,
-    const OpContext& context, OpStats* stats) {
-  GM_RETURN_IF_ERROR(
-      BeginAllReduce("gTopk", n_, gradient, residual, context, stats));
-  sparse::SparseBlock selected = TimedTopKAbs(residual, k_, stats);
-  const sparse::SparseBlock local_loss = codec_.Round(&selected);
+absl::StatusOr<uint64_t> GTopk::Accumulate(absl::Span<const float> gradient,
+                                           absl::Span<float> residual,
+                                           OpStats* stats) {
+  return AccumulateChecked("gTopk", n_, gradient, residual, stats);
+}
+
+absl::StatusOr<Proposal> GTopk::Reduce(absl::Span<const float> accumulator,
+                                       const OpContext& context,
+                                       OpStats* stats) {
+  sparse::SparseBlock selected = TimedTopKAbs(accumulator, k_, stats);
+  sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const sparse::IndexRange all{0, n_};
 
@@ -78,13 +82,18 @@ absl::StatusOr<sparse::SparseBlock> GTopk::AllReduce(
                         ReceiveBlock(runner, codec_, tag, step.peer, n_));
   }
 
-  GM_RETURN_IF_ERROR(Commit(context, current));
-  LeaveSelected(selected, local_loss, residual);
-  for (const sparse::SparseBlock& d : discarded) {
-    sparse::ScatterAdd(d, residual);
-  }
   stats->result_nonzeros = current.size();
-  return current;
+  return Proposal{
+      .result = std::move(current),
+      .apply = [selected = std::move(selected),
+                local_loss = std::move(local_loss),
+                discarded = std::move(discarded)](const sparse::SparseBlock&,
+                                                  absl::Span<float> residual) {
+        LeaveSelected(selected, local_loss, residual);
+        for (const sparse::SparseBlock& d : discarded) {
+          sparse::ScatterAdd(d, residual);
+        }
+      }};
 }
 
 }  // namespace gradmesh::collectives

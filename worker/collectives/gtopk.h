@@ -34,9 +34,12 @@ class GTopk : public Collective {
       int world_size, int rank, uint64_t n, double density,
       const WireFormat& wire = {});
 
-  absl::StatusOr<sparse::SparseBlock> AllReduce(
-      absl::Span<const float> gradient, absl::Span<float> residual,
-      const OpContext& context, OpStats* stats) override;
+  absl::StatusOr<uint64_t> Accumulate(absl::Span<const float> gradient,
+                                      absl::Span<float> residual,
+                                      OpStats* stats) override;
+  absl::StatusOr<Proposal> Reduce(absl::Span<const float> accumulator,
+                                  const OpContext& context,
+                                  OpStats* stats) override;
 
  private:
   GTopk(int world_size, int rank, uint64_t n, uint64_t k,

@@ -87,16 +87,21 @@ OkTopk::OkTopk(int world_size, int rank, uint64_t n,
   }
 }
 
-absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
-    absl::Span<const float> gradient, absl::Span<float> residual,
-    const OpContext& context, OpStats* stats) {
+absl::StatusOr<uint64_t> OkTopk::Accumulate(absl::Span<const float> gradient,
+                                            absl::Span<float> residual,
+                                            OpStats* stats) {
   GM_RETURN_IF_ERROR(ValidateSizes("Ok-Topk", n_, gradient, residual));
-  // Every call counts, failed or not (in the agreement of
-  // OpContext::accumulated too), so that ranks whose calls ended
-  // differently still agree on the periods of the next one.
-  const uint64_t t = iteration_++;
-  GM_RETURN_IF_ERROR(
-      BeginAllReduce("Ok-Topk", n_, gradient, residual, context, stats));
+  // Every call counts, failed or not (in the caller's agreement after this
+  // phase too), so that ranks whose calls ended differently still agree on
+  // the periods of the next one.
+  iteration_++;
+  return AccumulateChecked("Ok-Topk", n_, gradient, residual, stats);
+}
+
+absl::StatusOr<Proposal> OkTopk::Reduce(absl::Span<const float> accumulator,
+                                        const OpContext& context,
+                                        OpStats* stats) {
+  const uint64_t t = iteration_ - 1;
   StepRunner runner(context, stats);
   const bool evaluate = t % options_.tau_prime == 0;
   const bool repartition = t % options_.tau == 0;
@@ -104,11 +109,11 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
   sparse::SparseBlock local;
   {
     ScopedTimer timer(&stats->topk_seconds);
-    if (evaluate) local_threshold_ = kernels::KthLargestAbs(residual, k_);
-    local = kernels::SelectAbsAtLeast(residual, local_threshold_, 0);
+    if (evaluate) local_threshold_ = kernels::KthLargestAbs(accumulator, k_);
+    local = kernels::SelectAbsAtLeast(accumulator, local_threshold_, 0);
   }
   // Values that round to zero for the wire are not selected after all.
-  const sparse::SparseBlock local_loss = codec_.Round(&local);
+  sparse::SparseBlock local_loss = codec_.Round(&local);
   if (repartition) GM_RETURN_IF_ERROR(Repartition(runner, local));
   GM_ASSIGN_OR_RETURN(sparse::SparseBlock reduced,
                       SplitAndReduce(runner, local));
@@ -122,22 +127,29 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::AllReduce(
   }
   // The owner keeps what rounding takes off its global values; one that
   // rounds to zero leaves the result, and its contributors keep theirs.
-  const sparse::SparseBlock owner_loss = codec_.Round(&mine);
+  sparse::SparseBlock owner_loss = codec_.Round(&mine);
   GM_ASSIGN_OR_RETURN(sparse::SparseBlock result,
                       BalanceAndAllGather(runner, std::move(mine), stats));
 
   // Where a locally selected value reached the result, the residual keeps
   // only what wire rounding took off it.
-  const sparse::SparseBlock left = Intersect(local, result);
-  GM_RETURN_IF_ERROR(Commit(context, result));
-  LeaveSelected(left, Intersect(local_loss, result), residual);
-  sparse::ScatterAdd(owner_loss, residual);
   stats->SetDetail("local_selected", static_cast<int64_t>(local.size()));
   stats->SetDetail("global_selected", static_cast<int64_t>(result.size()));
   stats->SetDetail("thresholds_evaluated", evaluate);
   stats->SetDetail("repartitioned", repartition);
   stats->result_nonzeros = result.size();
-  return result;
+  return Proposal{
+      .result = std::move(result),
+      .apply = [local = std::move(local), local_loss = std::move(local_loss),
+                owner_loss = std::move(owner_loss)](
+                   const sparse::SparseBlock& applied,
+                   absl::Span<float> residual) {
+        // Where a locally selected value reached the result, the
+        // residual keeps only what wire rounding took off it.
+        LeaveSelected(Intersect(local, applied), Intersect(local_loss, applied),
+                      residual);
+        sparse::ScatterAdd(owner_loss, residual);
+      }};
 }
 
 absl::Status OkTopk::Repartition(StepRunner& runner,

@@ -60,9 +60,12 @@ class OkTopk : public Collective {
   static absl::StatusOr<std::unique_ptr<OkTopk>> Create(
       int world_size, int rank, uint64_t n, const OkTopkOptions& options);
 
-  absl::StatusOr<sparse::SparseBlock> AllReduce(
-      absl::Span<const float> gradient, absl::Span<float> residual,
-      const OpContext& context, OpStats* stats) override;
+  absl::StatusOr<uint64_t> Accumulate(absl::Span<const float> gradient,
+                                      absl::Span<float> residual,
+                                      OpStats* stats) override;
+  absl::StatusOr<Proposal> Reduce(absl::Span<const float> accumulator,
+                                  const OpContext& context,
+                                  OpStats* stats) override;
 
  private:
   OkTopk(int world_size, int rank, uint64_t n, const OkTopkOptions& options);

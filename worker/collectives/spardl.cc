@@ -95,9 +95,9 @@ SparDl::SparDl(int world_size, int rank, uint64_t n,
   h_controller_ = BsagHController(quotas_[position_], layout_.teams);
 }
 
-absl::StatusOr<sparse::SparseBlock> SparDl::AllReduce(
-    absl::Span<const float> gradient, absl::Span<float> residual,
-    const OpContext& context, OpStats* stats) {
+absl::StatusOr<uint64_t> SparDl::Accumulate(absl::Span<const float> gradient,
+                                            absl::Span<float> residual,
+                                            OpStats* stats) {
   GM_CHECK(stats != nullptr);
   GM_RETURN_IF_ERROR(ValidateSizes("SparDL", n_, gradient, residual));
   // Step 1: acc = gradient + residual, in place, and its working copy, in
@@ -112,14 +112,23 @@ absl::StatusOr<sparse::SparseBlock> SparDl::AllReduce(
     work_[i] = residual[i];
   }
   *stats = OpStats{};
-  GM_RETURN_IF_ERROR(Accumulated(context, nonfinite));
+  return nonfinite;
+}
+
+absl::StatusOr<Proposal> SparDl::Reduce(absl::Span<const float>,
+                                        const OpContext& context,
+                                        OpStats* stats) {
+  // Runs on work_, the accumulator's copy that Accumulate made.
   StepRunner runner(context, stats);
   GM_ASSIGN_OR_RETURN(sparse::SparseBlock result, Run(runner, stats));
-  GM_RETURN_IF_ERROR(Commit(context, result));
-  // Step 5: xi (and SAG shares) where the result has an entry.
-  for (uint32_t i : result.indices) residual[i] = work_[i];
   stats->result_nonzeros = result.size();
-  return result;
+  return Proposal{.result = std::move(result),
+                  .apply = [this](const sparse::SparseBlock& applied,
+                                  absl::Span<float> residual) {
+                    // Step 5: xi (and SAG shares) where the result has an
+                    // entry.
+                    for (uint32_t i : applied.indices) residual[i] = work_[i];
+                  }};
 }
 
 absl::StatusOr<sparse::SparseBlock> SparDl::Run(StepRunner& runner,

@@ -98,9 +98,12 @@ class SparDl : public Collective {
   static absl::StatusOr<std::unique_ptr<SparDl>> Create(
       int world_size, int rank, uint64_t n, const SparDlOptions& options);
 
-  absl::StatusOr<sparse::SparseBlock> AllReduce(
-      absl::Span<const float> gradient, absl::Span<float> residual,
-      const OpContext& context, OpStats* stats) override;
+  absl::StatusOr<uint64_t> Accumulate(absl::Span<const float> gradient,
+                                      absl::Span<float> residual,
+                                      OpStats* stats) override;
+  absl::StatusOr<Proposal> Reduce(absl::Span<const float> accumulator,
+                                  const OpContext& context,
+                                  OpStats* stats) override;
 
  private:
   SparDl(int world_size, int rank, uint64_t n, const SparDlOptions& options);

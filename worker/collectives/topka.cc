@@ -93,20 +93,24 @@ absl::StatusOr<std::unique_ptr<TopkAllGather>> TopkAllGather::Create(
                         selection, wire, std::move(tensor_starts)));
 }
 
-absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
+absl::StatusOr<uint64_t> TopkAllGather::Accumulate(
     absl::Span<const float> gradient, absl::Span<float> residual,
-    const OpContext& context, OpStats* stats) {
-  GM_RETURN_IF_ERROR(
-      BeginAllReduce("TopkA", n_, gradient, residual, context, stats));
+    OpStats* stats) {
+  return AccumulateChecked("TopkA", n_, gradient, residual, stats);
+}
+
+absl::StatusOr<Proposal> TopkAllGather::Reduce(
+    absl::Span<const float> accumulator, const OpContext& context,
+    OpStats* stats) {
   sparse::SparseBlock selected;
   {
     ScopedTimer timer(&stats->topk_seconds);
     selected = selection_ == LocalSelection::kExactTopK
-                   ? tensors_.TopK(residual, k_, 0)
-                   : GaussianSelect(residual, k_);
+                   ? tensors_.TopK(accumulator, k_, 0)
+                   : GaussianSelect(accumulator, k_);
   }
   stats->SetDetail("selected", static_cast<int64_t>(selected.size()));
-  const sparse::SparseBlock loss = codec_.Round(&selected);
+  sparse::SparseBlock loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const sparse::IndexRange all{0, n_};
   GM_ASSIGN_OR_RETURN(
@@ -122,10 +126,13 @@ absl::StatusOr<sparse::SparseBlock> TopkAllGather::AllReduce(
   }
   blocks[rank_] = selected;  // k entries; `selected` still leaves below
   sparse::SparseBlock result = SumInOrder(std::move(blocks));
-  GM_RETURN_IF_ERROR(Commit(context, result));
-  LeaveSelected(selected, loss, residual);
   stats->result_nonzeros = result.size();
-  return result;
+  return Proposal{
+      .result = std::move(result),
+      .apply = [selected = std::move(selected), loss = std::move(loss)](
+                   const sparse::SparseBlock&, absl::Span<float> residual) {
+        LeaveSelected(selected, loss, residual);
+      }};
 }
 
 }  // namespace gradmesh::collectives

@@ -38,9 +38,12 @@ class TopkAllGather : public Collective {
       LocalSelection selection, const WireFormat& wire = {},
       std::vector<uint64_t> tensor_starts = {});
 
-  absl::StatusOr<sparse::SparseBlock> AllReduce(
-      absl::Span<const float> gradient, absl::Span<float> residual,
-      const OpContext& context, OpStats* stats) override;
+  absl::StatusOr<uint64_t> Accumulate(absl::Span<const float> gradient,
+                                      absl::Span<float> residual,
+                                      OpStats* stats) override;
+  absl::StatusOr<Proposal> Reduce(absl::Span<const float> accumulator,
+                                  const OpContext& context,
+                                  OpStats* stats) override;
 
  private:
   TopkAllGather(int world_size, int rank, uint64_t n, uint64_t k,

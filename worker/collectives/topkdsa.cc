@@ -133,13 +133,17 @@ absl::StatusOr<std::unique_ptr<TopkDsa>> TopkDsa::Create(
                                               quantize_bits, seed, wire));
 }
 
-absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
-    absl::Span<const float> gradient, absl::Span<float> residual,
-    const OpContext& context, OpStats* stats) {
-  GM_RETURN_IF_ERROR(
-      BeginAllReduce("TopkDSA", n_, gradient, residual, context, stats));
-  sparse::SparseBlock selected = TimedTopKAbs(residual, k_, stats);
-  const sparse::SparseBlock local_loss = codec_.Round(&selected);
+absl::StatusOr<uint64_t> TopkDsa::Accumulate(absl::Span<const float> gradient,
+                                             absl::Span<float> residual,
+                                             OpStats* stats) {
+  return AccumulateChecked("TopkDSA", n_, gradient, residual, stats);
+}
+
+absl::StatusOr<Proposal> TopkDsa::Reduce(absl::Span<const float> accumulator,
+                                         const OpContext& context,
+                                         OpStats* stats) {
+  sparse::SparseBlock selected = TimedTopKAbs(accumulator, k_, stats);
+  sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const int p = world_size_;
   const int w = rank_;
@@ -173,11 +177,38 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
   const uint64_t seed = seed_ ^ (context.operation * 0x9e3779b97f4a7c15ULL) ^
                         (static_cast<uint64_t>(w) << 40);
   GM_ASSIGN_OR_RETURN(
+      sparse::SparseBlock result,
+      GatherPartitions(runner,
+                       EncodeStream(stream, mine, codec_, quantize_bits_, seed,
+                                    &quantization_error),
+                       stats));
+  stats->SetDetail("own_dense", stream.dense);
+  stats->result_nonzeros = result.size();
+  return Proposal{.result = std::move(result),
+                  .apply = [selected = std::move(selected),
+                            local_loss = std::move(local_loss),
+                            owner_loss = std::move(owner_loss),
+                            owner_dropped = std::move(owner_dropped),
+                            quantization_error = std::move(quantization_error),
+                            first = mine.begin](const sparse::SparseBlock&,
+                                                absl::Span<float> residual) {
+                    LeaveSelected(selected, local_loss, residual);
+                    sparse::ScatterAdd(owner_loss, residual);
+                    sparse::ScatterAdd(owner_dropped, residual);
+                    for (size_t i = 0; i < quantization_error.size(); ++i) {
+                      residual[first + i] += quantization_error[i];
+                    }
+                  }};
+}
+
+absl::StatusOr<sparse::SparseBlock> TopkDsa::GatherPartitions(
+    StepRunner& runner, std::string mine, OpStats* stats) {
+  const int p = world_size_;
+  const int w = rank_;
+  GM_ASSIGN_OR_RETURN(
       std::vector<std::string> gathered,
       AllGather(runner, PhaseStep(kAllGatherPhase), Group::World(p, w),
-                EncodeStream(stream, mine, codec_, quantize_bits_, seed,
-                             &quantization_error),
-                PreferredAllGather(p)));
+                std::move(mine), PreferredAllGather(p)));
   sparse::SparseBlock result;
   int dense_partitions = 0;
   for (int r = 0; r < p; ++r) {
@@ -186,16 +217,7 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::AllReduce(
     if (!dense.ok()) return PeerError(dense.status(), r);
     dense_partitions += *dense;
   }
-  GM_RETURN_IF_ERROR(Commit(context, result));
-  LeaveSelected(selected, local_loss, residual);
-  sparse::ScatterAdd(owner_loss, residual);
-  sparse::ScatterAdd(owner_dropped, residual);
-  for (size_t i = 0; i < quantization_error.size(); ++i) {
-    residual[mine.begin + i] += quantization_error[i];
-  }
   stats->SetDetail("dense_partitions", dense_partitions);
-  stats->SetDetail("own_dense", stream.dense);
-  stats->result_nonzeros = result.size();
   return result;
 }
 

@@ -57,9 +57,12 @@ class TopkDsa : public Collective {
       int world_size, int rank, uint64_t n, double density,
       int quantize_bits = 0, uint64_t seed = 1, const WireFormat& wire = {});
 
-  absl::StatusOr<sparse::SparseBlock> AllReduce(
-      absl::Span<const float> gradient, absl::Span<float> residual,
-      const OpContext& context, OpStats* stats) override;
+  absl::StatusOr<uint64_t> Accumulate(absl::Span<const float> gradient,
+                                      absl::Span<float> residual,
+                                      OpStats* stats) override;
+  absl::StatusOr<Proposal> Reduce(absl::Span<const float> accumulator,
+                                  const OpContext& context,
+                                  OpStats* stats) override;
 
   // delta for a partition of `size` values: size * 4 / (4 + 4).
   static uint64_t Delta(uint64_t size) { return size / 2; }
@@ -74,6 +77,12 @@ class TopkDsa : public Collective {
         quantize_bits_(quantize_bits),
         seed_(seed),
         codec_(wire) {}
+
+  // Gathers every worker's encoded partition (`mine` this worker's) and
+  // assembles the result in partition order.
+  absl::StatusOr<sparse::SparseBlock> GatherPartitions(StepRunner& runner,
+                                                       std::string mine,
+                                                       OpStats* stats);
 
   const int world_size_;
   const int rank_;

@@ -83,15 +83,28 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
         .epoch = group.options.epoch,
         .operation = request.operation,
         .deadline =
-            std::min(request.deadline, absl::Now() + group.options.timeout),
-        .accumulated = request.agree,
-        .commit = request.commit};
-    return buffer->collective->AllReduce(request.gradient, residual, context,
-                                         stats);
+            std::min(request.deadline, absl::Now() + group.options.timeout)};
+    return Run(*buffer->collective, request, context, residual, stats);
   };
   absl::StatusOr<sparse::SparseBlock> result = run();
   if (request.residual_out != nullptr) request.residual_out(residual);
   return result;
+}
+
+absl::StatusOr<sparse::SparseBlock> Engine::Run(
+    collectives::Collective& collective, const Request& request,
+    const collectives::OpContext& context, absl::Span<float> residual,
+    collectives::OpStats* stats) {
+  GM_ASSIGN_OR_RETURN(const uint64_t nonfinite,
+                      collective.Accumulate(request.gradient, residual, stats));
+  // From here on the residual holds the accumulator until a proposal is
+  // applied: any failure leaves it there, nothing lost.
+  if (request.agree) GM_RETURN_IF_ERROR(request.agree(nonfinite));
+  GM_ASSIGN_OR_RETURN(collectives::Proposal proposal,
+                      collective.Reduce(residual, context, stats));
+  if (request.commit) GM_RETURN_IF_ERROR(request.commit(proposal.result));
+  proposal.apply(proposal.result, residual);
+  return std::move(proposal.result);
 }
 
 absl::Status Engine::Keep(absl::string_view name,

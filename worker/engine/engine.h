@@ -82,9 +82,9 @@ struct Request {
   // non-finite values left out. A non-OK status fails the operation without
   // running it (the residual keeps old residual + the finite gradient).
   std::function<absl::Status(uint64_t nonfinite)> agree;
-  // Called once the result is known here, before the residual changes; a
-  // non-OK status fails the operation, the residual holding residual +
-  // (finite) gradient (collectives::OpContext::commit).
+  // Called once the result is known here, before the residual changes (the
+  // algorithm's Proposal is applied only after it); a non-OK status fails
+  // the operation, the residual holding residual + (finite) gradient.
   std::function<absl::Status(const sparse::SparseBlock& result)> commit;
   // Called last, success or failure, still holding the buffer: sees the
   // residual the operation left.
@@ -145,6 +145,12 @@ class Engine {
     std::vector<float> residual ABSL_GUARDED_BY(mu);
   };
 
+  // The phases of one operation on `collective`: accumulate, agree, reduce,
+  // commit, apply (see Request).
+  static absl::StatusOr<sparse::SparseBlock> Run(
+      collectives::Collective& collective, const Request& request,
+      const collectives::OpContext& context, absl::Span<float> residual,
+      collectives::OpStats* stats);
   // The buffer, created with `n` zeros if new; InvalidArgument if its size
   // differs.
   absl::StatusOr<std::shared_ptr<Buffer>> FindOrCreate(absl::string_view name,

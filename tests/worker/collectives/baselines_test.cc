@@ -438,7 +438,7 @@ TEST_P(BaselineCostTest, TopkDsaAndOkTopkMeetTableOne) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, BaselineCostTest, ::testing::Range(1, 17));
 
-// A call that fails in the caller's agreement (OpContext::accumulated)
+// A call that fails in the caller's agreement (after Accumulate)
 // still counts toward Ok-Topk's periods, so that a rank whose agreement
 // failed stays in step with one whose call failed later; the gradient stays
 // in the residual.
@@ -454,17 +454,19 @@ TEST(OkTopkTest, CallsFailedInTheAgreementCountTowardThePeriods) {
   const std::vector<float> gradient = RandomVector(kN, 3);
   std::vector<int64_t> evaluated;
   for (int call = 0; call < 3; ++call) {
-    OpContext context{.transport = network.endpoint(0),
-                      .operation = static_cast<uint64_t>(call)};
-    if (call == 1) {
-      context.accumulated = [](uint64_t) {
-        return absl::InvalidArgumentError("refused");
-      };
-    }
+    const OpContext context{.transport = network.endpoint(0),
+                            .operation = static_cast<uint64_t>(call)};
     OpStats stats;
-    auto result = instance->AllReduce(gradient, absl::MakeSpan(residual),
-                                      context, &stats);
-    EXPECT_EQ(result.ok(), call != 1) << result.status();
+    if (call == 1) {
+      // Accumulated, then refused by the caller's agreement: never reduced.
+      EXPECT_TRUE(
+          instance->Accumulate(gradient, absl::MakeSpan(residual), &stats)
+              .ok());
+    } else {
+      auto result = instance->AllReduce(gradient, absl::MakeSpan(residual),
+                                        context, &stats);
+      EXPECT_TRUE(result.ok()) << result.status();
+    }
     evaluated.push_back(stats.detail("thresholds_evaluated"));
   }
   // Calls 0 and 2 re-evaluate (period 2); the failed call 1 was counted.
@@ -587,10 +589,10 @@ TEST(GaussianTest, SelectsAThresholdSetOfAtLeastThreeQuartersOfK) {
   EXPECT_GE(GaussianSelect(x, 1000).size(), 750u);
 }
 
-// Every algorithm asks OpContext::commit before it changes the residual: a
-// refusal fails the operation with the accumulator (old residual + gradient)
-// kept, bit for bit; an approval changes nothing in what it computes.
-TEST(CommitTest, EveryAlgorithmKeepsTheAccumulatorWhenTheCommitIsRefused) {
+// No algorithm changes the residual before its proposal is applied: dropped
+// (the members refused the step), the accumulator (old residual + gradient)
+// stays, bit for bit; applied, it becomes the new residual.
+TEST(CommitTest, EveryAlgorithmKeepsTheAccumulatorUntilItsProposalIsApplied) {
   constexpr int kP = 4;
   constexpr uint64_t kN = 400;
   for (const std::string& name : AlgorithmNames()) {
@@ -609,27 +611,23 @@ TEST(CommitTest, EveryAlgorithmKeepsTheAccumulatorWhenTheCommitIsRefused) {
         instances.push_back(
             *CreateCollective({.algorithm = name, .density = 0.05}, kP, r, kN));
       }
-      std::vector<int> commits(kP, 0);
       std::vector<absl::Status> statuses(kP);
       testing::RunRanks(network, [&](int r, transport::Transport* t) {
-        OpContext context{
-            .transport = t,
-            .deadline = absl::Now() + absl::Seconds(20),
-            .commit = [&, r](const sparse::SparseBlock&) -> absl::Status {
-              ++commits[r];
-              if (refuse) return absl::AbortedError("refused");
-              return absl::OkStatus();
-            }};
+        const OpContext context{.transport = t,
+                                .deadline = absl::Now() + absl::Seconds(20)};
         OpStats stats;
+        auto residual = absl::MakeSpan(residuals[r]);
         statuses[r] =
-            instances[r]
-                ->AllReduce(gradients[r], absl::MakeSpan(residuals[r]), context,
-                            &stats)
-                .status();
+            instances[r]->Accumulate(gradients[r], residual, &stats).status();
+        if (!statuses[r].ok()) return;
+        auto proposal = instances[r]->Reduce(residual, context, &stats);
+        statuses[r] = proposal.status();
+        if (proposal.ok() && !refuse) {
+          proposal->apply(proposal->result, residual);
+        }
       });
       for (int r = 0; r < kP; ++r) {
-        EXPECT_EQ(commits[r], 1) << "rank " << r;
-        EXPECT_EQ(absl::IsAborted(statuses[r]), refuse) << statuses[r];
+        EXPECT_TRUE(statuses[r].ok()) << statuses[r];
         EXPECT_EQ(residuals[r] == accumulators[r], refuse) << "rank " << r;
       }
     }
