@@ -12,7 +12,7 @@ packages=(
   python3-dev pybind11-dev python3-numpy python3-torch python3-matplotlib
   python3-pytest dataset-fashion-mnist
   libgloo-dev libopenmpi-dev openmpi-bin iproute2 procps
-  prometheus yamllint python3-yaml
+  prometheus yamllint python3-yaml universal-ctags
 )
 # kubectl renders the Kustomize manifests; any recent one will do, and some
 # machines carry one from another package that Debian's would conflict with.

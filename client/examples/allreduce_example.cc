@@ -31,6 +31,32 @@ void FillGradient(absl::Span<float> g, int rank, uint64_t step) {
   }
 }
 
+// One training step: both buckets' gradients summed at once, waited for in
+// reverse order, then SGD with their means; 0, or Fail's code.
+int Step(gradmesh::Client& c, gradmesh::TensorSet& dense,
+         gradmesh::TensorSet& conv, absl::Span<float> p, int step) {
+  FillGradient(dense.values(), c.rank(), step);
+  FillGradient(conv.values(), c.rank(), step + 100);
+  const gradmesh::AllReduceOptions mean{.op = gradmesh::ReduceOp::kMean};
+  gradmesh::Handle h_dense = c.AllReduceAsync(dense, step, mean);
+  gradmesh::Handle h_conv = c.AllReduceAsync(conv, step, mean);
+  auto r_conv = h_conv.Wait();
+  auto r_dense = h_dense.Wait();
+  if (!r_conv.ok()) return Fail("all-reduce conv", r_conv.status());
+  if (!r_dense.ok()) return Fail("all-reduce dense", r_dense.status());
+  // SGD on the fused parameters: dense buckets' means, lr 0.1.
+  for (size_t i = 0; i < dense.size(); ++i) p[i] -= 0.1f * dense.values()[i];
+  for (size_t i = 0; i < conv.size(); ++i) {
+    p[dense.size() + i] -= 0.1f * conv.values()[i];
+  }
+  std::printf("step %d: %llu + %llu nonzeros, %s d=%d, %.2f ms\n", step,
+              static_cast<unsigned long long>(r_dense->nonzeros),
+              static_cast<unsigned long long>(r_conv->nonzeros),
+              r_dense->algorithm.c_str(), r_dense->teams,
+              (r_dense->seconds + r_conv->seconds) * 1e3);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,27 +92,9 @@ int main(int argc, char** argv) {
   }
 
   for (int step = 0; step < steps; ++step) {
-    FillGradient((*dense)->values(), c.rank(), step);
-    FillGradient((*conv)->values(), c.rank(), step + 100);
-    const gradmesh::AllReduceOptions mean{.op = gradmesh::ReduceOp::kMean};
-    gradmesh::Handle h_dense = c.AllReduceAsync(**dense, step, mean);
-    gradmesh::Handle h_conv = c.AllReduceAsync(**conv, step, mean);
-    auto r_conv = h_conv.Wait();
-    auto r_dense = h_dense.Wait();
-    if (!r_conv.ok()) return Fail("all-reduce conv", r_conv.status());
-    if (!r_dense.ok()) return Fail("all-reduce dense", r_dense.status());
-    // SGD on the fused parameters: dense buckets' means, lr 0.1.
-    for (size_t i = 0; i < (*dense)->size(); ++i) {
-      p[i] -= 0.1f * (*dense)->values()[i];
+    if (const int failed = Step(c, **dense, **conv, p, step); failed != 0) {
+      return failed;
     }
-    for (size_t i = 0; i < (*conv)->size(); ++i) {
-      p[(*dense)->size() + i] -= 0.1f * (*conv)->values()[i];
-    }
-    std::printf("step %d: %llu + %llu nonzeros, %s d=%d, %.2f ms\n", step,
-                static_cast<unsigned long long>(r_dense->nonzeros),
-                static_cast<unsigned long long>(r_conv->nonzeros),
-                r_dense->algorithm.c_str(), r_dense->teams,
-                (r_dense->seconds + r_conv->seconds) * 1e3);
   }
 
   // Every rank applied the same updates: rank 0's parameters equal ours.

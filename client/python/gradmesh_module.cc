@@ -203,27 +203,70 @@ void BindHandle(py::module_& m) {
       .def("done", [](const PyHandle& h) { return h.handle.Done(); });
 }
 
-void BindClient(py::module_& m) {
-  py::class_<Client, ClientPtr>(m, "Client",
-                                "A connection to this node's worker daemon.")
-      .def_static(
-          "connect",
-          [](const std::string& worker, const std::string& job,
-             double timeout_seconds) {
-            ClientOptions options{.worker = worker, .job = job};
-            options.timeout = absl::Seconds(timeout_seconds);
-            absl::StatusOr<std::unique_ptr<Client>> client;
-            {
-              py::gil_scoped_release release;
-              client = Client::Connect(options);
-            }
-            return ReleasingGil(ValueOrThrow(std::move(client)).release());
+// `call()` with the GIL released: it blocks on the worker.
+template <typename Call>
+auto WithoutGil(Call call) {
+  py::gil_scoped_release release;
+  return call();
+}
+
+// The client's calls besides connecting, registering and reducing.
+void BindClientCalls(py::class_<Client, ClientPtr>& cls) {
+  cls.def(
+         "broadcast",
+         [](Client& c, PyTensorSet& set, int root) {
+           ThrowIfError(
+               WithoutGil([&] { return c.Broadcast(*set.set, root); }));
+         },
+         py::arg("set"), py::arg("root"))
+      .def(
+          "save_residual",
+          [](Client& c, PyTensorSet& set) {
+            ThrowIfError(WithoutGil([&] { return c.SaveResidual(*set.set); }));
           },
-          py::arg("worker") = "", py::arg("job") = "",
-          py::arg("timeout") = 300.0,
-          "Connects (worker and job default to $GRADMESH_WORKER and "
-          "$GRADMESH_JOB; over TCP the token is $GRADMESH_TOKEN) and waits "
-          "until the worker is in a view.")
+          py::arg("set"),
+          "Copies the worker's residual of the set into set.residual().")
+      .def(
+          "load_residual",
+          [](Client& c, PyTensorSet& set,
+             py::array_t<float, py::array::c_style | py::array::forcecast>
+                 residual) {
+            if (residual.ndim() != 1) {
+              throw py::value_error("gradmesh: a residual is one-dimensional");
+            }
+            const absl::Span<const float> values(residual.data(),
+                                                 residual.size());
+            ThrowIfError(
+                WithoutGil([&] { return c.LoadResidual(*set.set, values); }));
+          },
+          py::arg("set"), py::arg("residual"),
+          "Replaces the worker's residual of the set (size values, finite).")
+      .def("barrier",
+           [](Client& c) {
+             ThrowIfError(WithoutGil([&] { return c.Barrier(); }));
+           })
+      .def("plan", [](Client& c) {
+        return ValueOrThrow(WithoutGil([&] { return c.GetPlan(); }));
+      });
+}
+
+void BindClient(py::module_& m) {
+  py::class_<Client, ClientPtr> cls(
+      m, "Client", "A connection to this node's worker daemon.");
+  cls.def_static(
+         "connect",
+         [](const std::string& worker, const std::string& job,
+            double timeout_seconds) {
+           ClientOptions options{.worker = worker, .job = job};
+           options.timeout = absl::Seconds(timeout_seconds);
+           auto client = WithoutGil([&] { return Client::Connect(options); });
+           return ReleasingGil(ValueOrThrow(std::move(client)).release());
+         },
+         py::arg("worker") = "", py::arg("job") = "",
+         py::arg("timeout") = 300.0,
+         "Connects (worker and job default to $GRADMESH_WORKER and "
+         "$GRADMESH_JOB; over TCP the token is $GRADMESH_TOKEN) and waits "
+         "until the worker is in a view.")
       .def(
           "register",
           [](ClientPtr client, const std::string& bucket,
@@ -234,11 +277,8 @@ void BindClient(py::module_& m) {
               specs.push_back({name, size});
             }
             const RegisterOptions options{.fusion = ParseFusion(fusion)};
-            absl::StatusOr<std::unique_ptr<TensorSet>> set;
-            {
-              py::gil_scoped_release release;
-              set = client->Register(bucket, specs, options);
-            }
+            auto set = WithoutGil(
+                [&] { return client->Register(bucket, specs, options); });
             return ReleasingGil(
                 new PyTensorSet{client, ValueOrThrow(std::move(set))});
           },
@@ -263,69 +303,10 @@ void BindClient(py::module_& m) {
           py::arg("sparse") = false, py::arg("return_residual") = false,
           "Starts summing the set's values for `step`; the memory is the "
           "worker's until the returned Handle is waited for.")
-      .def(
-          "broadcast",
-          [](Client& client, PyTensorSet& set, int root) {
-            absl::Status status;
-            {
-              py::gil_scoped_release release;
-              status = client.Broadcast(*set.set, root);
-            }
-            ThrowIfError(status);
-          },
-          py::arg("set"), py::arg("root"))
-      .def(
-          "save_residual",
-          [](Client& client, PyTensorSet& set) {
-            absl::Status status;
-            {
-              py::gil_scoped_release release;
-              status = client.SaveResidual(*set.set);
-            }
-            ThrowIfError(status);
-          },
-          py::arg("set"),
-          "Copies the worker's residual of the set into set.residual().")
-      .def(
-          "load_residual",
-          [](Client& client, PyTensorSet& set,
-             py::array_t<float, py::array::c_style | py::array::forcecast>
-                 residual) {
-            if (residual.ndim() != 1) {
-              throw py::value_error("gradmesh: a residual is one-dimensional");
-            }
-            const absl::Span<const float> values(residual.data(),
-                                                 residual.size());
-            absl::Status status;
-            {
-              py::gil_scoped_release release;
-              status = client.LoadResidual(*set.set, values);
-            }
-            ThrowIfError(status);
-          },
-          py::arg("set"), py::arg("residual"),
-          "Replaces the worker's residual of the set (size values, finite).")
-      .def("barrier",
-           [](Client& client) {
-             absl::Status status;
-             {
-               py::gil_scoped_release release;
-               status = client.Barrier();
-             }
-             ThrowIfError(status);
-           })
-      .def("plan",
-           [](Client& client) {
-             absl::StatusOr<Plan> plan;
-             {
-               py::gil_scoped_release release;
-               plan = client.GetPlan();
-             }
-             return ValueOrThrow(std::move(plan));
-           })
       .def_property_readonly("rank", &Client::rank)
       .def_property_readonly("size", &Client::size)
       .def_property_readonly("job", &Client::job);
+  BindClientCalls(cls);
 }
 
 }  // namespace

@@ -173,6 +173,99 @@ absl::Status DropOrphans(LocalCluster* cluster, std::vector<Trainer>* trainers,
 }
 
 // The job on a started cluster, up to its stop.
+// What the iterations of a run add up to.
+struct Tally {
+  // Each worker's residual as of its last successful iteration; known: up
+  // to date (a failed iteration moves them without telling).
+  std::vector<std::vector<float>> residuals;
+  bool known = true;
+  int failures = 0, timed = 0;
+  double daemon = 0, call = 0;
+  std::vector<std::string> json;  // per successful iteration
+};
+
+// The first failure among the trainers' outcomes, or "".
+std::string FirstFailure(const std::vector<Trainer>& trainers) {
+  for (const Trainer& t : trainers) {
+    if (!t.outcome.ok()) {
+      return absl::StrCat("worker ", t.worker, ": ",
+                          t.outcome.status().ToString());
+    }
+  }
+  return "";
+}
+
+// One iteration on every trainer, checked and printed.
+absl::Status Iterate(LocalCluster* cluster, const LocalOptions& options,
+                     uint64_t it, std::vector<Trainer>& trainers,
+                     Tally& tally) {
+  Step(trainers, options, it);
+  // A trainer whose worker is gone stops; the others go on without it
+  // (its last step may have counted its gradient: check identity only).
+  const size_t before = trainers.size();
+  GM_RETURN_IF_ERROR(DropOrphans(cluster, &trainers, &tally.residuals));
+  if (trainers.size() < before) tally.known = false;
+  if (const std::string error = FirstFailure(trainers); !error.empty()) {
+    ++tally.failures;
+    tally.known = false;
+    std::printf("iter %3llu  FAILED  %s (gradients kept in residuals)\n",
+                static_cast<unsigned long long>(it), error.c_str());
+    std::fflush(stdout);
+    // Membership may be changing: go on once the survivors share a view.
+    cluster->WaitForView(static_cast<int>(trainers.size()), options.timeout)
+        .IgnoreError();
+    return absl::OkStatus();
+  }
+  double daemon = 0, call = 0, sent = 0;
+  for (const Trainer& t : trainers) {
+    daemon = std::max(daemon, t.outcome->seconds);
+    call = std::max(call, t.call_seconds);
+    sent += static_cast<double>(t.outcome->bytes_sent);
+  }
+  std::string check = "unchecked";
+  if (options.verify) {
+    GM_RETURN_IF_ERROR(Verify(trainers, &tally.residuals, tally.known));
+    check = tally.known ? "checked" : "identical";
+    tally.known = true;
+  }
+  if (it > 0) {
+    tally.daemon += daemon;
+    tally.call += call;
+    ++tally.timed;
+  }
+  if (!options.json_path.empty()) {
+    tally.json.push_back(IterationJson(it, trainers));
+  }
+  const ReduceInfo& r = *trainers[0].outcome;
+  std::printf(
+      "iter %3llu  %8.2f ms  (call %7.2f ms)  %10.0f B sent/worker  "
+      "%6llu nonzeros  %s d=%d  epoch %llu  %s\n",
+      static_cast<unsigned long long>(it), daemon * 1e3, call * 1e3,
+      sent / static_cast<double>(trainers.size()),
+      static_cast<unsigned long long>(r.nonzeros), r.algorithm.c_str(), r.teams,
+      static_cast<unsigned long long>(r.epoch), check.c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+// The plan the run ended on and its mean iteration.
+void PrintSummary(const std::vector<Trainer>& trainers, const Tally& tally) {
+  if (auto plan = trainers[0].client->GetPlan(); plan.ok()) {
+    std::printf(
+        "gradmesh local: plan %s d=%d%s\n", plan->algorithm.c_str(),
+        plan->teams,
+        plan->note.empty() ? "" : absl::StrCat(" (", plan->note, ")").c_str());
+  }
+  if (tally.timed > 0) {
+    std::printf(
+        "gradmesh local: mean iteration %.2f ms in the workers, %.2f ms "
+        "seen by the clients (%.2fx) over %d iterations (the first "
+        "excluded)\n",
+        tally.daemon / tally.timed * 1e3, tally.call / tally.timed * 1e3,
+        tally.call / tally.daemon, tally.timed);
+  }
+}
+
 absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
                    const std::atomic<bool>* interrupted) {
   const int P = options.cluster.workers;
@@ -185,97 +278,28 @@ absl::Status Drive(LocalCluster* cluster, const LocalOptions& options,
       P, static_cast<unsigned long long>(options.iterations),
       static_cast<unsigned long long>(options.n));
   std::fflush(stdout);
-
-  // Each worker's residual as of its last successful iteration; known: up
-  // to date (a failed iteration moves them without telling).
-  std::vector<std::vector<float>> residuals(P,
-                                            std::vector<float>(options.n, 0));
-  bool known = true;
-  int failures = 0, timed = 0;
-  double total_daemon = 0, total_call = 0;
-  std::vector<std::string> json;  // per successful iteration
+  Tally tally;
+  tally.residuals.assign(P, std::vector<float>(options.n, 0));
   for (uint64_t it = 0; it < options.iterations; ++it) {
     if (interrupted != nullptr && interrupted->load()) {
       std::printf("gradmesh local: interrupted after %llu iterations\n",
                   static_cast<unsigned long long>(it));
       break;
     }
-    Step(trainers, options, it);
-    // A trainer whose worker is gone stops; the others go on without it
-    // (its last step may have counted its gradient: check identity only).
-    const size_t before = trainers.size();
-    GM_RETURN_IF_ERROR(DropOrphans(cluster, &trainers, &residuals));
-    if (trainers.size() < before) known = false;
-    std::string error;
-    for (size_t w = 0; w < trainers.size() && error.empty(); ++w) {
-      if (!trainers[w].outcome.ok()) {
-        error = absl::StrCat("worker ", trainers[w].worker, ": ",
-                             trainers[w].outcome.status().ToString());
-      }
-    }
-    if (!error.empty()) {
-      ++failures;
-      known = false;
-      std::printf("iter %3llu  FAILED  %s (gradients kept in residuals)\n",
-                  static_cast<unsigned long long>(it), error.c_str());
-      std::fflush(stdout);
-      // Membership may be changing: go on once the survivors share a view.
-      cluster->WaitForView(static_cast<int>(trainers.size()), options.timeout)
-          .IgnoreError();
-      continue;
-    }
-    double daemon = 0, call = 0, sent = 0;
-    for (const Trainer& t : trainers) {
-      daemon = std::max(daemon, t.outcome->seconds);
-      call = std::max(call, t.call_seconds);
-      sent += static_cast<double>(t.outcome->bytes_sent);
-    }
-    std::string check = "unchecked";
-    if (options.verify) {
-      GM_RETURN_IF_ERROR(Verify(trainers, &residuals, known));
-      check = known ? "checked" : "identical";
-      known = true;
-    }
-    if (it > 0) {
-      total_daemon += daemon;
-      total_call += call;
-      ++timed;
-    }
-    if (!options.json_path.empty()) json.push_back(IterationJson(it, trainers));
-    const ReduceInfo& r = *trainers[0].outcome;
-    std::printf(
-        "iter %3llu  %8.2f ms  (call %7.2f ms)  %10.0f B sent/worker  "
-        "%6llu nonzeros  %s d=%d  epoch %llu  %s\n",
-        static_cast<unsigned long long>(it), daemon * 1e3, call * 1e3,
-        sent / static_cast<double>(trainers.size()),
-        static_cast<unsigned long long>(r.nonzeros), r.algorithm.c_str(),
-        r.teams, static_cast<unsigned long long>(r.epoch), check.c_str());
-    std::fflush(stdout);
+    GM_RETURN_IF_ERROR(Iterate(cluster, options, it, trainers, tally));
   }
-  if (auto plan = trainers[0].client->GetPlan(); plan.ok()) {
-    std::printf(
-        "gradmesh local: plan %s d=%d%s\n", plan->algorithm.c_str(),
-        plan->teams,
-        plan->note.empty() ? "" : absl::StrCat(" (", plan->note, ")").c_str());
-  }
-  if (timed > 0) {
-    std::printf(
-        "gradmesh local: mean iteration %.2f ms in the workers, %.2f ms "
-        "seen by the clients (%.2fx) over %d iterations (the first "
-        "excluded)\n",
-        total_daemon / timed * 1e3, total_call / timed * 1e3,
-        total_call / total_daemon, timed);
-  }
+  PrintSummary(trainers, tally);
   if (!options.json_path.empty()) {
-    GM_RETURN_IF_ERROR(WriteJson(options, json));
+    GM_RETURN_IF_ERROR(WriteJson(options, tally.json));
   }
   trainers.clear();  // unregister before the workers stop
   const absl::Status stopped = cluster->Stop();
   std::printf(
       "gradmesh local: cluster stopped%s\n",
       stopped.ok() ? "" : absl::StrCat(" (", stopped.message(), ")").c_str());
-  if (failures > 0) {
-    return absl::UnavailableError(absl::StrCat(failures, " iterations failed"));
+  if (tally.failures > 0) {
+    return absl::UnavailableError(
+        absl::StrCat(tally.failures, " iterations failed"));
   }
   return stopped;
 }

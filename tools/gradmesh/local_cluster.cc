@@ -45,6 +45,14 @@ std::string Tail(const std::string& path, int lines = 5) {
   return out;
 }
 
+// --tls_ca, --tls_cert and --tls_key for `tls`, if it is enabled.
+void AppendTlsArgs(const TlsFiles& tls, std::vector<std::string>* args) {
+  if (!tls.enabled()) return;
+  args->push_back(absl::StrCat("--tls_ca=", tls.ca));
+  args->push_back(absl::StrCat("--tls_cert=", tls.cert));
+  args->push_back(absl::StrCat("--tls_key=", tls.key));
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> FindBinary(const std::string& name,
@@ -89,52 +97,28 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "a local cluster has 1..64 workers, not ", options.workers));
   }
-  GM_ASSIGN_OR_RETURN(const std::string coordinator_binary,
-                      FindBinary("gradmesh-coordinator", options.bin_dir));
-  GM_ASSIGN_OR_RETURN(const std::string worker_binary,
-                      FindBinary("gradmesh-worker", options.bin_dir));
-  std::unique_ptr<LocalCluster> cluster(new LocalCluster());
-  cluster->options_ = options;
-  if (options.work_dir.empty()) {
-    std::string pattern =
-        (fs::temp_directory_path() / "gradmesh-local-XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) {
-      return absl::InternalError(
-          absl::StrCat("mkdtemp: ", std::strerror(errno)));
-    }
-    cluster->work_dir_ = pattern;
-    cluster->temporary_work_dir_ = true;
-  } else {
-    std::error_code error;
-    fs::create_directories(options.work_dir, error);
-    if (error) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot create ", options.work_dir, ": ", error.message()));
-    }
-    cluster->work_dir_ = options.work_dir;
-  }
-  auto tls_args = [&](std::vector<std::string>& args, const TlsFiles& own) {
-    const TlsFiles& tls = own.enabled() ? own : options.tls;
-    if (!tls.enabled()) return;
-    args.push_back(absl::StrCat("--tls_ca=", tls.ca));
-    args.push_back(absl::StrCat("--tls_cert=", tls.cert));
-    args.push_back(absl::StrCat("--tls_key=", tls.key));
-  };
-  const absl::Time deadline = absl::Now() + options.start_timeout;
-
   if (!options.hosts.empty() &&
       static_cast<int>(options.hosts.size()) != options.workers) {
     return absl::InvalidArgumentError(
         absl::StrCat(options.hosts.size(), " hosts for ", options.workers,
                      " workers: give one per worker"));
   }
+  GM_ASSIGN_OR_RETURN(const std::string coordinator_binary,
+                      FindBinary("gradmesh-coordinator", options.bin_dir));
+  GM_ASSIGN_OR_RETURN(const std::string worker_binary,
+                      FindBinary("gradmesh-worker", options.bin_dir));
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster());
+  cluster->options_ = options;
+  GM_RETURN_IF_ERROR(cluster->MakeWorkDir());
+  const absl::Time deadline = absl::Now() + options.start_timeout;
+
   const std::string& chost = options.coordinator_host;
   std::vector<std::string> args = {
       absl::StrCat("--metrics_listen=", chost, ":0")};
   for (const auto& [flag, value] : options.coordinator_flags) {
     args.push_back(absl::StrCat("--", flag, "=", value));
   }
-  tls_args(args, {});
+  AppendTlsArgs(options.tls, &args);
   cluster->coordinator_binary_ = coordinator_binary;
   cluster->coordinator_args_ = args;
   GM_RETURN_IF_ERROR(
@@ -142,34 +126,59 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
 
   cluster->workers_.resize(options.workers);
   for (int w = 0; w < options.workers; ++w) {
-    const std::string name = absl::StrFormat("worker-%02d", w);
-    const std::string socket =
-        (fs::absolute(cluster->work_dir_) / (name + ".sock")).string();
-    if (socket.size() >= sizeof(sockaddr_un{}.sun_path)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the work directory's path is too long for a unix socket: ", socket));
-    }
-    cluster->workers_[w].sdk_address = absl::StrCat("unix:", socket);
-    const LocalClusterOptions::Host host =
-        options.hosts.empty() ? LocalClusterOptions::Host{"", "127.0.0.1"}
-                              : options.hosts[w];
-    args = {absl::StrCat("--listen=", host.ip, ":0"),
-            absl::StrCat("--metrics_listen=", host.ip, ":0"),
-            absl::StrCat("--coordinator=", cluster->coordinator_.address),
-            absl::StrCat("--node_id=", name),
-            absl::StrCat("--sdk_socket=", socket)};
-    for (const auto& [flag, value] : options.worker_flags) {
-      args.push_back(absl::StrCat("--", flag, "=", value));
-    }
-    tls_args(args, host.tls);
-    cluster->workers_[w].start = {worker_binary, args, host.netns};
-    GM_RETURN_IF_ERROR(cluster->Spawn(worker_binary, name, args, host.netns,
-                                      &cluster->workers_[w]));
+    GM_RETURN_IF_ERROR(cluster->StartWorker(w, worker_binary));
   }
   for (Process& worker : cluster->workers_) {
     GM_RETURN_IF_ERROR(cluster->AwaitPortFile(&worker, deadline));
   }
   return cluster;
+}
+
+absl::Status LocalCluster::MakeWorkDir() {
+  if (options_.work_dir.empty()) {
+    std::string pattern =
+        (fs::temp_directory_path() / "gradmesh-local-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("mkdtemp: ", std::strerror(errno)));
+    }
+    work_dir_ = pattern;
+    temporary_work_dir_ = true;
+    return absl::OkStatus();
+  }
+  std::error_code error;
+  fs::create_directories(options_.work_dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot create ", options_.work_dir, ": ", error.message()));
+  }
+  work_dir_ = options_.work_dir;
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartWorker(int w, const std::string& binary) {
+  const std::string name = absl::StrFormat("worker-%02d", w);
+  const std::string socket =
+      (fs::absolute(work_dir_) / (name + ".sock")).string();
+  if (socket.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the work directory's path is too long for a unix socket: ", socket));
+  }
+  workers_[w].sdk_address = absl::StrCat("unix:", socket);
+  const LocalClusterOptions::Host host =
+      options_.hosts.empty() ? LocalClusterOptions::Host{"", "127.0.0.1"}
+                             : options_.hosts[w];
+  std::vector<std::string> args = {
+      absl::StrCat("--listen=", host.ip, ":0"),
+      absl::StrCat("--metrics_listen=", host.ip, ":0"),
+      absl::StrCat("--coordinator=", coordinator_.address),
+      absl::StrCat("--node_id=", name), absl::StrCat("--sdk_socket=", socket)};
+  for (const auto& [flag, value] : options_.worker_flags) {
+    args.push_back(absl::StrCat("--", flag, "=", value));
+  }
+  AppendTlsArgs(host.tls.enabled() ? host.tls : options_.tls, &args);
+  workers_[w].start = {binary, args, host.netns};
+  return Spawn(binary, name, args, host.netns, &workers_[w]);
 }
 
 absl::Status LocalCluster::Spawn(const std::string& binary,

@@ -143,6 +143,11 @@ class LocalCluster {
   absl::Status AwaitPortFile(Process* process, absl::Time deadline);
   // Spawns the coordinator listening on `listen` and waits until it serves.
   absl::Status StartCoordinator(const std::string& listen, absl::Time deadline);
+  // The work directory: options_.work_dir (made if absent) or a new
+  // temporary one.
+  absl::Status MakeWorkDir();
+  // Spawns worker `w` (its port file awaited later).
+  absl::Status StartWorker(int w, const std::string& binary);
 
   LocalClusterOptions options_;
   std::string work_dir_;

@@ -439,6 +439,39 @@ int Health(int argc, char** argv) {
   return 0;
 }
 
+// `gradmesh sim`'s request from the flags, for `algorithm`.
+absl::StatusOr<gradmesh::tools::SimRequest> SimRequestFromFlags(
+    const gradmesh::collectives::AlgorithmOptions& algorithm, bool all_teams) {
+  const double gbit = absl::GetFlag(FLAGS_gbit);
+  if (!(gbit > 0)) {
+    return absl::InvalidArgumentError("--gbit must be positive");
+  }
+  const uint64_t iterations = absl::GetFlag(FLAGS_iterations);
+  return gradmesh::tools::SimRequest{
+      .base = {.algorithm = algorithm,
+               .workers = absl::GetFlag(FLAGS_workers),
+               .n = absl::GetFlag(FLAGS_n),
+               .max_values = absl::GetFlag(FLAGS_max_values),
+               // Past the limit, still past it: ValidateCase says so.
+               .iterations = static_cast<int>(std::min<uint64_t>(
+                   iterations, gradmesh::tools::kMaxSimIterations + 1)),
+               .seed = absl::GetFlag(FLAGS_seed),
+               .timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s)),
+               .link = {.alpha_s = absl::GetFlag(FLAGS_alpha_us) * 1e-6,
+                        .beta_s_per_byte = 8e-9 / gbit},
+               .compute = {.select_s_per_value =
+                               absl::GetFlag(FLAGS_select_ns) * 1e-9,
+                           .merge_s_per_value =
+                               absl::GetFlag(FLAGS_merge_ns) * 1e-9,
+                           .accumulate_s_per_value =
+                               absl::GetFlag(FLAGS_accumulate_ns) * 1e-9}},
+      .all_teams = all_teams,
+      .calibrate = absl::GetFlag(FLAGS_calibrate),
+      .compute_scale = absl::GetFlag(FLAGS_compute_scale),
+      .skip_factor = absl::GetFlag(FLAGS_skip_factor),
+      .json = absl::GetFlag(FLAGS_json)};
+}
+
 // `gradmesh sim`: a bare --json means JSON on stdout.
 int Sim(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
@@ -478,36 +511,13 @@ int Sim(int argc, char** argv) {
                  std::string(algorithm.status().message()).c_str());
     return 2;
   }
-  const double gbit = absl::GetFlag(FLAGS_gbit);
-  if (!(gbit > 0)) {
-    std::fprintf(stderr, "gradmesh sim: --gbit must be positive\n");
+  const auto request = SimRequestFromFlags(*algorithm, all_teams);
+  if (!request.ok()) {
+    std::fprintf(stderr, "gradmesh sim: %s\n",
+                 std::string(request.status().message()).c_str());
     return 2;
   }
-  const uint64_t iterations = absl::GetFlag(FLAGS_iterations);
-  gradmesh::tools::SimRequest request{
-      .base = {.algorithm = *algorithm,
-               .workers = absl::GetFlag(FLAGS_workers),
-               .n = absl::GetFlag(FLAGS_n),
-               .max_values = absl::GetFlag(FLAGS_max_values),
-               // Past the limit, still past it: ValidateCase says so.
-               .iterations = static_cast<int>(std::min<uint64_t>(
-                   iterations, gradmesh::tools::kMaxSimIterations + 1)),
-               .seed = absl::GetFlag(FLAGS_seed),
-               .timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s)),
-               .link = {.alpha_s = absl::GetFlag(FLAGS_alpha_us) * 1e-6,
-                        .beta_s_per_byte = 8e-9 / gbit},
-               .compute = {.select_s_per_value =
-                               absl::GetFlag(FLAGS_select_ns) * 1e-9,
-                           .merge_s_per_value =
-                               absl::GetFlag(FLAGS_merge_ns) * 1e-9,
-                           .accumulate_s_per_value =
-                               absl::GetFlag(FLAGS_accumulate_ns) * 1e-9}},
-      .all_teams = all_teams,
-      .calibrate = absl::GetFlag(FLAGS_calibrate),
-      .compute_scale = absl::GetFlag(FLAGS_compute_scale),
-      .skip_factor = absl::GetFlag(FLAGS_skip_factor),
-      .json = absl::GetFlag(FLAGS_json)};
-  const absl::Status status = gradmesh::tools::RunSimCommand(request);
+  const absl::Status status = gradmesh::tools::RunSimCommand(*request);
   if (!status.ok()) {
     std::fprintf(stderr, "gradmesh sim: %s\n",
                  std::string(status.message()).c_str());

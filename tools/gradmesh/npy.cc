@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 
 namespace gradmesh::tools {
 namespace {
@@ -66,21 +67,13 @@ absl::StatusOr<std::vector<uint64_t>> ParseShape(absl::string_view text) {
   return shape;
 }
 
-}  // namespace
-
-absl::StatusOr<NpyReader> NpyReader::Open(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-  }
-  const uint64_t file_size = std::filesystem::file_size(path, ec);
-  NpyReader reader;
-  reader.path_ = path;
-  reader.in_.open(path, std::ios::binary);
-  if (!reader.in_) return Bad(path, "cannot be opened");
-
+// Reads the magic, the version and the header dict of `in`; sets
+// *data_offset to where the data starts.
+absl::StatusOr<std::string> ReadHeader(std::ifstream& in,
+                                       const std::string& path,
+                                       uint64_t* data_offset) {
   char preamble[kMagicSize + 2];
-  if (!reader.in_.read(preamble, sizeof(preamble)) ||
+  if (!in.read(preamble, sizeof(preamble)) ||
       std::memcmp(preamble, kMagic, kMagicSize) != 0) {
     return Bad(path, "not a .npy file (bad magic)");
   }
@@ -89,25 +82,30 @@ absl::StatusOr<NpyReader> NpyReader::Open(const std::string& path) {
   uint64_t length_bytes = 0;
   if (major == 1) {
     uint16_t len;
-    reader.in_.read(reinterpret_cast<char*>(&len), sizeof(len));
+    in.read(reinterpret_cast<char*>(&len), sizeof(len));
     header_size = len;
     length_bytes = 2;
   } else if (major == 2 || major == 3) {
     uint32_t len;
-    reader.in_.read(reinterpret_cast<char*>(&len), sizeof(len));
+    in.read(reinterpret_cast<char*>(&len), sizeof(len));
     header_size = len;
     length_bytes = 4;
   } else {
     return Bad(path, absl::StrCat("unsupported .npy version ", major));
   }
-  if (!reader.in_ || header_size > (1u << 20))
-    return Bad(path, "bad header length");
+  if (!in || header_size > (1u << 20)) return Bad(path, "bad header length");
   std::string header(header_size, '\0');
-  if (!reader.in_.read(header.data(), header.size())) {
+  if (!in.read(header.data(), header.size())) {
     return Bad(path, "truncated header");
   }
-  reader.data_offset_ = kMagicSize + 2 + length_bytes + header_size;
+  *data_offset = kMagicSize + 2 + length_bytes + header_size;
+  return header;
+}
 
+// The shape the header describes: little-endian float32, [n] or [T, n],
+// C order (or one row).
+absl::StatusOr<std::vector<uint64_t>> ParseHeader(const std::string& header,
+                                                  const std::string& path) {
   auto descr = DictValue(header, "descr");
   auto fortran = DictValue(header, "fortran_order");
   auto shape_text = DictValue(header, "shape");
@@ -127,7 +125,24 @@ absl::StatusOr<NpyReader> NpyReader::Open(const std::string& path) {
   if (*fortran != "False" && shape->size() == 2 && (*shape)[0] > 1) {
     return Bad(path, "Fortran-ordered arrays are not supported");
   }
-  reader.shape_ = *std::move(shape);
+  return shape;
+}
+
+}  // namespace
+
+absl::StatusOr<NpyReader> NpyReader::Open(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  }
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  NpyReader reader;
+  reader.path_ = path;
+  reader.in_.open(path, std::ios::binary);
+  if (!reader.in_) return Bad(path, "cannot be opened");
+  GM_ASSIGN_OR_RETURN(const std::string header,
+                      ReadHeader(reader.in_, path, &reader.data_offset_));
+  GM_ASSIGN_OR_RETURN(reader.shape_, ParseHeader(header, path));
   uint64_t values = 1;
   for (uint64_t dim : reader.shape_) {
     if (__builtin_mul_overflow(values, dim, &values) ||

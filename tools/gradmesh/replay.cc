@@ -95,6 +95,37 @@ struct IterationStats {
   double seconds = 0;
 };
 
+// Rank 0's line for iteration t of `iterations`.
+void PrintProgress(uint64_t t, uint64_t iterations,
+                   const collectives::OpStats& stats, double seconds) {
+  std::printf(
+      "iteration %llu/%llu: %llu nonzeros, rank 0 sent %llu B and "
+      "received %llu B in %d rounds, %.3f s\n",
+      static_cast<unsigned long long>(t + 1),
+      static_cast<unsigned long long>(iterations),
+      static_cast<unsigned long long>(stats.result_nonzeros),
+      static_cast<unsigned long long>(stats.bytes_sent),
+      static_cast<unsigned long long>(stats.bytes_received), stats.rounds,
+      seconds);
+  std::fflush(stdout);
+}
+
+// The engine's residual of rank `rank` into rank{rank}.residual.npy.
+absl::Status WriteResidual(const engine::Engine& engine,
+                           const fs::path& staging, int rank, uint64_t n) {
+  GM_ASSIGN_OR_RETURN(
+      NpyWriter residual,
+      NpyWriter::Create(
+          (staging / absl::StrCat("rank", rank, ".residual.npy")).string(),
+          {n}));
+  absl::Status appended;
+  engine.ReadResidual("gradient", [&](absl::Span<const float> r) {
+    appended = residual.Append(r);
+  });
+  GM_RETURN_IF_ERROR(appended);
+  return residual.Close();
+}
+
 // Everything one rank does: read or generate, all-reduce, write. Every
 // iteration's all-reduce starts when all ranks have their gradient
 // (`start`), so its time is the operation's alone, without the skew of
@@ -135,30 +166,11 @@ absl::Status RunRank(const ReplayOptions& options, const Shape& shape,
     stats->push_back({op_stats, seconds});
     GM_RETURN_IF_ERROR(WriteDense(result, shape.n, results));
     if (options.progress && rank == 0) {
-      std::printf(
-          "iteration %llu/%llu: %llu nonzeros, rank 0 sent %llu B and "
-          "received %llu B in %d rounds, %.3f s\n",
-          static_cast<unsigned long long>(t + 1),
-          static_cast<unsigned long long>(shape.iterations),
-          static_cast<unsigned long long>(op_stats.result_nonzeros),
-          static_cast<unsigned long long>(op_stats.bytes_sent),
-          static_cast<unsigned long long>(op_stats.bytes_received),
-          op_stats.rounds, seconds);
-      std::fflush(stdout);
+      PrintProgress(t, shape.iterations, op_stats, seconds);
     }
   }
   GM_RETURN_IF_ERROR(results.Close());
-  GM_ASSIGN_OR_RETURN(
-      NpyWriter residual,
-      NpyWriter::Create(
-          (staging / absl::StrCat("rank", rank, ".residual.npy")).string(),
-          {shape.n}));
-  absl::Status appended;
-  engine.ReadResidual("gradient", [&](absl::Span<const float> r) {
-    appended = residual.Append(r);
-  });
-  GM_RETURN_IF_ERROR(appended);
-  return residual.Close();
+  return WriteResidual(engine, staging, rank, shape.n);
 }
 
 absl::Status WriteStats(const ReplayOptions& options, const Shape& shape,
@@ -232,6 +244,37 @@ absl::Status PrepareOutput(const ReplayOptions& options) {
   return absl::OkStatus();
 }
 
+// A fresh staging directory beside `out`, renamed into place on success.
+absl::StatusOr<fs::path> MakeStaging(const fs::path& out) {
+  const fs::path staging =
+      out.parent_path() /
+      absl::StrCat(".", out.filename().string(), ".partial-", getpid());
+  std::error_code ec;
+  fs::remove_all(staging, ec);
+  if (!fs::create_directories(staging, ec)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", staging.string(), ": ", ec.message()));
+  }
+  return staging;
+}
+
+// Moves `staging` into place at `out` if `status` is OK; removes it
+// otherwise (or if the move fails). Returns the outcome.
+absl::Status Publish(const fs::path& staging, const fs::path& out,
+                     absl::Status status) {
+  std::error_code ec;
+  if (status.ok()) {
+    fs::remove_all(out, ec);
+    fs::rename(staging, out, ec);
+    if (ec) {
+      status = absl::PermissionDeniedError(absl::StrCat(
+          "cannot move results to ", out.string(), ": ", ec.message()));
+    }
+  }
+  if (!status.ok()) fs::remove_all(staging, ec);
+  return status;
+}
+
 }  // namespace
 
 absl::Status RunReplay(const ReplayOptions& options) {
@@ -262,15 +305,7 @@ absl::Status RunReplay(const ReplayOptions& options) {
   // "out/" names the directory "out": drop the empty last component.
   fs::path out = fs::path(options.output_dir).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();
-  const fs::path staging =
-      out.parent_path() /
-      absl::StrCat(".", out.filename().string(), ".partial-", getpid());
-  std::error_code ec;
-  fs::remove_all(staging, ec);
-  if (!fs::create_directories(staging, ec)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create ", staging.string(), ": ", ec.message()));
-  }
+  GM_ASSIGN_OR_RETURN(const fs::path staging, MakeStaging(out));
 
   transport::LoopbackNetwork network(options.workers);
   std::vector<absl::Status> statuses(options.workers);
@@ -290,18 +325,10 @@ absl::Status RunReplay(const ReplayOptions& options) {
   for (std::thread& t : threads) t.join();
 
   absl::Status status = RootCause(statuses);
-  if (status.ok())
-    status = WriteStats(options, shape, stats, staging / "stats.json");
   if (status.ok()) {
-    fs::remove_all(out, ec);
-    fs::rename(staging, out, ec);
-    if (ec) {
-      status = absl::PermissionDeniedError(absl::StrCat(
-          "cannot move results to ", out.string(), ": ", ec.message()));
-    }
+    status = WriteStats(options, shape, stats, staging / "stats.json");
   }
-  if (!status.ok()) fs::remove_all(staging, ec);
-  return status;
+  return Publish(staging, out, status);
 }
 
 }  // namespace gradmesh::tools

@@ -54,6 +54,17 @@ void AddToStream(const sparse::SparseBlock& part, sparse::IndexRange range,
 
 // Encodes the reduced partition. A quantized dense partition also returns,
 // in `error`, what quantization took off each value (x - Q(x)).
+// OutOfRange if the stream's sum overflowed float32.
+absl::Status CheckFinite(const Stream& stream) {
+  for (float v : stream.dense ? stream.dense_sum : stream.sparse_sum.values) {
+    if (!std::isfinite(v)) {
+      return absl::OutOfRangeError(
+          "TopkDSA: a partition's sum overflowed float32");
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string EncodeStream(const Stream& stream, sparse::IndexRange range,
                          const BlockCodec& codec, int quantize_bits,
                          uint64_t seed, std::vector<float>* error) {
@@ -159,12 +170,7 @@ absl::StatusOr<Proposal> TopkDsa::Reduce(absl::Span<const float> accumulator,
   for (const sparse::SparseBlock& part : parts) {
     AddToStream(part, mine, &stream);
   }
-  for (float v : stream.dense ? stream.dense_sum : stream.sparse_sum.values) {
-    if (!std::isfinite(v)) {
-      return absl::OutOfRangeError(
-          "TopkDSA: a partition's sum overflowed float32");
-    }
-  }
+  GM_RETURN_IF_ERROR(CheckFinite(stream));
 
   // A sparse sum rounds for the wire here, at its owner, who keeps the loss.
   sparse::SparseBlock owner_loss, owner_dropped;

@@ -114,6 +114,8 @@ class Daemon final : public WorkerDaemon {
   // Before each scrape: residual norms and dropped frames.
   void Refresh();
   absl::Status StartServer();
+  // The SDK and outcome services StartServer serves.
+  absl::Status MakeServices();
   v1::NodeInfo Node() const;
   // Destroys retired groups (their streams' close may wait) off the
   // operations' path, until Stop.
@@ -211,8 +213,7 @@ absl::Status Daemon::Init() {
   return absl::OkStatus();
 }
 
-absl::Status Daemon::StartServer() {
-  GM_ASSIGN_OR_RETURN(auto server_credentials, ServerCredentials(options_.tls));
+absl::Status Daemon::MakeServices() {
   std::string token;
   if (!options_.sdk_token_file.empty()) {
     GM_ASSIGN_OR_RETURN(token, ReadToken(options_.sdk_token_file));
@@ -230,6 +231,12 @@ absl::Status Daemon::StartServer() {
       plane_.get(), [this](const grpc::ServerContext& context, uint64_t epoch) {
         return AdmitAsker(context, epoch);
       });
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::StartServer() {
+  GM_ASSIGN_OR_RETURN(auto server_credentials, ServerCredentials(options_.tls));
+  GM_RETURN_IF_ERROR(MakeServices());
   // The SDK (and its unix socket) goes with the peer services, or to a
   // server of its own on `sdk_listen`.
   const bool own_sdk_port = !options_.sdk_listen.empty();

@@ -17,122 +17,93 @@ prometheus::Histogram::BucketBoundaries SecondsBuckets() {
   return bounds;
 }
 
+prometheus::Family<prometheus::Counter>& Counters(prometheus::Registry& r,
+                                                  const char* name,
+                                                  const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+}
+
+prometheus::Family<prometheus::Gauge>& Gauges(prometheus::Registry& r,
+                                              const char* name,
+                                              const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
+}
+
+prometheus::Family<prometheus::Histogram>& Histograms(prometheus::Registry& r,
+                                                      const char* name,
+                                                      const char* help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r);
+}
+
 }  // namespace
 
 WorkerMetrics::WorkerMetrics()
     : registry_(std::make_shared<prometheus::Registry>()) {
-  using prometheus::BuildCounter;
-  using prometheus::BuildGauge;
-  using prometheus::BuildHistogram;
   prometheus::Registry& r = *registry_;
-  operation_seconds_ = &BuildHistogram()
-                            .Name("gradmesh_worker_operation_seconds")
-                            .Help("All-reduce latency, request to result")
-                            .Register(r);
-  topk_seconds_ = &BuildHistogram()
-                       .Name("gradmesh_worker_topk_seconds")
-                       .Help("Top-k selection time per all-reduce")
-                       .Register(r);
-  bytes_sent_ = &BuildCounter()
-                     .Name("gradmesh_worker_bytes_sent_total")
-                     .Help("Payload bytes sent, per peer node")
-                     .Register(r);
-  bytes_received_ = &BuildCounter()
-                         .Name("gradmesh_worker_bytes_received_total")
-                         .Help("Payload bytes received, per peer node")
-                         .Register(r);
-  nonzeros_ = &BuildGauge()
-                   .Name("gradmesh_worker_nonzeros")
-                   .Help("Nonzeros after each phase of the last all-reduce")
-                   .Register(r);
-  residual_norm_ = &BuildGauge()
-                        .Name("gradmesh_worker_residual_norm")
-                        .Help("L2 norm of the residual, per buffer")
-                        .Register(r);
-  operations_ = &BuildCounter()
-                     .Name("gradmesh_worker_operations_total")
-                     .Help("All-reduce requests by outcome (status code)")
-                     .Register(r);
-  frames_dropped_ = &BuildCounter()
-                         .Name("gradmesh_worker_frames_dropped_total")
-                         .Help("Peer frames dropped, by reason")
-                         .Register(r);
-  calls_refused_ = &BuildCounter()
-                        .Name("gradmesh_worker_calls_refused_total")
-                        .Help("Peer streams and calls refused, by reason")
-                        .Register(r);
-  tensors_reduced_ = &BuildCounter()
-                          .Name("gradmesh_worker_tensors_reduced_total")
-                          .Help(
-                              "Tensors in the buckets of successful "
-                              "all-reduces, by fusion mode")
-                          .Register(r);
-  tensors_missing_ = &BuildCounter()
-                          .Name("gradmesh_worker_tensors_missing_total")
-                          .Help(
-                              "Tensors with no entry in an all-reduce's "
-                              "result, by fusion mode")
-                          .Register(r);
-  bsag_h_ = &BuildGauge()
-                 .Name("gradmesh_worker_bsag_h")
-                 .Help("h of SparDL's B-SAG in the last all-reduce")
-                 .Register(r)
+  operation_seconds_ = &Histograms(r, "gradmesh_worker_operation_seconds",
+                                   "All-reduce latency, request to result");
+  topk_seconds_ = &Histograms(r, "gradmesh_worker_topk_seconds",
+                              "Top-k selection time per all-reduce");
+  bytes_sent_ = &Counters(r, "gradmesh_worker_bytes_sent_total",
+                          "Payload bytes sent, per peer node");
+  bytes_received_ = &Counters(r, "gradmesh_worker_bytes_received_total",
+                              "Payload bytes received, per peer node");
+  nonzeros_ = &Gauges(r, "gradmesh_worker_nonzeros",
+                      "Nonzeros after each phase of the last all-reduce");
+  residual_norm_ = &Gauges(r, "gradmesh_worker_residual_norm",
+                           "L2 norm of the residual, per buffer");
+  operations_ = &Counters(r, "gradmesh_worker_operations_total",
+                          "All-reduce requests by outcome (status code)");
+  frames_dropped_ = &Counters(r, "gradmesh_worker_frames_dropped_total",
+                              "Peer frames dropped, by reason");
+  calls_refused_ = &Counters(r, "gradmesh_worker_calls_refused_total",
+                             "Peer streams and calls refused, by reason");
+  tensors_reduced_ = &Counters(
+      r, "gradmesh_worker_tensors_reduced_total",
+      "Tensors in the buckets of successful all-reduces, by fusion mode");
+  tensors_missing_ = &Counters(
+      r, "gradmesh_worker_tensors_missing_total",
+      "Tensors with no entry in an all-reduce's result, by fusion mode");
+  RegisterSingleSeries(r);
+  StartSeriesAtZero();
+}
+
+void WorkerMetrics::RegisterSingleSeries(prometheus::Registry& r) {
+  bsag_h_ = &Gauges(r, "gradmesh_worker_bsag_h",
+                    "h of SparDL's B-SAG in the last all-reduce")
                  .Add({});
-  teams_ = &BuildGauge()
-                .Name("gradmesh_worker_teams")
-                .Help("SparDL's d in the current plan")
-                .Register(r)
+  teams_ = &Gauges(r, "gradmesh_worker_teams", "SparDL's d in the current plan")
                 .Add({});
-  epoch_ = &BuildGauge()
-                .Name("gradmesh_worker_epoch")
-                .Help("Current view epoch")
-                .Register(r)
-                .Add({});
-  rank_ = &BuildGauge()
-               .Name("gradmesh_worker_rank")
-               .Help("Rank in the current view (-1: not a member)")
-               .Register(r)
+  epoch_ = &Gauges(r, "gradmesh_worker_epoch", "Current view epoch").Add({});
+  rank_ = &Gauges(r, "gradmesh_worker_rank",
+                  "Rank in the current view (-1: not a member)")
                .Add({});
-  world_size_ = &BuildGauge()
-                     .Name("gradmesh_worker_world_size")
-                     .Help("Members of the current view")
-                     .Register(r)
+  world_size_ =
+      &Gauges(r, "gradmesh_worker_world_size", "Members of the current view")
+           .Add({});
+  late_views_ = &Counters(r, "gradmesh_worker_late_views_total",
+                          "Plan changes that arrived after their start step")
                      .Add({});
-  late_views_ = &BuildCounter()
-                     .Name("gradmesh_worker_late_views_total")
-                     .Help("Plan changes that arrived after their start step")
-                     .Register(r)
+  mismatches_ = &Counters(r, "gradmesh_worker_result_mismatches_total",
+                          "Steps refused by the members because their "
+                          "results differed")
                      .Add({});
-  mismatches_ = &BuildCounter()
-                     .Name("gradmesh_worker_result_mismatches_total")
-                     .Help(
-                         "Steps refused by the members because their "
-                         "results differed")
-                     .Register(r)
+  unresolved_ = &Counters(r, "gradmesh_worker_steps_in_doubt_total",
+                          "Steps whose outcome on the other members could "
+                          "not be learned (answered DataLoss)")
                      .Add({});
-  unresolved_ = &BuildCounter()
-                     .Name("gradmesh_worker_steps_in_doubt_total")
-                     .Help(
-                         "Steps whose outcome on the other members could "
-                         "not be learned (answered DataLoss)")
-                     .Register(r)
-                     .Add({});
-  retries_ = &BuildCounter()
-                  .Name("gradmesh_worker_step_retries_total")
-                  .Help(
-                      "Steps run again on a new view after membership "
-                      "changed under them")
-                  .Register(r)
+  retries_ = &Counters(r, "gradmesh_worker_step_retries_total",
+                       "Steps run again on a new view after membership "
+                       "changed under them")
                   .Add({});
   dense_ring_model_bytes_ =
-      &BuildCounter()
-           .Name("gradmesh_worker_dense_ring_model_bytes_total")
-           .Help(
-               "Bytes a dense ring all-reduce of the same "
-               "successful all-reduces would move, by its "
-               "cost formula (not measured)")
-           .Register(r)
+      &Counters(r, "gradmesh_worker_dense_ring_model_bytes_total",
+                "Bytes a dense ring all-reduce of the same successful "
+                "all-reduces would move, by its cost formula (not measured)")
            .Add({});
+}
+
+void WorkerMetrics::StartSeriesAtZero() {
   // Every outcome and refusal starts at 0, so that rates and alerts over
   // them have a series before the first error.
   for (int code = 0; code <= 16; ++code) {

@@ -94,6 +94,10 @@ class WorkerMetrics {
 
  private:
   WorkerMetrics();
+  // The families of one series each (gauges and counters of the worker).
+  void RegisterSingleSeries(prometheus::Registry& r);
+  // Every outcome and refusal, so that they have a series before the first.
+  void StartSeriesAtZero();
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<MetricsEndpoint> endpoint_;

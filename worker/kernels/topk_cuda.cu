@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/kernels/topk_cuda.h"
 
 namespace gradmesh::kernels {
@@ -165,6 +166,15 @@ struct CudaTopK::State {
   float* host_values = nullptr;        // pinned
   int* host_count = nullptr;           // pinned
 
+  // Finds the cut of the top `quota` of |x[0, len)| by three histogram
+  // levels (bits 30..20, 19..9, 8..0) into `cut`.
+  absl::Status FindCut(const float* x, size_t len, uint64_t quota, int grid);
+  // Selects the entries above the cut (and the ties it admits), gathers
+  // their values and copies at most `bound` of them and their count to the
+  // host: one synchronization. Returns the count.
+  absl::StatusOr<int> SelectAndCopy(const float* x, size_t len, size_t bound,
+                                    int grid);
+
   ~State() {
     cudaFree(hist);
     cudaFree(cut);
@@ -233,6 +243,71 @@ absl::StatusOr<std::unique_ptr<CudaTopK>> CudaTopK::Create(size_t max_segment) {
   return std::unique_ptr<CudaTopK>(new CudaTopK(std::move(s)));
 }
 
+absl::Status CudaTopK::State::FindCut(const float* x, size_t len,
+                                      uint64_t quota, int grid) {
+  const int shifts[] = {kTopShift, kMidShift, 0};
+  const uint32_t masks[] = {kMidMask, kMidMask, kLowMask};
+  const int match[] = {32, kTopShift, kMidShift};
+  const int bits[] = {11, 11, 9};
+  absl::Status status;
+  for (int level = 0; level < 3 && status.ok(); ++level) {
+    status = Check(cudaMemsetAsync(hist, 0, kBins * sizeof(*hist), stream),
+                   "clear histogram");
+    if (status.ok() && level == 0) {
+      status =
+          Check(cudaMemsetAsync(cut, 0, sizeof(Cut), stream), "clear cut");
+    }
+    Histogram<<<grid, kThreads, 0, stream>>>(x, len, shifts[level],
+                                             masks[level], match[level], cut,
+                                             hist);
+    Boundary<<<1, kBoundaryThreads, 0, stream>>>(
+        hist, static_cast<int>(masks[level] + 1), bits[level], level == 0,
+        level == 2, quota, cut);
+    if (status.ok()) status = Check(cudaGetLastError(), "histogram launch");
+  }
+  return status;
+}
+
+absl::StatusOr<int> CudaTopK::State::SelectAndCopy(const float* x, size_t len,
+                                                   size_t bound, int grid) {
+  thrust::counting_iterator<uint32_t> first(0);
+  size_t bytes = temp_bytes;
+  GM_RETURN_IF_ERROR(Check(
+      cub::DeviceSelect::If(temp, bytes, first, scratch_positions, counts,
+                            static_cast<int>(len), IsTie{x, cut}, stream),
+      "select ties"));
+  TieCutoff<<<1, 1, 0, stream>>>(scratch_positions, counts, cut);
+  GM_RETURN_IF_ERROR(Check(cudaGetLastError(), "tie cut-off launch"));
+  uint32_t* selected = scratch_positions + max_segment;
+  bytes = temp_bytes;
+  GM_RETURN_IF_ERROR(Check(
+      cub::DeviceSelect::If(temp, bytes, first, selected, counts + 1,
+                            static_cast<int>(len), IsSelected{x, cut}, stream),
+      "select"));
+  Gather<<<grid, kThreads, 0, stream>>>(x, selected, counts + 1, values);
+  GM_RETURN_IF_ERROR(Check(cudaGetLastError(), "gather launch"));
+  // At most `bound` entries are selected, so that many are copied out with
+  // the count, before it is known.
+  GM_RETURN_IF_ERROR(Check(cudaMemcpyAsync(host_count, counts + 1, sizeof(int),
+                                           cudaMemcpyDeviceToHost, stream),
+                           "count copy"));
+  GM_RETURN_IF_ERROR(
+      Check(cudaMemcpyAsync(host_positions, selected, bound * sizeof(uint32_t),
+                            cudaMemcpyDeviceToHost, stream),
+            "positions copy"));
+  GM_RETURN_IF_ERROR(
+      Check(cudaMemcpyAsync(host_values, values, bound * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream),
+            "values copy"));
+  GM_RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream), "top-k"));
+  const int count = *host_count;
+  if (count < 0 || static_cast<size_t>(count) > bound) {
+    return absl::InternalError(
+        absl::StrCat("top-k selected ", count, " values, more than ", bound));
+  }
+  return count;
+}
+
 absl::StatusOr<std::vector<TopKSelection>> CudaTopK::SegmentedTopKAbs(
     const float* device_x, size_t n, absl::Span<const TopKSegment> segments,
     uint32_t base_index) {
@@ -252,81 +327,17 @@ absl::StatusOr<std::vector<TopKSelection>> CudaTopK::SegmentedTopKAbs(
     const float* x = device_x + range.begin;
     const int grid = static_cast<int>(
         std::min<size_t>(blocks, (len + kThreads - 1) / kThreads));
-    // Three levels: bits 30..20, 19..9, 8..0.
-    const int shifts[] = {kTopShift, kMidShift, 0};
-    const uint32_t masks[] = {kMidMask, kMidMask, kLowMask};
-    const int match[] = {32, kTopShift, kMidShift};
-    const int bits[] = {11, 11, 9};
-    absl::Status status;
-    for (int level = 0; level < 3 && status.ok(); ++level) {
-      status =
-          Check(cudaMemsetAsync(s.hist, 0, kBins * sizeof(*s.hist), s.stream),
-                "clear histogram");
-      if (status.ok() && level == 0) {
-        status = Check(cudaMemsetAsync(s.cut, 0, sizeof(Cut), s.stream),
-                       "clear cut");
-      }
-      Histogram<<<grid, kThreads, 0, s.stream>>>(
-          x, len, shifts[level], masks[level], match[level], s.cut, s.hist);
-      Boundary<<<1, kBoundaryThreads, 0, s.stream>>>(
-          s.hist, static_cast<int>(masks[level] + 1), bits[level], level == 0,
-          level == 2, range.quota, s.cut);
-      if (status.ok()) status = Check(cudaGetLastError(), "histogram launch");
-    }
-    if (!status.ok()) return status;
-    thrust::counting_iterator<uint32_t> first(0);
-    size_t temp_bytes = s.temp_bytes;
-    status = Check(cub::DeviceSelect::If(
-                       s.temp, temp_bytes, first, s.scratch_positions, s.counts,
-                       static_cast<int>(len), IsTie{x, s.cut}, s.stream),
-                   "select ties");
-    if (!status.ok()) return status;
-    TieCutoff<<<1, 1, 0, s.stream>>>(s.scratch_positions, s.counts, s.cut);
-    status = Check(cudaGetLastError(), "tie cut-off launch");
-    if (!status.ok()) return status;
-    uint32_t* selected = s.scratch_positions + s.max_segment;
-    temp_bytes = s.temp_bytes;
-    status = Check(cub::DeviceSelect::If(s.temp, temp_bytes, first, selected,
-                                         s.counts + 1, static_cast<int>(len),
-                                         IsSelected{x, s.cut}, s.stream),
-                   "select");
-    if (!status.ok()) return status;
-    Gather<<<grid, kThreads, 0, s.stream>>>(x, selected, s.counts + 1,
-                                            s.values);
-    status = Check(cudaGetLastError(), "gather launch");
-    // At most min(quota, len) entries are selected, so that many are copied
-    // out with the count, before it is known: one synchronization.
-    const size_t bound = std::min<size_t>(range.quota, len);
-    if (status.ok()) {
-      status = Check(cudaMemcpyAsync(s.host_count, s.counts + 1, sizeof(int),
-                                     cudaMemcpyDeviceToHost, s.stream),
-                     "count copy");
-    }
-    if (status.ok()) {
-      status = Check(
-          cudaMemcpyAsync(s.host_positions, selected, bound * sizeof(uint32_t),
-                          cudaMemcpyDeviceToHost, s.stream),
-          "positions copy");
-    }
-    if (status.ok()) {
-      status =
-          Check(cudaMemcpyAsync(s.host_values, s.values, bound * sizeof(float),
-                                cudaMemcpyDeviceToHost, s.stream),
-                "values copy");
-    }
-    if (status.ok()) status = Check(cudaStreamSynchronize(s.stream), "top-k");
-    if (!status.ok()) return status;
-    const int count = *s.host_count;
-    if (count < 0 || static_cast<size_t>(count) > bound) {
-      return absl::InternalError(
-          absl::StrCat("top-k selected ", count, " values, more than ", bound));
-    }
+    GM_RETURN_IF_ERROR(s.FindCut(x, len, range.quota, grid));
+    GM_ASSIGN_OR_RETURN(
+        const int count,
+        s.SelectAndCopy(x, len, std::min<size_t>(range.quota, len), grid));
     TopKSelection& block = out[seg];
     block.indices.resize(count);
     block.values.assign(s.host_values, s.host_values + count);
     const uint32_t offset = base_index + static_cast<uint32_t>(range.begin);
-    for (int j = 0; j < count; ++j)
+    for (int j = 0; j < count; ++j) {
       block.indices[j] = offset + s.host_positions[j];
+    }
   }
   return out;
 }

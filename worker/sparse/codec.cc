@@ -338,6 +338,109 @@ void EncodeBlock(const SparseBlock& block, IndexRange range, Encoding encoding,
   EncodeEntries(Travelling(block, type), range, encoding, type, out);
 }
 
+namespace {
+
+// Appends (index, value) to `block` unless the value is zero;
+// InvalidArgument for an index outside `range` or not after the last.
+absl::Status Append(IndexRange range, uint64_t index, float value,
+                    SparseBlock* block) {
+  if (!range.Contains(index) ||
+      (!block->empty() && index <= block->indices.back())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("encoded index ", index, " out of order or outside [",
+                     range.begin, ", ", range.end, ")"));
+  }
+  if (value != 0.0f) block->push_back(static_cast<uint32_t>(index), value);
+  return absl::OkStatus();
+}
+
+// COO (uint32 indices) or delta-varint indices, then the values.
+absl::StatusOr<SparseBlock> DecodeListed(Reader& reader, IndexRange range,
+                                         ValueType type, bool delta) {
+  GM_ASSIGN_OR_RETURN(const uint64_t count, reader.Varint());
+  if (count > range.size()) {
+    return absl::InvalidArgumentError("more entries than the range holds");
+  }
+  GM_RETURN_IF_ERROR(reader.Need(count * (ValueBytes(type) + 1)));
+  std::vector<uint64_t> indices(count);
+  uint64_t next = range.begin;
+  for (uint64_t& index : indices) {
+    if (!delta) {
+      GM_ASSIGN_OR_RETURN(index, reader.U32());
+    } else {
+      GM_ASSIGN_OR_RETURN(const uint64_t gap, reader.Varint());
+      if (gap > range.end - next) {
+        return absl::InvalidArgumentError("index gap past the range");
+      }
+      index = next + gap;
+      next = index + 1;
+    }
+  }
+  SparseBlock block;
+  for (uint64_t index : indices) {
+    GM_ASSIGN_OR_RETURN(const float value, reader.Value(type));
+    GM_RETURN_IF_ERROR(Append(range, index, value, &block));
+  }
+  return block;
+}
+
+absl::StatusOr<SparseBlock> DecodeRuns(Reader& reader, IndexRange range,
+                                       ValueType type) {
+  GM_ASSIGN_OR_RETURN(const uint64_t runs, reader.Varint());
+  if (runs > range.size()) {
+    return absl::InvalidArgumentError("more runs than the range holds");
+  }
+  SparseBlock block;
+  for (uint64_t r = 0; r < runs; ++r) {
+    GM_ASSIGN_OR_RETURN(const uint32_t start, reader.U32());
+    GM_ASSIGN_OR_RETURN(const uint32_t length, reader.U32());
+    if (start < range.begin || length == 0 ||
+        uint64_t{start} + length > range.end) {
+      return absl::InvalidArgumentError("run past the range");
+    }
+    GM_RETURN_IF_ERROR(reader.Need(uint64_t{length} * ValueBytes(type)));
+    if (!block.empty() && start <= block.indices.back()) {
+      return absl::InvalidArgumentError("runs out of order");
+    }
+    for (uint32_t i = 0; i < length; ++i) {
+      GM_ASSIGN_OR_RETURN(const float value, reader.Value(type));
+      if (value != 0.0f) block.push_back(start + i, value);
+    }
+  }
+  return block;
+}
+
+absl::StatusOr<SparseBlock> DecodeBitmap(Reader& reader, IndexRange range,
+                                         ValueType type) {
+  GM_ASSIGN_OR_RETURN(const absl::string_view bits,
+                      reader.Bytes((range.size() + 7) / 8));
+  SparseBlock block;
+  for (uint64_t bit = 0; bit < bits.size() * 8; ++bit) {
+    if ((static_cast<uint8_t>(bits[bit / 8]) >> (bit % 8) & 1) == 0) {
+      continue;
+    }
+    if (bit >= range.size()) {
+      return absl::InvalidArgumentError("bitmap padding bits are set");
+    }
+    GM_ASSIGN_OR_RETURN(const float value, reader.Value(type));
+    GM_RETURN_IF_ERROR(Append(range, range.begin + bit, value, &block));
+  }
+  return block;
+}
+
+absl::StatusOr<SparseBlock> DecodeDense(Reader& reader, IndexRange range,
+                                        ValueType type) {
+  GM_RETURN_IF_ERROR(reader.Need(range.size() * ValueBytes(type)));
+  SparseBlock block;
+  for (uint64_t i = range.begin; i < range.end; ++i) {
+    GM_ASSIGN_OR_RETURN(const float value, reader.Value(type));
+    GM_RETURN_IF_ERROR(Append(range, i, value, &block));
+  }
+  return block;
+}
+
+}  // namespace
+
 absl::StatusOr<SparseBlock> DecodeBlock(absl::string_view* in,
                                         IndexRange range) {
   if (in->empty()) return absl::InvalidArgumentError("missing block tag");
@@ -350,93 +453,18 @@ absl::StatusOr<SparseBlock> DecodeBlock(absl::string_view* in,
         absl::StrCat("bad block tag 0x", absl::Hex(tag)));
   }
   const ValueType type = static_cast<ValueType>(type_bits);
-  const size_t k = ValueBytes(type);
   Reader reader(in);
-  SparseBlock block;
-  auto add = [&](uint64_t index, float value) -> absl::Status {
-    if (!range.Contains(index) ||
-        (!block.empty() && index <= block.indices.back())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("encoded index ", index, " out of order or outside [",
-                       range.begin, ", ", range.end, ")"));
-    }
-    if (value != 0.0f) block.push_back(static_cast<uint32_t>(index), value);
-    return absl::OkStatus();
-  };
   switch (static_cast<Encoding>(encoding)) {
     case Encoding::kCoo:
-    case Encoding::kDeltaVarint: {
-      GM_ASSIGN_OR_RETURN(const uint64_t count, reader.Varint());
-      if (count > range.size()) {
-        return absl::InvalidArgumentError("more entries than the range holds");
-      }
-      GM_RETURN_IF_ERROR(reader.Need(count * (k + 1)));
-      std::vector<uint64_t> indices(count);
-      uint64_t next = range.begin;
-      for (uint64_t& index : indices) {
-        if (encoding == static_cast<uint8_t>(Encoding::kCoo)) {
-          GM_ASSIGN_OR_RETURN(index, reader.U32());
-        } else {
-          GM_ASSIGN_OR_RETURN(const uint64_t gap, reader.Varint());
-          if (gap > range.end - next) {
-            return absl::InvalidArgumentError("index gap past the range");
-          }
-          index = next + gap;
-          next = index + 1;
-        }
-      }
-      for (uint64_t index : indices) {
-        GM_ASSIGN_OR_RETURN(const float value, reader.Value(type));
-        GM_RETURN_IF_ERROR(add(index, value));
-      }
-      return block;
-    }
-    case Encoding::kRuns: {
-      GM_ASSIGN_OR_RETURN(const uint64_t runs, reader.Varint());
-      if (runs > range.size()) {
-        return absl::InvalidArgumentError("more runs than the range holds");
-      }
-      for (uint64_t r = 0; r < runs; ++r) {
-        GM_ASSIGN_OR_RETURN(const uint32_t start, reader.U32());
-        GM_ASSIGN_OR_RETURN(const uint32_t length, reader.U32());
-        if (start < range.begin || length == 0 ||
-            uint64_t{start} + length > range.end) {
-          return absl::InvalidArgumentError("run past the range");
-        }
-        GM_RETURN_IF_ERROR(reader.Need(uint64_t{length} * k));
-        if (!block.empty() && start <= block.indices.back()) {
-          return absl::InvalidArgumentError("runs out of order");
-        }
-        for (uint32_t i = 0; i < length; ++i) {
-          GM_ASSIGN_OR_RETURN(const float value, reader.Value(type));
-          if (value != 0.0f) block.push_back(start + i, value);
-        }
-      }
-      return block;
-    }
-    case Encoding::kBitmap: {
-      GM_ASSIGN_OR_RETURN(const absl::string_view bits,
-                          reader.Bytes((range.size() + 7) / 8));
-      for (uint64_t bit = 0; bit < bits.size() * 8; ++bit) {
-        if ((static_cast<uint8_t>(bits[bit / 8]) >> (bit % 8) & 1) == 0) {
-          continue;
-        }
-        if (bit >= range.size()) {
-          return absl::InvalidArgumentError("bitmap padding bits are set");
-        }
-        GM_ASSIGN_OR_RETURN(const float value, reader.Value(type));
-        GM_RETURN_IF_ERROR(add(range.begin + bit, value));
-      }
-      return block;
-    }
-    case Encoding::kDense: {
-      GM_RETURN_IF_ERROR(reader.Need(range.size() * k));
-      for (uint64_t i = range.begin; i < range.end; ++i) {
-        GM_ASSIGN_OR_RETURN(const float value, reader.Value(type));
-        GM_RETURN_IF_ERROR(add(i, value));
-      }
-      return block;
-    }
+      return DecodeListed(reader, range, type, /*delta=*/false);
+    case Encoding::kDeltaVarint:
+      return DecodeListed(reader, range, type, /*delta=*/true);
+    case Encoding::kRuns:
+      return DecodeRuns(reader, range, type);
+    case Encoding::kBitmap:
+      return DecodeBitmap(reader, range, type);
+    case Encoding::kDense:
+      return DecodeDense(reader, range, type);
   }
   return absl::InvalidArgumentError("bad block tag");
 }

@@ -66,77 +66,95 @@ grpc::ByteBuffer EncodeFrame(const FrameHeader& header,
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
+namespace {
+
+absl::Status Malformed(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("malformed frame: ", what));
+}
+
+// Header field `field` (1..6) := value; InvalidArgument past 32 bits for
+// the step and the rank.
+absl::Status SetHeaderField(int field, uint64_t value, FrameHeader* header) {
+  if ((field == 3 || field == 4) && value > UINT32_MAX) {
+    return Malformed(absl::StrCat("field ", field, " exceeds 32 bits"));
+  }
+  switch (field) {
+    case 1:
+      header->epoch = value;
+      break;
+    case 2:
+      header->operation = value;
+      break;
+    case 3:
+      header->step = static_cast<uint32_t>(value);
+      break;
+    case 4:
+      header->from_rank = static_cast<uint32_t>(value);
+      break;
+    case 5:
+      header->message_bytes = value;
+      break;
+    case 6:
+      header->offset = value;
+      break;
+  }
+  return absl::OkStatus();
+}
+
+// The data field, after its key: its length, then the bytes into what the
+// sink gives. Only what is really there (and fits a chunk) reaches the sink.
+absl::Status ReadData(CodedInputStream& in, const grpc::ByteBuffer& buffer,
+                      const FrameHeader& header, const FrameSink& sink) {
+  uint64_t size = 0;
+  if (!in.ReadVarint64(&size)) return Malformed("data length");
+  const uint64_t left = buffer.Length() - in.CurrentPosition();
+  if (size > left || size > kMaxChunkBytes) {
+    return Malformed(
+        absl::StrCat("data of ", size, " bytes where ", left, " remain"));
+  }
+  GM_ASSIGN_OR_RETURN(std::string * out, sink(header, size));
+  // Piece by piece from gRPC's read buffers: one copy, no zero fill.
+  for (uint64_t pending = size; pending > 0;) {
+    const void* data = nullptr;
+    int available = 0;
+    if (!in.GetDirectBufferPointer(&data, &available)) {
+      return Malformed("data shorter than its length");
+    }
+    const int take = static_cast<int>(std::min<uint64_t>(pending, available));
+    out->append(static_cast<const char*>(data), take);
+    in.Skip(take);
+    pending -= take;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status DecodeFrame(grpc::ByteBuffer* buffer, const FrameSink& sink) {
   grpc::ProtoBufferReader reader(buffer);
   CodedInputStream in(&reader);
   FrameHeader header;
   bool data_seen = false;
-  auto malformed = [](absl::string_view what) {
-    return absl::InvalidArgumentError(absl::StrCat("malformed frame: ", what));
-  };
   while (true) {
     const uint32_t key = in.ReadTag();
     if (key == 0) break;  // end of the frame (or an invalid key 0)
-    if (data_seen) return malformed("a field after the data");
-    uint64_t value = 0;
+    if (data_seen) return Malformed("a field after the data");
     const int field = static_cast<int>(key >> 3);
     if (field >= 1 && field <= 6) {
+      uint64_t value = 0;
       if ((key & 7) != kVarint || !in.ReadVarint64(&value)) {
-        return malformed(absl::StrCat("field ", field));
+        return Malformed(absl::StrCat("field ", field));
       }
-      switch (field) {
-        case 1:
-          header.epoch = value;
-          break;
-        case 2:
-          header.operation = value;
-          break;
-        case 3:
-          header.step = static_cast<uint32_t>(value);
-          break;
-        case 4:
-          header.from_rank = static_cast<uint32_t>(value);
-          break;
-        case 5:
-          header.message_bytes = value;
-          break;
-        case 6:
-          header.offset = value;
-          break;
-      }
-      if ((field == 3 || field == 4) && value > UINT32_MAX) {
-        return malformed(absl::StrCat("field ", field, " exceeds 32 bits"));
-      }
+      GM_RETURN_IF_ERROR(SetHeaderField(field, value, &header));
     } else if (key == Key(7, kLengthDelimited)) {
-      uint64_t size = 0;
-      if (!in.ReadVarint64(&size)) return malformed("data length");
-      // Only what is really there (and fits a chunk) reaches the sink.
-      const uint64_t left = buffer->Length() - in.CurrentPosition();
-      if (size > left || size > kMaxChunkBytes) {
-        return malformed(
-            absl::StrCat("data of ", size, " bytes where ", left, " remain"));
-      }
-      GM_ASSIGN_OR_RETURN(std::string * out, sink(header, size));
-      // Piece by piece from gRPC's read buffers: one copy, no zero fill.
-      for (uint64_t pending = size; pending > 0;) {
-        const void* data = nullptr;
-        int available = 0;
-        if (!in.GetDirectBufferPointer(&data, &available)) {
-          return malformed("data shorter than its length");
-        }
-        const int take =
-            static_cast<int>(std::min<uint64_t>(pending, available));
-        out->append(static_cast<const char*>(data), take);
-        in.Skip(take);
-        pending -= take;
-      }
+      GM_RETURN_IF_ERROR(ReadData(in, *buffer, header, sink));
       data_seen = true;
     } else {
-      return malformed(absl::StrCat("unknown key ", key));
+      return Malformed(absl::StrCat("unknown key ", key));
     }
   }
   if (!in.ConsumedEntireMessage() || reader.status().ok() == false) {
-    return malformed("trailing bytes");
+    return Malformed("trailing bytes");
   }
   if (!data_seen) GM_RETURN_IF_ERROR(sink(header, 0).status());
   return absl::OkStatus();
