@@ -9,14 +9,19 @@ fail=0
 
 # Functions longer than 60 lines (Universal Ctags' end lines), tests and
 # generated code aside.
-long=$(ctags -R --languages=C++ --langmap=C++:+.cu --kinds-C++=f \
-           --fields=+ne -f - worker server client tools common |
-       awk -F'\t' '{ln = ""; en = "";
+tags=$(ctags -R --languages=C++ --langmap=C++:+.cu --kinds-C++=f \
+           --fields=+ne -f - worker server client tools common)
+if ! grep -q $'\tend:' <<<"$tags"; then
+  echo "FAIL: ctags gave no end lines (Universal Ctags is needed)"
+  exit 1
+fi
+long=$(awk -F'\t' '{ln = ""; en = "";
                     for (i = 4; i <= NF; i++) {
                       if ($i ~ /^line:/) ln = substr($i, 6);
                       if ($i ~ /^end:/) en = substr($i, 5) }
                     if (ln != "" && en != "" && en - ln + 1 > 60)
-                      print "  " $2 ":" ln " " $1 " (" en - ln + 1 " lines)"}')
+                      print "  " $2 ":" ln " " $1 " (" en - ln + 1 " lines)"}' \
+           <<<"$tags")
 if [[ -n "$long" ]]; then
   echo "FAIL: functions over 60 lines:"
   echo "$long"

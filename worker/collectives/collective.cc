@@ -168,7 +168,7 @@ absl::StatusOr<sparse::SparseBlock> Collective::AllReduce(
     const OpContext& context, OpStats* stats) {
   GM_RETURN_IF_ERROR(Accumulate(gradient, residual, stats).status());
   GM_ASSIGN_OR_RETURN(Proposal proposal, Reduce(residual, context, stats));
-  proposal.apply(proposal.result, residual);
+  std::move(proposal.apply)(proposal.result, residual);
   return std::move(proposal.result);
 }
 

@@ -28,10 +28,10 @@
 #define GRADMESH_WORKER_COLLECTIVES_COLLECTIVE_H_
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -54,11 +54,12 @@ struct OpContext {
 // What Reduce proposes once its schedule has run.
 struct Proposal {
   sparse::SparseBlock result;
-  // Turns the accumulator into the new residual, given `result`. Called at
-  // most once, with Reduce's accumulator, before the next call on the
-  // instance.
-  std::function<void(const sparse::SparseBlock& result,
-                     absl::Span<float> residual)>
+  // Turns the accumulator into the new residual, given `result`: called at
+  // most once (it may add into the residual), on Reduce's accumulator,
+  // while the instance lives and before its next call (it may read the
+  // instance's working state).
+  absl::AnyInvocable<void(const sparse::SparseBlock& result,
+                          absl::Span<float> residual) &&>
       apply;
 };
 
@@ -118,9 +119,9 @@ class Collective {
                                               absl::Span<float> residual,
                                               OpStats* stats) = 0;
 
-  // The second phase, after Accumulate: runs the schedule over the
-  // accumulator (left unchanged) and proposes the result. On error nothing
-  // is proposed.
+  // The second phase, exactly once after each Accumulate, on the span it
+  // filled: runs the schedule over the accumulator (left unchanged) and
+  // proposes the result. On error nothing is proposed.
   virtual absl::StatusOr<Proposal> Reduce(absl::Span<const float> accumulator,
                                           const OpContext& context,
                                           OpStats* stats) = 0;

@@ -52,8 +52,6 @@ void AddToStream(const sparse::SparseBlock& part, sparse::IndexRange range,
   }
 }
 
-// Encodes the reduced partition. A quantized dense partition also returns,
-// in `error`, what quantization took off each value (x - Q(x)).
 // OutOfRange if the stream's sum overflowed float32.
 absl::Status CheckFinite(const Stream& stream) {
   for (float v : stream.dense ? stream.dense_sum : stream.sparse_sum.values) {
@@ -65,6 +63,8 @@ absl::Status CheckFinite(const Stream& stream) {
   return absl::OkStatus();
 }
 
+// Encodes the reduced partition. A quantized dense partition also returns,
+// in `error`, what quantization took off each value (x - Q(x)).
 std::string EncodeStream(const Stream& stream, sparse::IndexRange range,
                          const BlockCodec& codec, int quantize_bits,
                          uint64_t seed, std::vector<float>* error) {

@@ -96,7 +96,8 @@ class StepProtocol {
   // step. Aborted with *refused_by_vote: a member voted no, or the results
   // differ; no member applies it. Another error: the vote failed and nobody
   // applied the step as far as this worker could learn (DataLoss when it
-  // could not learn it). Blocks until deadline + view_wait at most.
+  // could not learn it). Blocks until deadline + max(1 s, view_wait) at
+  // most.
   absl::Status Vote(const Group& g, const OutcomeKey& key, uint64_t operation,
                     bool yes, uint64_t result_digest, absl::Time deadline,
                     bool* refused_by_vote);

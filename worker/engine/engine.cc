@@ -103,7 +103,7 @@ absl::StatusOr<sparse::SparseBlock> Engine::Run(
   GM_ASSIGN_OR_RETURN(collectives::Proposal proposal,
                       collective.Reduce(residual, context, stats));
   if (request.commit) GM_RETURN_IF_ERROR(request.commit(proposal.result));
-  proposal.apply(proposal.result, residual);
+  std::move(proposal.apply)(proposal.result, residual);
   return std::move(proposal.result);
 }
 

@@ -623,7 +623,7 @@ TEST(CommitTest, EveryAlgorithmKeepsTheAccumulatorUntilItsProposalIsApplied) {
         auto proposal = instances[r]->Reduce(residual, context, &stats);
         statuses[r] = proposal.status();
         if (proposal.ok() && !refuse) {
-          proposal->apply(proposal->result, residual);
+          std::move(proposal->apply)(proposal->result, residual);
         }
       });
       for (int r = 0; r < kP; ++r) {

@@ -136,6 +136,23 @@ TEST_F(StepProtocolTest, APromiseToAPeerInDoubtTurnsTheVoteIntoANo) {
   EXPECT_EQ(protocol.Decide(kKey, true), Outcome::kAborted);
 }
 
+TEST_F(StepProtocolTest, APeerAskingDuringTheVoteHearsItIsUndecided) {
+  StepProtocol* self = nullptr;
+  Outcome heard = Outcome::kAborted;
+  StepProtocol protocol(
+      {.gather = [&](const Group& g, uint64_t, std::string vote,
+                     absl::Time) -> absl::StatusOr<std::vector<std::string>> {
+        heard = self->Decide(kKey, /*holds_registration=*/true);
+        return std::vector<std::string>(g.size(), vote);
+      }},
+      &clock_, nullptr, {});
+  self = &protocol;
+  EXPECT_TRUE(Vote(protocol).ok());
+  // This worker voted yes: no promise to refuse, and the step applies.
+  EXPECT_EQ(heard, Outcome::kVoting);
+  EXPECT_EQ(protocol.Decide(kKey, true), Outcome::kCommitted);
+}
+
 TEST_F(StepProtocolTest, WithoutTheRegistrationDecidePromisesNothing) {
   StepProtocol protocol(VotingPeers(YesVote(kDigest)), &clock_, nullptr, {});
   EXPECT_EQ(protocol.Decide(kKey, /*holds_registration=*/false),

@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/grpc_network.h"
@@ -144,6 +145,55 @@ TEST(EngineTest, RunsBuffersConcurrentlyInAnyOrder) {
   for (int b = 0; b < 2; ++b) {
     EXPECT_EQ(results[2 * b].indices, results[2 * b + 1].indices);
     EXPECT_EQ(results[2 * b].values, results[2 * b + 1].values);
+  }
+}
+
+// The engine applies an algorithm's proposal only after the commit said
+// yes: refused, every rank's residual is old residual + gradient, bit for
+// bit; allowed, it is what the algorithm's own AllReduce leaves.
+TEST(EngineTest, AppliesTheProposalOnlyAfterTheCommit) {
+  constexpr int kP = 4;
+  constexpr uint64_t kN = 997;
+  for (const std::string& name : collectives::AlgorithmNames()) {
+    for (bool refuse : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(name, refuse ? " refused" : " allowed"));
+      transport::LoopbackNetwork net(kP);
+      std::vector<Engine> engines(kP);
+      std::vector<std::vector<float>> gradients, expected(kP);
+      for (int r = 0; r < kP; ++r) gradients.push_back(RandomVector(kN, 7 + r));
+      const collectives::AlgorithmOptions options{.algorithm = name,
+                                                  .density = 0.05};
+      if (refuse) {
+        expected = gradients;  // the residual was zero
+      } else {
+        // What the algorithm alone leaves, on twins of the same instances.
+        transport::LoopbackNetwork twin_net(kP);
+        std::vector<std::unique_ptr<collectives::Collective>> twins;
+        for (int r = 0; r < kP; ++r) {
+          twins.push_back(*collectives::CreateCollective(options, kP, r, kN));
+          expected[r].assign(kN, 0.0f);
+        }
+        testing::RunIteration(twin_net, twins, gradients, expected, 1);
+      }
+      RunRanks(net, [&](int r, transport::Transport* t) {
+        collectives::OpStats stats;
+        auto result = engines[r].AllReduce(
+            {.transport = t, .options = {.algorithm = options}},
+            {.buffer = "g",
+             .gradient = gradients[r],
+             .operation = 1,
+             .commit =
+                 [&](const sparse::SparseBlock&) {
+                   return refuse ? absl::AbortedError("refused")
+                                 : absl::OkStatus();
+                 }},
+            &stats);
+        EXPECT_EQ(absl::IsAborted(result.status()), refuse) << result.status();
+      });
+      for (int r = 0; r < kP; ++r) {
+        EXPECT_EQ(Residual(engines[r], "g"), expected[r]) << "rank " << r;
+      }
+    }
   }
 }
 
