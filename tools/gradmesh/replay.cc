@@ -198,9 +198,9 @@ absl::Status WriteStats(const ReplayOptions& options, const Shape& shape,
           << ", \"bytes_received\": " << s.bytes_received
           << ", \"coo_bytes_received\": " << s.coo_bytes_received
           << ", \"result_nonzeros\": " << s.result_nonzeros;
-      for (const auto& [name, value] : s.details) {
+      s.figures.ForEach([&](absl::string_view name, int64_t value) {
         out << ", \"" << name << "\": " << value;
-      }
+      });
       out << "}" << (t + 1 < stats[r].size() ? "," : "") << "\n";
     }
     out << "    ]}" << (r + 1 < stats.size() ? "," : "") << "\n";

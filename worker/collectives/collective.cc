@@ -23,21 +23,25 @@ sparse::SparseBlock TimedTopKAbs(absl::Span<const float> x, uint64_t k,
   return kernels::TopKAbs(x, k, 0);
 }
 
-void OpStats::SetDetail(std::string name, int64_t value) {
-  for (auto& [key, existing] : details) {
-    if (key == name) {
-      existing = value;
-      return;
-    }
+void OpFigures::ForEach(
+    absl::FunctionRef<void(absl::string_view name, int64_t value)> visit)
+    const {
+  const std::pair<absl::string_view, const std::optional<int64_t>*> all[] = {
+      {"srs_nonzeros", &srs_nonzeros},
+      {"sag_nonzeros", &sag_nonzeros},
+      {"bsag_h", &bsag_h},
+      {"bsag_gathered", &bsag_gathered},
+      {"selected", &selected},
+      {"local_selected", &local_selected},
+      {"global_selected", &global_selected},
+      {"thresholds_evaluated", &thresholds_evaluated},
+      {"repartitioned", &repartitioned},
+      {"balanced", &balanced},
+      {"dense_partitions", &dense_partitions},
+      {"own_dense", &own_dense}};
+  for (const auto& [name, value] : all) {
+    if (value->has_value()) visit(name, **value);
   }
-  details.emplace_back(std::move(name), value);
-}
-
-int64_t OpStats::detail(absl::string_view name) const {
-  for (const auto& [key, value] : details) {
-    if (key == name) return value;
-  }
-  return -1;
 }
 
 absl::Status StepRunner::Send(uint32_t step, int send_to,

@@ -28,10 +28,12 @@
 #define GRADMESH_WORKER_COLLECTIVES_COLLECTIVE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -63,6 +65,27 @@ struct Proposal {
       apply;
 };
 
+// Figures of one operation that belong to one algorithm; each is set by the
+// algorithm named and absent otherwise.
+struct OpFigures {
+  // SparDL: nonzeros of this worker's block after SRS, and after SAG (with
+  // teams); B-SAG's h and the count N of its gathered union.
+  std::optional<int64_t> srs_nonzeros, sag_nonzeros, bsag_h, bsag_gathered;
+  // TopkA and Gaussiank: the local selection's size.
+  std::optional<int64_t> selected;
+  // Ok-Topk: local and global selections; whether this operation
+  // re-evaluated the thresholds, re-partitioned the regions, balanced.
+  std::optional<int64_t> local_selected, global_selected, thresholds_evaluated,
+      repartitioned, balanced;
+  // TopkDSA: partitions gathered dense; whether this worker's was dense.
+  std::optional<int64_t> dense_partitions, own_dense;
+
+  // Calls `visit` with the name and value of every figure that is set, in
+  // the order above (for reports such as replay's stats.json).
+  void ForEach(absl::FunctionRef<void(absl::string_view name, int64_t value)>
+                   visit) const;
+};
+
 // What one operation cost this worker and what it produced.
 struct OpStats {
   int rounds = 0;  // communication steps (one exchange each)
@@ -79,13 +102,7 @@ struct OpStats {
   // Wall time blocked in Recv for peers' messages: the operation's time
   // minus this is what the worker computed (or spent sending).
   double wait_seconds = 0;
-  // Algorithm-specific figures, in the order they were recorded, e.g.
-  // SparDL B-SAG's "bsag_h"; each algorithm's header lists its own.
-  std::vector<std::pair<std::string, int64_t>> details;
-
-  void SetDetail(std::string name, int64_t value);
-  // The value of detail `name`, or -1 when absent.
-  int64_t detail(absl::string_view name) const;
+  OpFigures figures;
 };
 
 // Adds the wall time of its scope to *seconds.

@@ -133,10 +133,10 @@ absl::StatusOr<Proposal> OkTopk::Reduce(absl::Span<const float> accumulator,
 
   // Where a locally selected value reached the result, the residual keeps
   // only what wire rounding took off it.
-  stats->SetDetail("local_selected", static_cast<int64_t>(local.size()));
-  stats->SetDetail("global_selected", static_cast<int64_t>(result.size()));
-  stats->SetDetail("thresholds_evaluated", evaluate);
-  stats->SetDetail("repartitioned", repartition);
+  stats->figures.local_selected = static_cast<int64_t>(local.size());
+  stats->figures.global_selected = static_cast<int64_t>(result.size());
+  stats->figures.thresholds_evaluated = static_cast<int64_t>(evaluate);
+  stats->figures.repartitioned = static_cast<int64_t>(repartition);
   stats->result_nonzeros = result.size();
   return Proposal{
       .result = std::move(result),
@@ -220,7 +220,7 @@ absl::StatusOr<sparse::SparseBlock> OkTopk::BalanceAndAllGather(
     counts[r] = (*count)[0];
   }
   const Balance balance = PlanBalance(counts);
-  stats->SetDetail("balanced", balance.needed);
+  stats->figures.balanced = static_cast<int64_t>(balance.needed);
   sparse::SparseBlock chunk = std::move(mine);
   if (balance.needed) {
     GM_ASSIGN_OR_RETURN(chunk, Rebalance(runner, balance, chunk, stats));

@@ -33,8 +33,8 @@
 // are balanced and the thresholds select about k; more on the iterations
 // that re-evaluate the thresholds (an extra all-gather of the reduced
 // regions) and when the regions are skewed, as the SparDL paper points out.
-// Details: "local_selected", "global_selected", "balanced",
-// "thresholds_evaluated", "repartitioned" (0 or 1 each for the last three).
+// Figures (OpFigures): local_selected, global_selected, balanced,
+// thresholds_evaluated, repartitioned (0 or 1 each for the last three).
 #ifndef GRADMESH_WORKER_COLLECTIVES_OKTOPK_H_
 #define GRADMESH_WORKER_COLLECTIVES_OKTOPK_H_
 

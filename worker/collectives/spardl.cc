@@ -135,14 +135,14 @@ absl::StatusOr<sparse::SparseBlock> SparDl::Run(StepRunner& runner,
                                                 OpStats* stats) {
   GM_RETURN_IF_ERROR(SparReduceScatter(runner));
   own_ = CutBlock(position_, stats);
-  stats->SetDetail("srs_nonzeros", static_cast<int64_t>(own_.size()));
+  stats->figures.srs_nonzeros = static_cast<int64_t>(own_.size());
   if (layout_.teams > 1) {
     if (IsPowerOfTwo(layout_.teams)) {
       GM_RETURN_IF_ERROR(RecursiveSag(runner));
     } else {
       GM_RETURN_IF_ERROR(BruckSag(runner, stats));
     }
-    stats->SetDetail("sag_nonzeros", static_cast<int64_t>(own_.size()));
+    stats->figures.sag_nonzeros = static_cast<int64_t>(own_.size());
   }
   return TeamAllGather(runner);
 }
@@ -221,8 +221,8 @@ absl::Status SparDl::BruckSag(StepRunner& runner, OpStats* stats) {
   KeepShare(codec_.Round(&own_, &dropped), share);
   KeepShare(dropped, share);
 
-  stats->SetDetail("bsag_h", static_cast<int64_t>(h));
-  stats->SetDetail("bsag_gathered", static_cast<int64_t>(sum.size()));
+  stats->figures.bsag_h = static_cast<int64_t>(h);
+  stats->figures.bsag_gathered = static_cast<int64_t>(sum.size());
   h_controller_.Update(sum.size());
   return absl::OkStatus();
 }

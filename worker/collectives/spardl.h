@@ -44,9 +44,9 @@
 // Bytes: 8 per value with the default plain COO (coo.h); other wire formats
 // (wire.h) encode each block on its own, and 16-bit values round where a
 // block is made to leave, the loss kept with the block's discard share.
-// Details (OpStats): "srs_nonzeros", the kept block's entries after SRS, and
-// "sag_nonzeros" after SAG (d > 1); B-SAG records "bsag_h", the h used, and
-// "bsag_gathered", the entries after the all-gather across teams (N_t of
+// Figures (OpFigures): srs_nonzeros, the kept block's entries after SRS, and
+// sag_nonzeros after SAG (d > 1); B-SAG sets bsag_h, the h used, and
+// bsag_gathered, the entries after the all-gather across teams (N_t of
 // Algorithm 2).
 #ifndef GRADMESH_WORKER_COLLECTIVES_SPARDL_H_
 #define GRADMESH_WORKER_COLLECTIVES_SPARDL_H_

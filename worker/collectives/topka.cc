@@ -109,7 +109,7 @@ absl::StatusOr<Proposal> TopkAllGather::Reduce(
                    ? tensors_.TopK(accumulator, k_, 0)
                    : GaussianSelect(accumulator, k_);
   }
-  stats->SetDetail("selected", static_cast<int64_t>(selected.size()));
+  stats->figures.selected = static_cast<int64_t>(selected.size());
   sparse::SparseBlock loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const sparse::IndexRange all{0, n_};

@@ -17,7 +17,7 @@
 // Rounds: log2 P (recursive doubling) or ceil(log2 P) (Bruck).
 // Bytes received: 8 x (values selected by the other P-1 workers), at most
 // 2 k (P-1) words of 4 bytes for TopkA.
-// Details: "selected", the number of values this worker selected.
+// Figures (OpFigures): selected, the number of values this worker selected.
 #ifndef GRADMESH_WORKER_COLLECTIVES_TOPKA_H_
 #define GRADMESH_WORKER_COLLECTIVES_TOPKA_H_
 

@@ -188,7 +188,7 @@ absl::StatusOr<Proposal> TopkDsa::Reduce(absl::Span<const float> accumulator,
                        EncodeStream(stream, mine, codec_, quantize_bits_, seed,
                                     &quantization_error),
                        stats));
-  stats->SetDetail("own_dense", stream.dense);
+  stats->figures.own_dense = static_cast<int64_t>(stream.dense);
   stats->result_nonzeros = result.size();
   return Proposal{.result = std::move(result),
                   .apply = [selected = std::move(selected),
@@ -223,7 +223,7 @@ absl::StatusOr<sparse::SparseBlock> TopkDsa::GatherPartitions(
     if (!dense.ok()) return PeerError(dense.status(), r);
     dense_partitions += *dense;
   }
-  stats->SetDetail("dense_partitions", dense_partitions);
+  stats->figures.dense_partitions = dense_partitions;
   return result;
 }
 

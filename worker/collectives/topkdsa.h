@@ -37,8 +37,8 @@
 // (at most 8 k) plus the other partitions, each at most 8 delta + 1 =
 // 4 N + 1: within [4 k (P-1)/P, (2 k + n)(P-1)/P] words of 4 bytes, plus one
 // representation byte per partition.
-// Details: "dense_partitions" (how many partitions went dense, the same on
-// every worker) and "own_dense" (1 when this worker's partition did).
+// Figures (OpFigures): dense_partitions (how many partitions went dense, the
+// same on every worker) and own_dense (1 when this worker's partition did).
 #ifndef GRADMESH_WORKER_COLLECTIVES_TOPKDSA_H_
 #define GRADMESH_WORKER_COLLECTIVES_TOPKDSA_H_
 

@@ -2,7 +2,6 @@
 
 #include <string>
 
-#include "absl/strings/str_cat.h"
 #include "worker/daemon/worker_metrics.h"
 
 namespace gradmesh::daemon {
@@ -24,14 +23,15 @@ void StepRecorder::Record(const ReduceResult& result, const Group& group,
       engine::DenseRingModelBytes(group.size(), result.values));
   m.topk_seconds(algorithm).Observe(stats.topk_seconds);
   RecordTraffic(group);
-  for (const char* phase : {"srs", "sag"}) {
-    const int64_t v = stats.detail(absl::StrCat(phase, "_nonzeros"));
-    if (v >= 0) m.nonzeros(phase).Set(static_cast<double>(v));
+  const collectives::OpFigures& figures = stats.figures;
+  if (figures.srs_nonzeros) {
+    m.nonzeros("srs").Set(static_cast<double>(*figures.srs_nonzeros));
+  }
+  if (figures.sag_nonzeros) {
+    m.nonzeros("sag").Set(static_cast<double>(*figures.sag_nonzeros));
   }
   m.nonzeros("result").Set(static_cast<double>(stats.result_nonzeros));
-  if (stats.detail("bsag_h") >= 0) {
-    m.bsag_h().Set(static_cast<double>(stats.detail("bsag_h")));
-  }
+  if (figures.bsag_h) m.bsag_h().Set(static_cast<double>(*figures.bsag_h));
   m.teams().Set(result.plan.teams);
   m.rank().Set(group.rank);
   m.world_size().Set(group.size());

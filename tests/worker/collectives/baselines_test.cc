@@ -419,15 +419,15 @@ TEST_P(BaselineCostTest, TopkDsaAndOkTopkMeetTableOne) {
         if (algorithm == "topkdsa") {
           // [4 k (P-1)/P, (2k + n)(P-1)/P] words, plus one representation
           // byte per gathered partition. Full overlap: the lower end.
-          EXPECT_EQ(runs[r].stats.detail("dense_partitions"), 0);
+          EXPECT_EQ(runs[r].stats.figures.dense_partitions.value_or(-1), 0);
           EXPECT_DOUBLE_EQ(received, 4 * 4 * k * (P - 1) / P + (P - 1));
           EXPECT_LE(received, 4 * (2 * k + n) * (P - 1) / P + (P - 1));
         } else if (it > 0) {
           // Ok-Topk without threshold re-evaluation (iterations 2..tau'):
           // [2 k (P-1)/P, 6 k (P-1)/P] words, plus the 4-byte counts
           // all-gathered before balancing.
-          EXPECT_EQ(runs[r].stats.detail("thresholds_evaluated"), 0);
-          EXPECT_EQ(runs[r].stats.detail("global_selected"), k);
+          EXPECT_EQ(runs[r].stats.figures.thresholds_evaluated.value_or(-1), 0);
+          EXPECT_EQ(runs[r].stats.figures.global_selected.value_or(-1), k);
           EXPECT_GE(received, 4 * 2 * k * (P - 1) / P);
           EXPECT_LE(received, 4 * 6 * k * (P - 1) / P + 4 * (P - 1));
         }
@@ -467,7 +467,7 @@ TEST(OkTopkTest, CallsFailedInTheAgreementCountTowardThePeriods) {
                                         context, &stats);
       EXPECT_TRUE(result.ok()) << result.status();
     }
-    evaluated.push_back(stats.detail("thresholds_evaluated"));
+    evaluated.push_back(stats.figures.thresholds_evaluated.value_or(-1));
   }
   // Calls 0 and 2 re-evaluate (period 2); the failed call 1 was counted.
   EXPECT_EQ(evaluated[0], 1);
@@ -504,7 +504,8 @@ TEST(TopkDsaTest, SwitchesToDenseWhereDeltaSays) {
     const auto runs = RunIteration(network, instances, gradients, residuals, 0);
     for (int r = 0; r < world; ++r) {
       ASSERT_TRUE(runs[r].status.ok());
-      EXPECT_EQ(runs[r].stats.detail("dense_partitions"), dense ? world : 0)
+      EXPECT_EQ(runs[r].stats.figures.dense_partitions.value_or(-1),
+                dense ? world : 0)
           << "P=" << world << " k=" << k;
       EXPECT_EQ(runs[r].result.size(), k * world);
     }
@@ -534,7 +535,7 @@ TEST(OkTopkTest, BalancesSkewedRegions) {
   auto runs = RunIteration(network, instances, gradients, residuals, 0);
   for (const RankRun& run : runs) {
     ASSERT_TRUE(run.status.ok());
-    EXPECT_EQ(run.stats.detail("balanced"), 0);
+    EXPECT_EQ(run.stats.figures.balanced.value_or(-1), 0);
   }
   // Then into region 0, then into the last region (where most workers hold
   // nothing to re-balance).
@@ -550,7 +551,7 @@ TEST(OkTopkTest, BalancesSkewedRegions) {
         RunIteration(network, instances, skewed, residuals, at_start ? 1 : 2);
     for (const RankRun& run : runs) {
       ASSERT_TRUE(run.status.ok()) << run.status;
-      EXPECT_EQ(run.stats.detail("balanced"), 1);
+      EXPECT_EQ(run.stats.figures.balanced.value_or(-1), 1);
       EXPECT_EQ(run.result, runs[0].result);
       EXPECT_GT(run.result.size(), 0u);
     }
@@ -699,7 +700,7 @@ TEST(TopkDsaTest, QuantizedDensePhaseConservesMassWithinOneLevel) {
         const auto runs =
             RunIteration(network, instances, gradients, residuals, it);
         ASSERT_TRUE(runs[0].status.ok()) << runs[0].status;
-        EXPECT_EQ(runs[0].stats.detail("dense_partitions"), kWorld);
+        EXPECT_EQ(runs[0].stats.figures.dense_partitions.value_or(-1), kWorld);
         for (const RankRun& run : runs) EXPECT_EQ(run.result, runs[0].result);
         const Sparse got = ToSparse(runs[0].result);
         results[repeat].push_back(got);

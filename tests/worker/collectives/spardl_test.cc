@@ -365,9 +365,9 @@ TEST_P(SparDlCostTest, RoundsAndBytesMatchTableOne) {
         EXPECT_GE(received, 4 * 2 * (d * d + P - 2 * d) / (P * d) * k);
         EXPECT_GE(received, 8 * (P * d + P - 2 * d) / (P * d) * k);
         EXPECT_LE(received, 4 * 2 * (d * d + 2 * P - 3 * d) / P * k);
-        EXPECT_GE(s.detail("bsag_h"),
+        EXPECT_GE(s.figures.bsag_h.value_or(-1),
                   static_cast<int64_t>(std::ceil(8.0 / teams)));
-        EXPECT_LE(s.detail("bsag_h"), 8);
+        EXPECT_LE(s.figures.bsag_h.value_or(-1), 8);
       }
     }
   }
