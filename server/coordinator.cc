@@ -59,11 +59,19 @@ absl::Status ValidatePlanConfig(const PlanConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("density must lie in (0, 1], got ", config.density));
   }
-  if (absl::StatusOr<collectives::WireFormat> wire =
-          collectives::WireFormat::Parse(config.encoding, config.values);
-      !wire.ok()) {
-    return wire.status();
-  }
+  // The algorithm's own checks of every plan field but d (one worker).
+  absl::StatusOr<collectives::AlgorithmOptions> options =
+      collectives::AlgorithmOptionsOf(
+          {.algorithm = config.algorithm,
+           .density = config.density,
+           .encoding = config.encoding,
+           .values = config.values,
+           .quantize_bits = config.quantize_bits,
+           .oktopk_tau = config.oktopk_tau,
+           .oktopk_tau_prime = config.oktopk_tau_prime,
+           .seed = config.seed});
+  if (!options.ok()) return options.status();
+  GM_RETURN_IF_ERROR(collectives::CreateCollective(*options, 1, 0, 0).status());
   if (config.chunk_bytes == 0 ||
       config.chunk_bytes > transport::kMaxChunkBytes) {
     return absl::InvalidArgumentError(
@@ -334,10 +342,14 @@ void Coordinator::PublishLocked(Plan plan, uint64_t start_step) {
 Plan Coordinator::BasePlan() const {
   return Plan{.algorithm = config_.algorithm,
               .density = config_.density,
+              .teams = 1,
               .encoding = config_.encoding,
               .values = config_.values,
-              .chunk_bytes = config_.chunk_bytes,
-              .teams = 1};
+              .quantize_bits = config_.quantize_bits,
+              .oktopk_tau = config_.oktopk_tau,
+              .oktopk_tau_prime = config_.oktopk_tau_prime,
+              .seed = config_.seed,
+              .chunk_bytes = config_.chunk_bytes};
 }
 
 void Coordinator::MembershipChangedLocked() {

@@ -72,6 +72,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/cost_model.h"
+#include "worker/collectives/plan.h"
 
 namespace gradmesh::server {
 
@@ -90,6 +91,10 @@ struct PlanConfig {
   double density = 0.01;             // k / n, in (0, 1]
   std::string encoding = "coo";      // collectives::WireFormat::Parse names
   std::string values = "fp32";
+  int quantize_bits = 0;  // collectives::Plan's fields of the same names
+  int oktopk_tau = 64;
+  int oktopk_tau_prime = 32;
+  uint64_t seed = 1;
   uint64_t chunk_bytes = 1 << 20;  // > 0
   int teams = 0;                   // SparDL's d: 0 = autotune, else fixed
   int autotune_window = 5;         // counted operations per candidate (>= 1)
@@ -98,16 +103,7 @@ struct PlanConfig {
   LinkModel link;                  // used until reports allow a fit
 };
 
-struct Plan {
-  std::string algorithm;
-  double density = 0;
-  std::string encoding;
-  std::string values;
-  uint64_t chunk_bytes = 0;
-  int teams = 1;
-  bool autotuning = false;  // this epoch is an autotune trial
-  std::string note;         // why teams is what it is, when not obvious
-};
+using Plan = collectives::Plan;
 
 struct View {
   uint64_t epoch = 0;               // 0 until the first join

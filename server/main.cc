@@ -31,6 +31,11 @@ ABSL_FLAG(std::string, encoding, "coo",
           "wire encoding of sparse blocks: coo, auto, coo-tagged, delta, runs, "
           "bitmap or dense");
 ABSL_FLAG(std::string, values, "fp32", "wire value type: fp32, fp16 or bf16");
+ABSL_FLAG(int, quantize_bits, 0,
+          "TopkDSA: quantize the dense phase to 2, 4 or 8 bits (0: off)");
+ABSL_FLAG(int, oktopk_tau, 64, "Ok-Topk: region re-balancing period");
+ABSL_FLAG(int, oktopk_tau_prime, 32, "Ok-Topk: threshold re-evaluation period");
+ABSL_FLAG(uint64_t, seed, 1, "seed of randomized rounding (TopkDSA's QSGD)");
 ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20,
           "largest frame on peer streams (at most 3 MiB)");
 ABSL_FLAG(int, autotune_window, 5,
@@ -69,6 +74,10 @@ int main(int argc, char** argv) {
                .density = absl::GetFlag(FLAGS_density),
                .encoding = absl::GetFlag(FLAGS_encoding),
                .values = absl::GetFlag(FLAGS_values),
+               .quantize_bits = absl::GetFlag(FLAGS_quantize_bits),
+               .oktopk_tau = absl::GetFlag(FLAGS_oktopk_tau),
+               .oktopk_tau_prime = absl::GetFlag(FLAGS_oktopk_tau_prime),
+               .seed = absl::GetFlag(FLAGS_seed),
                .chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes),
                .teams = absl::GetFlag(FLAGS_teams),
                .autotune_window = absl::GetFlag(FLAGS_autotune_window),

@@ -16,6 +16,7 @@
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
+#include "proto/plan_proto.h"
 
 namespace gradmesh::server {
 namespace {
@@ -37,15 +38,7 @@ v1::View ToProto(const View& view, uint64_t incarnation) {
     node->set_gpu_name(m.gpu_name);
     node->set_incarnation(m.incarnation);
   }
-  v1::Plan* plan = out.mutable_plan();
-  plan->set_algorithm(view.plan.algorithm);
-  plan->set_density(view.plan.density);
-  plan->set_teams(view.plan.teams);
-  plan->set_encoding(view.plan.encoding);
-  plan->set_values(view.plan.values);
-  plan->set_chunk_bytes(view.plan.chunk_bytes);
-  plan->set_autotuning(view.plan.autotuning);
-  plan->set_note(view.plan.note);
+  PlanToProto(view.plan, out.mutable_plan());
   return out;
 }
 
@@ -61,15 +54,7 @@ View FromProto(const v1::View& view) {
                            .gpu_name = m.gpu_name(),
                            .incarnation = m.incarnation()});
   }
-  const v1::Plan& p = view.plan();
-  out.plan = {.algorithm = p.algorithm(),
-              .density = p.density(),
-              .encoding = p.encoding(),
-              .values = p.values(),
-              .chunk_bytes = p.chunk_bytes(),
-              .teams = p.teams(),
-              .autotuning = p.autotuning(),
-              .note = p.note()};
+  out.plan = PlanFromProto(view.plan());
   return out;
 }
 

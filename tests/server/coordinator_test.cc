@@ -221,6 +221,46 @@ TEST(CoordinatorTest, JoinsPublishEpochsWithRanksSortedByNodeId) {
   EXPECT_EQ(Ids(coordinator.view()), Ids(*view));
 }
 
+TEST(CoordinatorTest, EveryPlanFieldOfTheConfigIsPublished) {
+  Coordinator coordinator({.algorithm = "topkdsa",
+                           .density = 0.2,
+                           .encoding = "auto",
+                           .values = "fp16",
+                           .quantize_bits = 4,
+                           .oktopk_tau = 7,
+                           .oktopk_tau_prime = 3,
+                           .seed = 99,
+                           .chunk_bytes = 4096,
+                           .teams = 1},
+                          kTimeout);
+  absl::StatusOr<View> view = coordinator.Join(Node("a"), kT0);
+  ASSERT_TRUE(view.ok()) << view.status();
+  const Plan& plan = view->plan;
+  EXPECT_EQ(plan.algorithm, "topkdsa");
+  EXPECT_EQ(plan.density, 0.2);
+  EXPECT_EQ(plan.encoding, "auto");
+  EXPECT_EQ(plan.values, "fp16");
+  EXPECT_EQ(plan.quantize_bits, 4);
+  EXPECT_EQ(plan.oktopk_tau, 7);
+  EXPECT_EQ(plan.oktopk_tau_prime, 3);
+  EXPECT_EQ(plan.seed, 99u);
+  EXPECT_EQ(plan.chunk_bytes, 4096u);
+}
+
+TEST(CoordinatorTest, ConfigsTheAlgorithmRejectsAreRefused) {
+  // Quantization belongs to TopkDSA, in 2, 4 or 8 bits; Ok-Topk's periods
+  // are positive.
+  for (const PlanConfig& config :
+       {PlanConfig{.algorithm = "spardl", .quantize_bits = 4},
+        PlanConfig{.algorithm = "topkdsa", .quantize_bits = 3},
+        PlanConfig{.algorithm = "oktopk", .oktopk_tau = 0}}) {
+    Coordinator coordinator(config, kTimeout);
+    EXPECT_TRUE(
+        absl::IsInvalidArgument(coordinator.Join(Node("a"), kT0).status()))
+        << config.algorithm;
+  }
+}
+
 TEST(CoordinatorTest, LeaveRemovesAndUnknownIsNotFound) {
   Coordinator coordinator({}, kTimeout);
   JoinAll(coordinator, {"a", "b", "c"});

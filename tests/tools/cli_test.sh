@@ -112,6 +112,22 @@ grep -q "iter   3 .* spardl d=3 .* checked" "$work/local.out" ||
 grep -q "cluster stopped$" "$work/local.out" || fail "local: no clean stop"
 grep -q "epoch=.* rank=" "$work/local/worker-00.log" ||
     fail "worker logs lack epoch and rank"
+# Every plan field reaches the workers: TopkDSA's dense phase quantized to
+# 4 bits (set on the coordinator by local) changes the checked results.
+digests() {  # digests JSON: every worker's result digests, in order
+  python3 -c 'import json, sys
+print(" ".join(w["result_digest"] for it in json.load(open(sys.argv[1]))["iterations"]
+               for w in it["workers"]))' "$1"
+}
+for bits in 0 4; do
+  "$gradmesh" local --workers=2 --n=3000 --iterations=2 --algo=topkdsa \
+      --density=0.4 --quantize-bits=$bits --json="$work/q$bits.json" \
+      --work-dir="$work/q$bits" >"$work/q$bits.out" 2>&1 ||
+      fail "local --quantize-bits=$bits: $(tail -3 "$work/q$bits.out")"
+done
+[[ -n "$(digests "$work/q0.json")" ]] || fail "local --json: no digests"
+[[ "$(digests "$work/q0.json")" != "$(digests "$work/q4.json")" ]] ||
+    fail "--quantize-bits=4 did not reach the workers"
 # Ctrl-C stops after the iteration in flight and still shuts down cleanly.
 "$gradmesh" local --workers=2 --n=3000 --iterations=100000 \
     --work-dir="$work/interrupted" >"$work/int.out" 2>&1 &

@@ -177,9 +177,11 @@ const std::vector<std::string> kAlgorithmFlags = {
     "algo",          "density",  "teams",  "oktopk_tau", "oktopk_tau_prime",
     "quantize_bits", "encoding", "values", "seed"};
 const std::vector<std::string> kClusterFlags = {
-    "algo",      "density", "teams",    "encoding",    "values",
-    "workers",   "bin_dir", "work_dir", "chunk_bytes", "autotune_window",
-    "timeout_s", "topk",    "tls_ca",   "tls_cert",    "tls_key"};
+    "algo",        "density",         "teams",      "encoding",
+    "values",      "quantize_bits",   "oktopk_tau", "oktopk_tau_prime",
+    "seed",        "workers",         "bin_dir",    "work_dir",
+    "chunk_bytes", "autotune_window", "timeout_s",  "topk",
+    "tls_ca",      "tls_cert",        "tls_key"};
 
 std::vector<std::string> Plus(std::vector<std::string> flags,
                               std::initializer_list<const char*> more) {
@@ -285,6 +287,10 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags() {
       {"teams", absl::StrCat(teams)},
       {"encoding", absl::GetFlag(FLAGS_encoding)},
       {"values", absl::GetFlag(FLAGS_values)},
+      {"quantize_bits", absl::StrCat(absl::GetFlag(FLAGS_quantize_bits))},
+      {"oktopk_tau", absl::StrCat(absl::GetFlag(FLAGS_oktopk_tau))},
+      {"oktopk_tau_prime", absl::StrCat(absl::GetFlag(FLAGS_oktopk_tau_prime))},
+      {"seed", absl::StrCat(absl::GetFlag(FLAGS_seed))},
       {"chunk_bytes", absl::StrCat(absl::GetFlag(FLAGS_chunk_bytes))},
       {"autotune_window", absl::StrCat(absl::GetFlag(FLAGS_autotune_window))},
       {"heartbeat_timeout_ms", "2000"}};
@@ -306,14 +312,13 @@ std::atomic<bool> interrupted{false};
 int Local(int argc, char** argv) {
   const std::vector<std::string> positional = gradmesh::ParseFlags(
       argc, argv, "GRADMESH_",
-      CommandHelp(
-          "usage: gradmesh local [flags]\n\n"
-          "Starts a coordinator and P worker processes on 127.0.0.1\n"
-          "(or one per network namespace: --netns, --hosts), runs\n"
-          "iterations of seeded gradients through them, checks and\n"
-          "reports each one, then shuts the cluster down.",
-          Plus(kClusterFlags, {"netns", "hosts", "coordinator_host", "json",
-                               "n", "iterations", "seed", "verify"})));
+      CommandHelp("usage: gradmesh local [flags]\n\n"
+                  "Starts a coordinator and P worker processes on 127.0.0.1\n"
+                  "(or one per network namespace: --netns, --hosts), runs\n"
+                  "iterations of seeded gradients through them, checks and\n"
+                  "reports each one, then shuts the cluster down.",
+                  Plus(kClusterFlags, {"netns", "hosts", "coordinator_host",
+                                       "json", "n", "iterations", "verify"})));
   if (positional.size() > 1) {
     std::fprintf(stderr, "gradmesh local: unexpected argument '%s'\n",
                  positional[1].c_str());

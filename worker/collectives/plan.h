@@ -15,6 +15,24 @@
 
 namespace gradmesh::collectives {
 
+// The plan every member of a view runs, as the coordinator publishes it and
+// every worker reads it: the one plan type of the system (its proto is
+// gradmesh.v1.Plan, converted in proto/plan_proto.h alone).
+struct Plan {
+  std::string algorithm = "spardl";  // a registry.h AlgorithmNames() entry
+  double density = 0.01;             // k / n, in (0, 1]
+  int teams = 1;                     // SparDL's d
+  std::string encoding = "coo";      // WireFormat::Parse names
+  std::string values = "fp32";
+  int quantize_bits = 0;           // TopkDSA's dense phase: 0 (off), 2, 4 or 8
+  int oktopk_tau = 64;             // Ok-Topk region re-balancing period
+  int oktopk_tau_prime = 32;       // Ok-Topk threshold re-evaluation period
+  uint64_t seed = 1;               // seeds randomized rounding
+  uint64_t chunk_bytes = 1 << 20;  // largest frame payload on peer streams
+  bool autotuning = false;         // this epoch is an autotune trial of teams
+  std::string note;                // why the plan is what it is
+};
+
 // k for a density: round(density * n), at least 1 when n > 0, at most n.
 uint64_t SelectionSize(uint64_t n, double density);
 

@@ -176,6 +176,19 @@ constexpr AlgorithmEntry kAlgorithms[] = {
 
 }  // namespace
 
+absl::StatusOr<AlgorithmOptions> AlgorithmOptionsOf(const Plan& plan) {
+  GM_ASSIGN_OR_RETURN(const WireFormat wire,
+                      WireFormat::Parse(plan.encoding, plan.values));
+  return AlgorithmOptions{.algorithm = plan.algorithm,
+                          .density = plan.density,
+                          .teams = plan.teams,
+                          .oktopk_tau = plan.oktopk_tau,
+                          .oktopk_tau_prime = plan.oktopk_tau_prime,
+                          .quantize_bits = plan.quantize_bits,
+                          .seed = plan.seed,
+                          .wire = wire};
+}
+
 absl::Span<const AlgorithmEntry> Algorithms() { return kAlgorithms; }
 
 const AlgorithmEntry* FindAlgorithm(absl::string_view name) {

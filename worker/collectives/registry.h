@@ -85,6 +85,10 @@ struct AlgorithmEntry {
       uint64_t n) = nullptr;
 };
 
+// The options of `plan`'s algorithm (tensor_starts empty); InvalidArgument
+// for a bad encoding or value type.
+absl::StatusOr<AlgorithmOptions> AlgorithmOptionsOf(const Plan& plan);
+
 // Every algorithm, in the order the docs list them.
 absl::Span<const AlgorithmEntry> Algorithms();
 

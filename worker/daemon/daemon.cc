@@ -23,6 +23,7 @@
 #include "common/grpc/health_server.h"
 #include "common/status_macros.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
+#include "proto/plan_proto.h"
 #include "worker/daemon/coordinator_client.h"
 #include "worker/daemon/data_plane.h"
 #include "worker/daemon/outcome_service.h"
@@ -75,15 +76,7 @@ ViewInfo ToViewInfo(const v1::View& view) {
     info.addresses.push_back(m.address());
     info.incarnations.push_back(m.incarnation());
   }
-  const v1::Plan& p = view.plan();
-  info.plan = {.algorithm = p.algorithm(),
-               .density = p.density(),
-               .teams = p.teams(),
-               .encoding = p.encoding(),
-               .values = p.values(),
-               .chunk_bytes = p.chunk_bytes(),
-               .autotuning = p.autotuning(),
-               .note = p.note()};
+  info.plan = PlanFromProto(view.plan());
   return info;
 }
 
@@ -336,15 +329,12 @@ std::shared_ptr<Group> Daemon::MakeGroup(const ViewInfo& view) {
   }
   if (group->rank < 0) return group;
   const PlanInfo& plan = view.plan;
-  auto wire = collectives::WireFormat::Parse(plan.encoding, plan.values);
-  if (!wire.ok()) {
-    group->error = wire.status();
+  auto algorithm = collectives::AlgorithmOptionsOf(plan);
+  if (!algorithm.ok()) {
+    group->error = algorithm.status();
     return group;
   }
-  group->options = {.algorithm = {.algorithm = plan.algorithm,
-                                  .density = plan.density,
-                                  .teams = plan.teams,
-                                  .wire = *wire},
+  group->options = {.algorithm = *std::move(algorithm),
                     .timeout = options_.operation_timeout,
                     .epoch = view.epoch};
   auto transport = transport::GrpcTransport::Create(

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
+#include "proto/plan_proto.h"
 
 namespace gradmesh::daemon {
 
@@ -18,17 +19,6 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   unsigned char differ = 0;
   for (size_t i = 0; i < a.size(); ++i) differ |= a[i] ^ b[i];
   return differ == 0;
-}
-
-void SetPlan(const PlanInfo& plan, v1::Plan* out) {
-  out->set_algorithm(plan.algorithm);
-  out->set_density(plan.density);
-  out->set_teams(plan.teams);
-  out->set_encoding(plan.encoding);
-  out->set_values(plan.values);
-  out->set_chunk_bytes(plan.chunk_bytes);
-  out->set_autotuning(plan.autotuning);
-  out->set_note(plan.note);
 }
 
 }  // namespace
@@ -164,7 +154,7 @@ grpc::Status SdkService::GetStatus(grpc::ServerContext* context,
     response->set_epoch(group->view.epoch);
     response->set_rank(group->rank);
     response->set_world_size(group->size());
-    SetPlan(group->view.plan, response->mutable_plan());
+    PlanToProto(group->view.plan, response->mutable_plan());
   }
   return grpc::Status::OK;
 }

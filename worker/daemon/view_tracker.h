@@ -54,16 +54,7 @@ class Clock {
 // The system clock (a process-wide instance).
 Clock* RealClock();
 
-struct PlanInfo {
-  std::string algorithm;
-  double density = 0;
-  int teams = 1;
-  std::string encoding;
-  std::string values;
-  uint64_t chunk_bytes = 0;
-  bool autotuning = false;
-  std::string note;
-};
+using PlanInfo = collectives::Plan;
 
 struct ViewInfo {
   uint64_t epoch = 0;

@@ -46,6 +46,31 @@ TEST(RegistryTest, EntriesHonourTeamsAndQuantizationAsTheySay) {
   }
 }
 
+TEST(RegistryTest, AlgorithmOptionsCarryEveryPlanField) {
+  const Plan plan{.algorithm = "topkdsa",
+                  .density = 0.3,
+                  .teams = 1,
+                  .encoding = "delta",
+                  .values = "bf16",
+                  .quantize_bits = 8,
+                  .oktopk_tau = 5,
+                  .oktopk_tau_prime = 6,
+                  .seed = 42};
+  absl::StatusOr<AlgorithmOptions> options = AlgorithmOptionsOf(plan);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->algorithm, "topkdsa");
+  EXPECT_EQ(options->density, 0.3);
+  EXPECT_EQ(options->teams, 1);
+  EXPECT_EQ(options->quantize_bits, 8);
+  EXPECT_EQ(options->oktopk_tau, 5);
+  EXPECT_EQ(options->oktopk_tau_prime, 6);
+  EXPECT_EQ(options->seed, 42u);
+  EXPECT_EQ(options->wire.fixed, sparse::Encoding::kDeltaVarint);
+  EXPECT_EQ(options->wire.values, sparse::ValueType::kBfloat16);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      AlgorithmOptionsOf({.encoding = "zip"}).status()));
+}
+
 TEST(RegistryTest, CostsCoverModelPointsInsideTheirRanges) {
   for (const AlgorithmEntry& entry : Algorithms()) {
     if (entry.cost == nullptr) continue;

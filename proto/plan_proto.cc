@@ -1,0 +1,39 @@
+#include "proto/plan_proto.h"
+
+namespace gradmesh {
+
+void PlanToProto(const collectives::Plan& plan, v1::Plan* out) {
+  out->set_algorithm(plan.algorithm);
+  out->set_density(plan.density);
+  out->set_teams(plan.teams);
+  out->set_encoding(plan.encoding);
+  out->set_values(plan.values);
+  out->set_quantize_bits(plan.quantize_bits);
+  out->set_oktopk_tau(plan.oktopk_tau);
+  out->set_oktopk_tau_prime(plan.oktopk_tau_prime);
+  out->set_seed(plan.seed);
+  out->set_chunk_bytes(plan.chunk_bytes);
+  out->set_autotuning(plan.autotuning);
+  out->set_note(plan.note);
+}
+
+collectives::Plan PlanFromProto(const v1::Plan& plan) {
+  const collectives::Plan defaults;
+  return {.algorithm = plan.algorithm(),
+          .density = plan.density(),
+          .teams = plan.teams(),
+          .encoding = plan.encoding(),
+          .values = plan.values(),
+          .quantize_bits = plan.quantize_bits(),
+          .oktopk_tau =
+              plan.oktopk_tau() != 0 ? plan.oktopk_tau() : defaults.oktopk_tau,
+          .oktopk_tau_prime = plan.oktopk_tau_prime() != 0
+                                  ? plan.oktopk_tau_prime()
+                                  : defaults.oktopk_tau_prime,
+          .seed = plan.seed() != 0 ? plan.seed() : defaults.seed,
+          .chunk_bytes = plan.chunk_bytes(),
+          .autotuning = plan.autotuning(),
+          .note = plan.note()};
+}
+
+}  // namespace gradmesh
