@@ -226,11 +226,11 @@ int Replay(int argc, char** argv) {
                  positional[1].c_str());
     return 2;
   }
-  if (const absl::Status status =
-          gradmesh::kernels::UseTopK(absl::GetFlag(FLAGS_topk));
-      !status.ok()) {
+  const absl::StatusOr<const gradmesh::kernels::TopKSelector*> topk =
+      gradmesh::kernels::TopKNamed(absl::GetFlag(FLAGS_topk));
+  if (!topk.ok()) {
     std::fprintf(stderr, "gradmesh replay: %s\n",
-                 std::string(status.message()).c_str());
+                 std::string(topk.status().message()).c_str());
     return 1;
   }
   int teams = 1;
@@ -248,6 +248,7 @@ int Replay(int argc, char** argv) {
   }
   gradmesh::tools::ReplayOptions options;
   options.algorithm = *algorithm;
+  options.algorithm.topk = *topk;
   options.workers = absl::GetFlag(FLAGS_workers);
   options.input_dir = absl::GetFlag(FLAGS_input_dir);
   options.output_dir = absl::GetFlag(FLAGS_output_dir);

@@ -17,10 +17,11 @@ StepRunner::StepRunner(const OpContext& context, OpStats* stats)
   GM_CHECK(context_.transport != nullptr);
 }
 
-sparse::SparseBlock TimedTopKAbs(absl::Span<const float> x, uint64_t k,
+sparse::SparseBlock TimedTopKAbs(const kernels::TopKSelector& topk,
+                                 absl::Span<const float> x, uint64_t k,
                                  OpStats* stats) {
   ScopedTimer timer(&stats->topk_seconds);
-  return kernels::TopKAbs(x, k, 0);
+  return topk.TopKAbs(x, k, 0);
 }
 
 void OpFigures::ForEach(

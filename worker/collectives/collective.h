@@ -40,6 +40,7 @@
 #include "absl/types/span.h"
 #include "worker/collectives/plan.h"
 #include "worker/collectives/schedule.h"
+#include "worker/kernels/topk.h"
 #include "worker/sparse/sparse_block.h"
 #include "worker/transport/transport.h"
 
@@ -119,8 +120,9 @@ class ScopedTimer {
   const absl::Time start_;
 };
 
-// kernels::TopKAbs(x, k, 0), its time added to stats->topk_seconds.
-sparse::SparseBlock TimedTopKAbs(absl::Span<const float> x, uint64_t k,
+// topk.TopKAbs(x, k, 0), its time added to stats->topk_seconds.
+sparse::SparseBlock TimedTopKAbs(const kernels::TopKSelector& topk,
+                                 absl::Span<const float> x, uint64_t k,
                                  OpStats* stats);
 
 class Collective {
@@ -148,6 +150,16 @@ class Collective {
   absl::StatusOr<sparse::SparseBlock> AllReduce(
       absl::Span<const float> gradient, absl::Span<float> residual,
       const OpContext& context, OpStats* stats);
+
+  // Where this instance's top-k selections run (the CPU until set; it must
+  // outlive the instance). Set before the first call.
+  void set_topk(const kernels::TopKSelector& topk) { topk_ = &topk; }
+
+ protected:
+  const kernels::TopKSelector& topk() const { return *topk_; }
+
+ private:
+  const kernels::TopKSelector* topk_ = &kernels::CpuTopK();
 };
 
 // Runs the steps of one operation over its transport and accounts for them.

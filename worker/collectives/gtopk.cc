@@ -45,7 +45,7 @@ absl::StatusOr<uint64_t> GTopk::Accumulate(absl::Span<const float> gradient,
 absl::StatusOr<Proposal> GTopk::Reduce(absl::Span<const float> accumulator,
                                        const OpContext& context,
                                        OpStats* stats) {
-  sparse::SparseBlock selected = TimedTopKAbs(accumulator, k_, stats);
+  sparse::SparseBlock selected = TimedTopKAbs(topk(), accumulator, k_, stats);
   sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const sparse::IndexRange all{0, n_};
@@ -64,7 +64,7 @@ absl::StatusOr<Proposal> GTopk::Reduce(absl::Span<const float> accumulator,
                         ReceiveBlock(runner, codec_, tag, step.peer, n_));
     const sparse::SparseBlock sum = sparse::Add(current, received);
     discarded.emplace_back();
-    kernels::SplitTopKAbs(sum, k_, &current, &discarded.back());
+    topk().SplitTopKAbs(sum, k_, &current, &discarded.back());
     // Rounding for the wire: what it takes off or drops stays here too.
     sparse::SparseBlock loss = codec_.Round(&current, &discarded.back());
     discarded.push_back(std::move(loss));

@@ -109,7 +109,7 @@ absl::StatusOr<Proposal> OkTopk::Reduce(absl::Span<const float> accumulator,
   sparse::SparseBlock local;
   {
     ScopedTimer timer(&stats->topk_seconds);
-    if (evaluate) local_threshold_ = kernels::KthLargestAbs(accumulator, k_);
+    if (evaluate) local_threshold_ = topk().KthLargestAbs(accumulator, k_);
     local = kernels::SelectAbsAtLeast(accumulator, local_threshold_, 0);
   }
   // Values that round to zero for the wire are not selected after all.
@@ -201,7 +201,7 @@ absl::Status OkTopk::EvaluateGlobalThreshold(
     if (!region.ok()) return PeerError(region.status(), r);
     values.insert(values.end(), region->values.begin(), region->values.end());
   }
-  global_threshold_ = kernels::KthLargestAbs(values, k_);
+  global_threshold_ = topk().KthLargestAbs(values, k_);
   return absl::OkStatus();
 }
 

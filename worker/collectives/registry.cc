@@ -233,7 +233,12 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
         absl::StrCat("quantization applies to topkdsa's dense phase only, not ",
                      entry->name));
   }
-  return entry->create(options, world_size, rank, n);
+  absl::StatusOr<std::unique_ptr<Collective>> created =
+      entry->create(options, world_size, rank, n);
+  if (created.ok() && options.topk != nullptr) {
+    (*created)->set_topk(*options.topk);
+  }
+  return created;
 }
 
 }  // namespace gradmesh::collectives

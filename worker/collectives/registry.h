@@ -45,6 +45,9 @@ struct AlgorithmOptions {
   int quantize_bits = 0;      // TopkDSA's dense phase: 0 (off), 2, 4 or 8
   uint64_t seed = 1;          // seeds randomized rounding
   WireFormat wire;            // how sparse blocks travel (wire.h)
+  // Where the algorithm's top-k selections run; null: the CPU
+  // (kernels::CpuTopK). Outlives the algorithm.
+  const kernels::TopKSelector* topk = nullptr;
   // The first index of each tensor fused in the buffer, for the algorithms
   // that split every selection's quota per tensor (SparDL, TopkA:
   // tensor_quota.h); the others select over the whole buffer. Empty: one

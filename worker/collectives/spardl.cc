@@ -183,7 +183,7 @@ absl::Status SparDl::RecursiveSag(StepRunner& runner) {
     const sparse::SparseBlock sum = team_ < partners[t]
                                         ? sparse::Add(own_, *received)
                                         : sparse::Add(*received, own_);
-    tensors_.SplitTopK(sum, quotas_[position_], range, &own_, &dropped);
+    tensors_.SplitTopK(topk(), sum, quotas_[position_], range, &own_, &dropped);
     // 2^(t+1) workers now hold this identical discard, and round own_ alike.
     const float share = std::ldexp(1.0f, -static_cast<int>(t + 1));
     KeepShare(codec_.Round(&own_, &dropped), share);
@@ -198,7 +198,7 @@ absl::Status SparDl::BruckSag(StepRunner& runner, OpStats* stats) {
   const uint64_t h = h_controller_.h();
   std::vector<sparse::SparseBlock> team_blocks(d);
   sparse::SparseBlock dropped;
-  tensors_.SplitTopK(own_, h, range, &team_blocks[team_], &dropped);
+  tensors_.SplitTopK(topk(), own_, h, range, &team_blocks[team_], &dropped);
   KeepShare(dropped, 1.0f);
 
   Group teams;
@@ -216,7 +216,7 @@ absl::Status SparDl::BruckSag(StepRunner& runner, OpStats* stats) {
     team_blocks[t] = *std::move(block);
   }
   const sparse::SparseBlock sum = SumInOrder(std::move(team_blocks));
-  tensors_.SplitTopK(sum, quotas_[position_], range, &own_, &dropped);
+  tensors_.SplitTopK(topk(), sum, quotas_[position_], range, &own_, &dropped);
   const float share = 1.0f / static_cast<float>(d);
   KeepShare(codec_.Round(&own_, &dropped), share);
   KeepShare(dropped, share);
@@ -278,7 +278,7 @@ sparse::SparseBlock SparDl::CutBlock(int b, OpStats* stats) {
   sparse::SparseBlock kept;
   {
     ScopedTimer timer(&stats->topk_seconds);
-    kept = tensors_.TopK(block, quotas_[b], range.begin);
+    kept = tensors_.TopK(topk(), block, quotas_[b], range.begin);
   }
   for (uint32_t i : kept.indices) work_[i] = 0.0f;
   // What wire rounding takes off, or drops, stays here like any discard.

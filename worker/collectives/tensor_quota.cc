@@ -91,11 +91,12 @@ std::vector<TensorQuotas::Part> TensorQuotas::Split(
   return parts;
 }
 
-sparse::SparseBlock TensorQuotas::TopK(absl::Span<const float> x, uint64_t k,
+sparse::SparseBlock TensorQuotas::TopK(const kernels::TopKSelector& topk,
+                                       absl::Span<const float> x, uint64_t k,
                                        uint64_t begin) const {
   const std::vector<Part> parts = Split(k, {begin, begin + x.size()});
   if (parts.size() <= 1) {  // within one tensor: the plain selection
-    return kernels::TopKAbs(x, k, static_cast<uint32_t>(begin));
+    return topk.TopKAbs(x, k, static_cast<uint32_t>(begin));
   }
   std::vector<sparse::IndexRange> segments;
   std::vector<uint64_t> quotas;
@@ -104,14 +105,15 @@ sparse::SparseBlock TensorQuotas::TopK(absl::Span<const float> x, uint64_t k,
     quotas.push_back(part.quota);
   }
   sparse::SparseBlock selected;
-  for (const sparse::SparseBlock& block : kernels::SegmentedTopKAbs(
+  for (const sparse::SparseBlock& block : topk.SegmentedTopKAbs(
            x, segments, quotas, static_cast<uint32_t>(begin))) {
     AppendEntries(block, &selected);
   }
   return selected;
 }
 
-void TensorQuotas::SplitTopK(const sparse::SparseBlock& block, uint64_t k,
+void TensorQuotas::SplitTopK(const kernels::TopKSelector& topk,
+                             const sparse::SparseBlock& block, uint64_t k,
                              sparse::IndexRange range,
                              sparse::SparseBlock* kept,
                              sparse::SparseBlock* dropped) const {
@@ -120,7 +122,7 @@ void TensorQuotas::SplitTopK(const sparse::SparseBlock& block, uint64_t k,
       << "block entries outside the selection's range";
   const std::vector<Part> parts = Split(k, range);
   if (parts.size() <= 1) {  // within one tensor: the plain selection
-    kernels::SplitTopKAbs(block, k, kept, dropped);
+    topk.SplitTopKAbs(block, k, kept, dropped);
     return;
   }
   *kept = {};
@@ -133,7 +135,7 @@ void TensorQuotas::SplitTopK(const sparse::SparseBlock& block, uint64_t k,
     slice.values.assign(block.values.begin() + first,
                         block.values.begin() + last);
     sparse::SparseBlock part_kept, part_dropped;
-    kernels::SplitTopKAbs(slice, part.quota, &part_kept, &part_dropped);
+    topk.SplitTopKAbs(slice, part.quota, &part_kept, &part_dropped);
     AppendEntries(part_kept, kept);
     AppendEntries(part_dropped, dropped);
   }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "worker/kernels/topk.h"
 #include "worker/sparse/sparse_block.h"
 
 namespace gradmesh::collectives {
@@ -54,13 +55,15 @@ class TensorQuotas {
 
   // Top-k by |value| of the dense x, which holds [begin, begin + x.size()),
   // split per tensor; sorted by index, global indices.
-  sparse::SparseBlock TopK(absl::Span<const float> x, uint64_t k,
+  sparse::SparseBlock TopK(const kernels::TopKSelector& topk,
+                           absl::Span<const float> x, uint64_t k,
                            uint64_t begin) const;
 
   // Splits `block` (entries within `range`, checked; sorted) into its
   // per-tensor top k (`kept`) and the rest (`dropped`); kept + dropped ==
   // block.
-  void SplitTopK(const sparse::SparseBlock& block, uint64_t k,
+  void SplitTopK(const kernels::TopKSelector& topk,
+                 const sparse::SparseBlock& block, uint64_t k,
                  sparse::IndexRange range, sparse::SparseBlock* kept,
                  sparse::SparseBlock* dropped) const;
 

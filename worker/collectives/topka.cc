@@ -50,7 +50,8 @@ double NormalPpf(double p) {
   return x - u / (1 + x * u / 2);
 }
 
-sparse::SparseBlock GaussianSelect(absl::Span<const float> x, uint64_t k) {
+sparse::SparseBlock GaussianSelect(absl::Span<const float> x, uint64_t k,
+                                   const kernels::TopKSelector& topk) {
   if (k == 0 || x.empty()) return {};
   double sum = 0, sum_sq = 0;
   uint64_t nonzeros = 0;
@@ -77,8 +78,7 @@ sparse::SparseBlock GaussianSelect(absl::Span<const float> x, uint64_t k) {
     selected = select(threshold);
   }
   if (selected.size() < wanted) {
-    selected =
-        kernels::SelectAbsAtLeast(x, kernels::KthLargestAbs(x, wanted), 0);
+    selected = kernels::SelectAbsAtLeast(x, topk.KthLargestAbs(x, wanted), 0);
   }
   return selected;
 }
@@ -106,8 +106,8 @@ absl::StatusOr<Proposal> TopkAllGather::Reduce(
   {
     ScopedTimer timer(&stats->topk_seconds);
     selected = selection_ == LocalSelection::kExactTopK
-                   ? tensors_.TopK(accumulator, k_, 0)
-                   : GaussianSelect(accumulator, k_);
+                   ? tensors_.TopK(topk(), accumulator, k_, 0)
+                   : GaussianSelect(accumulator, k_, topk());
   }
   stats->figures.selected = static_cast<int64_t>(selected.size());
   sparse::SparseBlock loss = codec_.Round(&selected);

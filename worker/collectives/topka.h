@@ -73,7 +73,9 @@ class TopkAllGather : public Collective {
 double NormalPpf(double p);
 
 // Gaussiank's selection, described above.
-sparse::SparseBlock GaussianSelect(absl::Span<const float> x, uint64_t k);
+sparse::SparseBlock GaussianSelect(
+    absl::Span<const float> x, uint64_t k,
+    const kernels::TopKSelector& topk = kernels::CpuTopK());
 
 }  // namespace gradmesh::collectives
 

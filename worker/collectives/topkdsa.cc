@@ -153,7 +153,7 @@ absl::StatusOr<uint64_t> TopkDsa::Accumulate(absl::Span<const float> gradient,
 absl::StatusOr<Proposal> TopkDsa::Reduce(absl::Span<const float> accumulator,
                                          const OpContext& context,
                                          OpStats* stats) {
-  sparse::SparseBlock selected = TimedTopKAbs(accumulator, k_, stats);
+  sparse::SparseBlock selected = TimedTopKAbs(topk(), accumulator, k_, stats);
   sparse::SparseBlock local_loss = codec_.Round(&selected);
   StepRunner runner(context, stats);
   const int p = world_size_;

@@ -334,6 +334,7 @@ std::shared_ptr<Group> Daemon::MakeGroup(const ViewInfo& view) {
     group->error = algorithm.status();
     return group;
   }
+  algorithm->topk = options_.topk;
   group->options = {.algorithm = *std::move(algorithm),
                     .timeout = options_.operation_timeout,
                     .epoch = view.epoch};

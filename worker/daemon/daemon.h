@@ -32,6 +32,10 @@
 #include "absl/time/time.h"
 #include "common/grpc/grpc_util.h"
 
+namespace gradmesh::kernels {
+class TopKSelector;
+}  // namespace gradmesh::kernels
+
 namespace gradmesh::daemon {
 
 struct DaemonOptions {
@@ -57,6 +61,8 @@ struct DaemonOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   // How long a step cut by a membership change waits for the new view.
   absl::Duration view_wait = absl::Seconds(5);
+  // Where the algorithms' top-k selections run (--topk); null: the CPU.
+  const kernels::TopKSelector* topk = nullptr;
 };
 
 class WorkerDaemon {

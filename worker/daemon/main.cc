@@ -62,12 +62,12 @@ int main(int argc, char** argv) {
   }
   // Before anything starts threads (the CUDA driver may): they inherit it.
   gradmesh::BlockTerminationSignals();
-  if (const absl::Status status =
-          gradmesh::kernels::UseTopK(absl::GetFlag(FLAGS_topk));
-      !status.ok()) {
+  const absl::StatusOr<const gradmesh::kernels::TopKSelector*> topk =
+      gradmesh::kernels::TopKNamed(absl::GetFlag(FLAGS_topk));
+  if (!topk.ok()) {
     std::fprintf(stderr, "gradmesh-worker: %s\n",
-                 std::string(status.message()).c_str());
-    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+                 std::string(topk.status().message()).c_str());
+    return topk.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   gradmesh::KeepLargeBuffersWarm();
 
@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
            timeout > 0 ? absl::Seconds(timeout) : absl::ZeroDuration(),
        .heartbeat_interval =
            absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),
-       .view_wait = absl::Milliseconds(absl::GetFlag(FLAGS_view_wait_ms))});
+       .view_wait = absl::Milliseconds(absl::GetFlag(FLAGS_view_wait_ms)),
+       .topk = *topk});
   if (!daemon.ok()) {
     std::fprintf(stderr, "gradmesh-worker: %s\n",
                  daemon.status().ToString().c_str());

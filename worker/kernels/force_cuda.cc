@@ -27,14 +27,22 @@ std::vector<uint32_t> CudaPositions(absl::Span<const float> values, size_t k) {
   return *std::move(positions);
 }
 
+class CudaSelector final : public TopKSelector {
+ public:
+  std::vector<uint32_t> Positions(absl::Span<const float> x,
+                                  size_t k) const override {
+    return CudaPositions(x, k);
+  }
+};
+
 }  // namespace
 
-absl::Status ForceCudaTopK() {
+absl::StatusOr<const TopKSelector*> CudaTopKForHostData() {
   if (CudaDeviceCount() == 0) {
     return absl::UnavailableError(CudaDeviceDescription());
   }
-  SetTopKPositionsForTesting(&CudaPositions);
-  return absl::OkStatus();
+  static const CudaSelector* const kCuda = new CudaSelector();
+  return kCuda;
 }
 
 }  // namespace gradmesh::kernels

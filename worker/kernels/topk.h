@@ -53,14 +53,32 @@ sparse::SparseBlock SelectAbsAtLeast(absl::Span<const float> x, float threshold,
 // smallest nonzero magnitude when there are fewer than k.
 float KthLargestAbs(absl::Span<const float> x, size_t k);
 
-// Replaces the selection behind every function above, for host data, by
-// `positions`, which must return the ascending positions of the top k of a
-// span with the semantics above; nullptr restores the CPU implementation.
-// This is how a device implementation is forced (force_cuda.h). Not
-// thread-safe against concurrent selections: set it before any.
-using TopKPositionsFn = std::vector<uint32_t> (*)(absl::Span<const float>,
-                                                  size_t k);
-void SetTopKPositionsForTesting(TopKPositionsFn positions);
+// Where the top-k selections of host data run: an injected seam, so that a
+// process (its --topk flag) or a test picks the implementation for the
+// algorithms it creates (AlgorithmOptions::topk). The functions above are
+// CpuTopK()'s.
+class TopKSelector {
+ public:
+  virtual ~TopKSelector() = default;
+  // The ascending positions of the top k nonzero |x| (the semantics above).
+  // Thread-safe.
+  virtual std::vector<uint32_t> Positions(absl::Span<const float> x,
+                                          size_t k) const = 0;
+
+  // The selections above, on Positions.
+  sparse::SparseBlock TopKAbs(absl::Span<const float> x, size_t k,
+                              uint32_t base_index) const;
+  std::vector<sparse::SparseBlock> SegmentedTopKAbs(
+      absl::Span<const float> x, absl::Span<const sparse::IndexRange> segments,
+      absl::Span<const uint64_t> quotas, uint32_t base_index) const;
+  void SplitTopKAbs(const sparse::SparseBlock& block, size_t k,
+                    sparse::SparseBlock* kept,
+                    sparse::SparseBlock* dropped) const;
+  float KthLargestAbs(absl::Span<const float> x, size_t k) const;
+};
+
+// The CPU implementation (radix select): one instance for the process.
+const TopKSelector& CpuTopK();
 
 }  // namespace gradmesh::kernels
 

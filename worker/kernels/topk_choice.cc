@@ -16,17 +16,14 @@ absl::Status CheckTopKName(absl::string_view name) {
       absl::StrCat("--topk=", name, " is not auto, cpu or cuda"));
 }
 
-absl::Status UseTopK(absl::string_view name) {
+absl::StatusOr<const TopKSelector*> TopKNamed(absl::string_view name) {
   if (absl::Status status = CheckTopKName(name); !status.ok()) return status;
-  if (name != "cuda") {
-    SetTopKPositionsForTesting(nullptr);
-    return absl::OkStatus();
-  }
+  if (name != "cuda") return &CpuTopK();
 #ifdef GRADMESH_HAS_CUDA
-  absl::Status status = ForceCudaTopK();
-  if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat("--topk=cuda: ", status.message()));
+  absl::StatusOr<const TopKSelector*> cuda = CudaTopKForHostData();
+  if (cuda.ok()) return cuda;
+  return absl::Status(cuda.status().code(),
+                      absl::StrCat("--topk=cuda: ", cuda.status().message()));
 #else
   return absl::FailedPreconditionError(
       "--topk=cuda: this build has no CUDA (nvcc was not found when it was "

@@ -190,13 +190,10 @@ Histogram ExactHistogram(absl::Span<const float> values) {
   return hist;
 }
 
-TopKPositionsFn override_positions = nullptr;
-
 // Positions of the top-k nonzero |values|, ascending.
 std::vector<uint32_t> SelectPositions(absl::Span<const float> values,
                                       size_t k) {
   CountSelected(values.size());
-  if (override_positions != nullptr) return override_positions(values, k);
   std::vector<uint32_t> selected;
   if (k == 0 || values.empty()) return selected;
   const uint32_t floor_key = GuessFloor(values, k);
@@ -254,15 +251,24 @@ std::vector<uint32_t> SelectPositions(absl::Span<const float> values,
   return selected;
 }
 
+class CpuSelector final : public TopKSelector {
+ public:
+  std::vector<uint32_t> Positions(absl::Span<const float> x,
+                                  size_t k) const override {
+    return SelectPositions(x, k);
+  }
+};
+
 }  // namespace
 
-void SetTopKPositionsForTesting(TopKPositionsFn positions) {
-  override_positions = positions;
+const TopKSelector& CpuTopK() {
+  static const CpuSelector* const kCpu = new CpuSelector();
+  return *kCpu;
 }
 
-sparse::SparseBlock TopKAbs(absl::Span<const float> x, size_t k,
-                            uint32_t base_index) {
-  const std::vector<uint32_t> positions = SelectPositions(x, k);
+sparse::SparseBlock TopKSelector::TopKAbs(absl::Span<const float> x, size_t k,
+                                          uint32_t base_index) const {
+  const std::vector<uint32_t> positions = Positions(x, k);
   sparse::SparseBlock out;
   out.indices.resize(positions.size());
   out.values.resize(positions.size());
@@ -273,9 +279,9 @@ sparse::SparseBlock TopKAbs(absl::Span<const float> x, size_t k,
   return out;
 }
 
-std::vector<sparse::SparseBlock> SegmentedTopKAbs(
+std::vector<sparse::SparseBlock> TopKSelector::SegmentedTopKAbs(
     absl::Span<const float> x, absl::Span<const sparse::IndexRange> segments,
-    absl::Span<const uint64_t> quotas, uint32_t base_index) {
+    absl::Span<const uint64_t> quotas, uint32_t base_index) const {
   std::vector<sparse::SparseBlock> out;
   out.reserve(segments.size());
   for (size_t s = 0; s < segments.size(); ++s) {
@@ -286,9 +292,10 @@ std::vector<sparse::SparseBlock> SegmentedTopKAbs(
   return out;
 }
 
-void SplitTopKAbs(const sparse::SparseBlock& block, size_t k,
-                  sparse::SparseBlock* kept, sparse::SparseBlock* dropped) {
-  const std::vector<uint32_t> positions = SelectPositions(block.values, k);
+void TopKSelector::SplitTopKAbs(const sparse::SparseBlock& block, size_t k,
+                                sparse::SparseBlock* kept,
+                                sparse::SparseBlock* dropped) const {
+  const std::vector<uint32_t> positions = Positions(block.values, k);
   kept->clear();
   dropped->clear();
   kept->reserve(positions.size());
@@ -304,6 +311,32 @@ void SplitTopKAbs(const sparse::SparseBlock& block, size_t k,
   }
 }
 
+float TopKSelector::KthLargestAbs(absl::Span<const float> x, size_t k) const {
+  float kth = std::numeric_limits<float>::infinity();
+  for (uint32_t p : Positions(x, k)) kth = std::min(kth, std::fabs(x[p]));
+  return kth;
+}
+
+sparse::SparseBlock TopKAbs(absl::Span<const float> x, size_t k,
+                            uint32_t base_index) {
+  return CpuTopK().TopKAbs(x, k, base_index);
+}
+
+std::vector<sparse::SparseBlock> SegmentedTopKAbs(
+    absl::Span<const float> x, absl::Span<const sparse::IndexRange> segments,
+    absl::Span<const uint64_t> quotas, uint32_t base_index) {
+  return CpuTopK().SegmentedTopKAbs(x, segments, quotas, base_index);
+}
+
+void SplitTopKAbs(const sparse::SparseBlock& block, size_t k,
+                  sparse::SparseBlock* kept, sparse::SparseBlock* dropped) {
+  CpuTopK().SplitTopKAbs(block, k, kept, dropped);
+}
+
+float KthLargestAbs(absl::Span<const float> x, size_t k) {
+  return CpuTopK().KthLargestAbs(x, k);
+}
+
 sparse::SparseBlock SelectAbsAtLeast(absl::Span<const float> x, float threshold,
                                      uint32_t base_index) {
   CountSelected(x.size());
@@ -314,12 +347,6 @@ sparse::SparseBlock SelectAbsAtLeast(absl::Span<const float> x, float threshold,
     }
   }
   return out;
-}
-
-float KthLargestAbs(absl::Span<const float> x, size_t k) {
-  float kth = std::numeric_limits<float>::infinity();
-  for (uint32_t p : SelectPositions(x, k)) kth = std::min(kth, std::fabs(x[p]));
-  return kth;
 }
 
 }  // namespace gradmesh::kernels

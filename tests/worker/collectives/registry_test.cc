@@ -4,6 +4,7 @@
 // baselines_test, spardl_test, sim_test and coordinator_test.
 #include "worker/collectives/registry.h"
 
+#include <atomic>
 #include <set>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/multi_rank.h"
 
 namespace gradmesh::collectives {
 namespace {
@@ -69,6 +71,52 @@ TEST(RegistryTest, AlgorithmOptionsCarryEveryPlanField) {
   EXPECT_EQ(options->wire.values, sparse::ValueType::kBfloat16);
   EXPECT_TRUE(absl::IsInvalidArgument(
       AlgorithmOptionsOf({.encoding = "zip"}).status()));
+}
+
+// A selector that counts its calls and selects as the CPU does.
+class CountingTopK final : public kernels::TopKSelector {
+ public:
+  std::vector<uint32_t> Positions(absl::Span<const float> x,
+                                  size_t k) const override {
+    ++calls;
+    return kernels::CpuTopK().Positions(x, k);
+  }
+  mutable std::atomic<int> calls{0};
+};
+
+TEST(RegistryTest, AlgorithmsSelectThroughTheInjectedSelector) {
+  constexpr int kP = 4;
+  constexpr uint64_t kN = 2000;
+  for (const std::string& name : AlgorithmNames()) {
+    SCOPED_TRACE(name);
+    CountingTopK counting;
+    std::vector<sparse::SparseBlock> results[2];
+    for (bool inject : {false, true}) {
+      transport::LoopbackNetwork network(kP);
+      std::vector<std::unique_ptr<Collective>> instances;
+      std::vector<std::vector<float>> gradients, residuals;
+      for (int r = 0; r < kP; ++r) {
+        instances.push_back(
+            *CreateCollective({.algorithm = name,
+                               .density = 0.02,
+                               .topk = inject ? &counting : nullptr},
+                              kP, r, kN));
+        gradients.push_back(testing::RandomVector(kN, 3 + r));
+        residuals.emplace_back(kN, 0.0f);
+      }
+      for (const testing::RankRun& run :
+           testing::RunIteration(network, instances, gradients, residuals, 1)) {
+        ASSERT_TRUE(run.status.ok()) << run.status;
+        results[inject].push_back(run.result);
+      }
+    }
+    EXPECT_EQ(results[1], results[0]);
+    // The dense ring selects nothing; Gaussiank selects by threshold (an
+    // exact k-th value only when the estimate falls short).
+    if (name != "dense" && name != "gaussiank") {
+      EXPECT_GT(counting.calls, 0);
+    }
+  }
 }
 
 TEST(RegistryTest, CostsCoverModelPointsInsideTheirRanges) {

@@ -99,9 +99,11 @@ TEST(TensorQuotasTest, TopKKeepsTheSmallTensor) {
   // small ones at the start of tensor 1 ([14, ...)).
   std::vector<float> x = {100, 101, 102, 103, 0.001f, 0.002f, 0.003f, 0};
   const TensorQuotas quotas({0, 14});
-  const sparse::SparseBlock per_tensor = quotas.TopK(x, 2, 10);
+  const sparse::SparseBlock per_tensor =
+      quotas.TopK(kernels::CpuTopK(), x, 2, 10);
   EXPECT_THAT(per_tensor.indices, ElementsAre(13, 16));
-  const sparse::SparseBlock plain = TensorQuotas().TopK(x, 2, 10);
+  const sparse::SparseBlock plain =
+      TensorQuotas().TopK(kernels::CpuTopK(), x, 2, 10);
   EXPECT_THAT(plain.indices, ElementsAre(12, 13));
 }
 
@@ -114,7 +116,7 @@ TEST(TensorQuotasTest, SplitTopKKeepsAndDropsEveryEntry) {
   block.push_back(9, -0.25f);
   const TensorQuotas quotas({0, 5});
   sparse::SparseBlock kept, dropped;
-  quotas.SplitTopK(block, 2, {0, 10}, &kept, &dropped);
+  quotas.SplitTopK(kernels::CpuTopK(), block, 2, {0, 10}, &kept, &dropped);
   EXPECT_THAT(kept.indices, ElementsAre(3, 8));
   EXPECT_THAT(dropped.indices, ElementsAre(1, 2, 9));
   EXPECT_THAT(dropped.values, ElementsAre(5.0f, -6.0f, -0.25f));

@@ -166,9 +166,9 @@ TEST_F(CudaTopKTest, MatchesTheCpuFromOneToAHundredMillionValues) {
 TEST_F(CudaTopKTest, ForcedDevicePathAgreesThroughTheCpuInterface) {
   const std::vector<float> x = Values(2'000'000, 3, true);
   const sparse::SparseBlock cpu = TopKAbs(x, 20000, 0);
-  ASSERT_TRUE(ForceCudaTopK().ok());
-  const sparse::SparseBlock gpu = TopKAbs(x, 20000, 0);
-  SetTopKPositionsForTesting(nullptr);
+  absl::StatusOr<const TopKSelector*> cuda = CudaTopKForHostData();
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  const sparse::SparseBlock gpu = (*cuda)->TopKAbs(x, 20000, 0);
   EXPECT_EQ(gpu, cpu);
 }
 
