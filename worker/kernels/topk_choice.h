@@ -21,7 +21,7 @@ inline constexpr char kTopKFlagHelp[] =
 
 absl::StatusOr<const TopKSelector*> TopKNamed(absl::string_view name);
 
-// InvalidArgument unless `name` is one UseTopK knows; changes nothing (for a
+// InvalidArgument unless `name` is one TopKNamed knows; changes nothing (for a
 // process that hands the flag on to others).
 absl::Status CheckTopKName(absl::string_view name);
 
