@@ -36,6 +36,17 @@ uint64_t BlockQuota(uint64_t k, int parts, int b, uint64_t block_size) {
   return std::min(quota, block_size);
 }
 
+uint64_t RotatedBlockQuota(uint64_t k, int parts, int b, uint64_t block_size,
+                           uint64_t round) {
+  GM_CHECK(parts >= 1 && b >= 0 && b < parts) << parts << " " << b;
+  const uint64_t p = static_cast<uint64_t>(parts);
+  if (k >= p) return BlockQuota(k, parts, b, block_size);
+  const uint64_t shift = round % p;
+  const int rotated =
+      static_cast<int>((static_cast<uint64_t>(b) + p - shift) % p);
+  return BlockQuota(k, parts, rotated, block_size);
+}
+
 std::vector<Step> PlanSparReduceScatter(int p, int w) {
   GM_CHECK(p >= 1 && w >= 0 && w < p) << p << " " << w;
   const int l = CeilLog2(p);

@@ -79,6 +79,13 @@ sparse::IndexRange BlockRange(uint64_t n, int parts, int b);
 // quotas add up to at most k.
 uint64_t BlockQuota(uint64_t k, int parts, int b, uint64_t block_size);
 
+// BlockQuota at round `round` of a run: when k < parts, some blocks get no
+// quota, so the k units move on by one block per round and every block
+// carries one within `parts` rounds (no residual grows without bound). With
+// k >= parts every block has a quota and nothing moves.
+uint64_t RotatedBlockQuota(uint64_t k, int parts, int b, uint64_t block_size,
+                           uint64_t round);
+
 // `count` consecutive blocks starting at `first`, modulo the group size.
 struct BlockRun {
   int first = 0;

@@ -90,7 +90,7 @@ SparDl::SparDl(int world_size, int rank, uint64_t n,
   const int p = layout_.team_size();
   for (int b = 0; b < p; ++b) {
     ranges_.push_back(BlockRange(n_, p, b));
-    quotas_.push_back(BlockQuota(k_, p, b, ranges_.back().size()));
+    quotas_.push_back(RotatedBlockQuota(k_, p, b, ranges_.back().size(), 0));
   }
   h_controller_ = BsagHController(quotas_[position_], layout_.teams);
 }
@@ -119,6 +119,11 @@ absl::StatusOr<Proposal> SparDl::Reduce(absl::Span<const float>,
                                         const OpContext& context,
                                         OpStats* stats) {
   // Runs on work_, the accumulator's copy that Accumulate made.
+  for (int b = 0; b < layout_.team_size(); ++b) {
+    quotas_[b] = RotatedBlockQuota(k_, layout_.team_size(), b,
+                                   ranges_[b].size(), rounds_);
+  }
+  ++rounds_;
   StepRunner runner(context, stats);
   GM_ASSIGN_OR_RETURN(sparse::SparseBlock result, Run(runner, stats));
   stats->result_nonzeros = result.size();

@@ -135,7 +135,8 @@ class SparDl : public Collective {
   const BlockCodec codec_;
   const TensorQuotas tensors_;  // how each selection splits its quota
   std::vector<sparse::IndexRange> ranges_;  // the p blocks
-  std::vector<uint64_t> quotas_;
+  std::vector<uint64_t> quotas_;  // per block, this round's (RotatedBlockQuota)
+  uint64_t rounds_ = 0;           // Reduce calls so far
   std::vector<float> work_;
   sparse::SparseBlock own_;  // this worker's block after SRS / SAG
   BsagHController h_controller_;

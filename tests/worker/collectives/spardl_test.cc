@@ -78,14 +78,23 @@ class ReferenceSparDl {
                 : std::clamp<uint64_t>(
                       std::max<long long>(1, std::llround(density * n)), 1, n);
     for (int b = 0; b < p_; ++b) {
-      const uint64_t begin = b * n / p_;
-      const uint64_t end = (b + 1) * n / p_;
-      begin_.push_back(begin);
-      end_.push_back(end);
-      quota_.push_back(std::min<uint64_t>(
-          k_ / p_ + (static_cast<uint64_t>(b) < k_ % p_ ? 1 : 0), end - begin));
+      begin_.push_back(b * n / p_);
+      end_.push_back((b + 1) * n / p_);
     }
+    SetQuotas(0);
     for (int b = 0; b < p_; ++b) h_.emplace_back(quota_[b], d_);
+  }
+
+  // Block b's quota in round `round`: k / p, one more for k mod p blocks,
+  // which are the first ones, or (k < p) the k blocks from `round` mod p on.
+  void SetQuotas(uint64_t round) {
+    quota_.assign(p_, 0);
+    for (int b = 0; b < p_; ++b) {
+      const uint64_t first = k_ < static_cast<uint64_t>(p_) ? round % p_ : 0;
+      const uint64_t offset = (b + p_ - first) % p_;
+      quota_[b] = std::min<uint64_t>(k_ / p_ + (offset < k_ % p_ ? 1 : 0),
+                                     end_[b] - begin_[b]);
+    }
   }
 
   uint64_t k() const { return k_; }
@@ -97,6 +106,7 @@ class ReferenceSparDl {
   };
 
   Output Iterate(const std::vector<std::vector<float>>& gradients) {
+    SetQuotas(round_++);
     Output out;
     out.bytes_received.assign(P_, 0);
     std::vector<std::vector<float>> acc(P_), work(P_);
@@ -204,6 +214,7 @@ class ReferenceSparDl {
  private:
   int P_, d_, p_;
   uint64_t n_, k_;
+  uint64_t round_ = 0;
   std::vector<uint64_t> begin_, end_, quota_;
   std::vector<ReferenceH> h_;
   std::vector<std::vector<float>> residual_;
@@ -431,6 +442,38 @@ TEST(SparDlErrorsTest, InvalidOptionsAreInvalidArgument) {
   EXPECT_TRUE(absl::IsInvalidArgument(
       SparDl::Create(4, 4, 100, {.density = 0.1, .teams = 1}).status()));
   EXPECT_TRUE(SparDl::Create(6, 5, 100, {.density = 1.0, .teams = 3}).ok());
+}
+
+// k < p: the blocks that carry the k units change every round, so every
+// block is sent within p rounds and no residual grows without bound (a
+// metric of 10 values on more workers than k).
+TEST(SparDlQuotaTest, WithKBelowPEveryBlockIsSentWithinPRounds) {
+  constexpr int kWorld = 6;
+  constexpr uint64_t kN = 12;  // density 0.1: k = 1 < 6
+  constexpr int kRounds = 10 * kWorld;
+  transport::LoopbackNetwork network(kWorld);
+  auto instances = MakeInstances(kWorld, 1, kN, 0.1);
+  std::vector<std::vector<float>> residuals(kWorld,
+                                            std::vector<float>(kN, 0.0f));
+  const std::vector<std::vector<float>> ones(kWorld,
+                                             std::vector<float>(kN, 1.0f));
+  std::vector<int> last_sent(kN, -1);
+  for (int round = 0; round < kRounds; ++round) {
+    const std::vector<RankRun> runs =
+        RunIteration(network, instances, ones, residuals, round);
+    for (const RankRun& run : runs) ASSERT_TRUE(run.status.ok()) << run.status;
+    for (uint32_t i : runs[0].result.indices) last_sent[i] = round;
+    for (uint64_t b = 0; b < kWorld; ++b) {
+      const int block_last = std::max(last_sent[2 * b], last_sent[2 * b + 1]);
+      ASSERT_GT(block_last, round - kWorld)
+          << "block " << b << " round " << round;
+    }
+  }
+  // Each coordinate gains 1 per round and is sent, at the latest, every
+  // 2 p rounds (two coordinates share a block).
+  for (int r = 0; r < kWorld; ++r) {
+    for (float x : residuals[r]) EXPECT_LE(x, 2.0f * kWorld + 1.0f);
+  }
 }
 
 TEST(SparDlErrorsTest, WrongSizeChangesNothing) {
