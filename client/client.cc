@@ -316,6 +316,7 @@ absl::StatusOr<Plan> Client::GetPlan() {
               .teams = p.teams(),
               .encoding = p.encoding(),
               .autotuning = p.autotuning(),
+              .exact_below = p.exact_below(),
               .note = p.note()};
 }
 
@@ -345,6 +346,7 @@ absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
   request.set_fusion(options.fusion == Fusion::kAfterFusion
                          ? v1::FUSION_AFTER_FUSION
                          : v1::FUSION_PER_TENSOR_QUOTA);
+  request.set_exact(options.exact);
   for (const TensorSpec& t : tensors) {
     state->offsets.push_back(state->offsets.back() + t.size);
     v1::TensorSpec* spec = request.add_tensors();

@@ -349,6 +349,7 @@ Plan Coordinator::BasePlan() const {
               .oktopk_tau = config_.oktopk_tau,
               .oktopk_tau_prime = config_.oktopk_tau_prime,
               .seed = config_.seed,
+              .exact_below = config_.exact_below,
               .chunk_bytes = config_.chunk_bytes};
 }
 

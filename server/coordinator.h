@@ -95,6 +95,7 @@ struct PlanConfig {
   int oktopk_tau = 64;
   int oktopk_tau_prime = 32;
   uint64_t seed = 1;
+  uint64_t exact_below = 16384;
   uint64_t chunk_bytes = 1 << 20;  // > 0
   int teams = 0;                   // SparDL's d: 0 = autotune, else fixed
   int autotune_window = 5;         // counted operations per candidate (>= 1)

@@ -36,6 +36,9 @@ ABSL_FLAG(int, quantize_bits, 0,
 ABSL_FLAG(int, oktopk_tau, 64, "Ok-Topk: region re-balancing period");
 ABSL_FLAG(int, oktopk_tau_prime, 32, "Ok-Topk: threshold re-evaluation period");
 ABSL_FLAG(uint64_t, seed, 1, "seed of randomized rounding (TopkDSA's QSGD)");
+ABSL_FLAG(uint64_t, exact_below, 16384,
+          "buckets of fewer values are summed exactly (dense), so that "
+          "metrics, biases and norms are not sparsified; 0: none");
 ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20,
           "largest frame on peer streams (at most 3 MiB)");
 ABSL_FLAG(int, autotune_window, 5,
@@ -78,6 +81,7 @@ int main(int argc, char** argv) {
                .oktopk_tau = absl::GetFlag(FLAGS_oktopk_tau),
                .oktopk_tau_prime = absl::GetFlag(FLAGS_oktopk_tau_prime),
                .seed = absl::GetFlag(FLAGS_seed),
+               .exact_below = absl::GetFlag(FLAGS_exact_below),
                .chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes),
                .teams = absl::GetFlag(FLAGS_teams),
                .autotune_window = absl::GetFlag(FLAGS_autotune_window),

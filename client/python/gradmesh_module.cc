@@ -128,6 +128,7 @@ void BindTypes(py::module_& m) {
       .def_readonly("teams", &Plan::teams)
       .def_readonly("encoding", &Plan::encoding)
       .def_readonly("autotuning", &Plan::autotuning)
+      .def_readonly("exact_below", &Plan::exact_below)
       .def_readonly("note", &Plan::note);
 }
 
@@ -271,21 +272,23 @@ void BindClient(py::module_& m) {
           "register",
           [](ClientPtr client, const std::string& bucket,
              const std::vector<std::pair<std::string, uint64_t>>& tensors,
-             const std::string& fusion) {
+             const std::string& fusion, bool exact) {
             std::vector<TensorSpec> specs;
             for (const auto& [name, size] : tensors) {
               specs.push_back({name, size});
             }
-            const RegisterOptions options{.fusion = ParseFusion(fusion)};
+            const RegisterOptions options{.fusion = ParseFusion(fusion),
+                                          .exact = exact};
             auto set = WithoutGil(
                 [&] { return client->Register(bucket, specs, options); });
             return ReleasingGil(
                 new PyTensorSet{client, ValueOrThrow(std::move(set))});
           },
           py::arg("bucket"), py::arg("tensors"),
-          py::arg("fusion") = "per_tensor",
+          py::arg("fusion") = "per_tensor", py::arg("exact") = false,
           "Registers a bucket of (name, size) float32 tensors; every process "
-          "registers the same buckets in the same order.")
+          "registers the same buckets in the same order. exact: always "
+          "summed exactly (dense), whatever the plan.")
       .def(
           "allreduce_async",
           [](ClientPtr client, std::shared_ptr<PyTensorSet> set, uint64_t step,

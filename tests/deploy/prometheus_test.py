@@ -23,6 +23,7 @@ Exits 0 when every check passes, 1 otherwise (each failure on stderr).
 """
 
 import argparse
+import glob
 import json
 import os
 import pathlib
@@ -339,6 +340,17 @@ def check_worker_down(prometheus, work, workers):
     return failures
 
 
+def print_logs(work):
+    """The ends of the run's and the cluster's logs, for a failure in CI
+    (where the work directory is gone)."""
+    logs = [os.path.join(work, "run.log")] + sorted(
+        glob.glob(os.path.join(work, "cluster", "*.log")))
+    for path in logs:
+        with open(path, errors="replace") as f:
+            tail = f.read()[-3000:]
+        sys.stderr.write(f"--- {os.path.relpath(path, work)} (end)\n{tail}\n")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gradmesh", required=True, help="the gradmesh CLI")
@@ -385,8 +397,7 @@ def main():
             failures.append("gradmesh run did not stop within 60 s")
         kill_started()
         if failures:
-            with open(os.path.join(work, "run.log")) as f:
-                sys.stderr.write(f.read()[-4000:])
+            print_logs(work)
         if args.keep or failures:
             log(f"work directory kept: {work}")
         else:

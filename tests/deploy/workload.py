@@ -5,7 +5,8 @@
 Each copy writes DIR/rank{r}.worker (its worker's address) and, after its
 first steps, DIR/rank{r}.ready; it stops when DIR/stop appears, after 240 s,
 or when its worker is gone (exit 3: `gradmesh run` counts it lost, not
-failed).
+failed). The copies agree on when to stop (an exact all-reduce of each one's
+wish), so that none runs a step the others have left.
 """
 
 import os
@@ -25,11 +26,17 @@ def main(directory):
     rng = np.random.default_rng(rank)
     step = 0
     deadline = time.monotonic() + 240  # the test's whole budget
-    while (not os.path.exists(os.path.join(directory, "stop"))
-           and time.monotonic() < deadline):
+    while True:
         gradient = rng.standard_normal(200_000).astype(np.float32)
+        wish = (os.path.exists(os.path.join(directory, "stop"))
+                or time.monotonic() > deadline)
         try:
             gradmesh.allreduce(gradient, name="grad")
+            # One value: summed exactly (below the plan's exact_below).
+            stop = gradmesh.allreduce(np.array([float(wish)], np.float32),
+                                      name="stop", op=gradmesh.Sum)
+            if stop[0] > 0:
+                return 0
         except gradmesh.WorkerGoneError:
             return 3
         except gradmesh.GradmeshError as e:  # a step cut by the kill
@@ -38,7 +45,6 @@ def main(directory):
         if step == 5:
             open(os.path.join(directory, f"rank{rank}.ready"), "w").close()
         time.sleep(0.05)
-    return 0
 
 
 if __name__ == "__main__":

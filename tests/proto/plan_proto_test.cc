@@ -18,6 +18,7 @@ TEST(PlanProtoTest, EveryFieldSurvivesTheRoundTrip) {
                                .oktopk_tau = 9,
                                .oktopk_tau_prime = 4,
                                .seed = 1234,
+                               .exact_below = 99,
                                .chunk_bytes = 65536,
                                .autotuning = true,
                                .note = "autotune trial of d=3"};
@@ -33,6 +34,7 @@ TEST(PlanProtoTest, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(back.oktopk_tau, plan.oktopk_tau);
   EXPECT_EQ(back.oktopk_tau_prime, plan.oktopk_tau_prime);
   EXPECT_EQ(back.seed, plan.seed);
+  EXPECT_EQ(back.exact_below, plan.exact_below);
   EXPECT_EQ(back.chunk_bytes, plan.chunk_bytes);
   EXPECT_EQ(back.autotuning, plan.autotuning);
   EXPECT_EQ(back.note, plan.note);
@@ -47,6 +49,8 @@ TEST(PlanProtoTest, FieldsAnOlderCoordinatorLeavesUnsetAreTheDefaults) {
   EXPECT_EQ(back.oktopk_tau, defaults.oktopk_tau);
   EXPECT_EQ(back.oktopk_tau_prime, defaults.oktopk_tau_prime);
   EXPECT_EQ(back.seed, defaults.seed);
+  // An older coordinator's workers summed every bucket with its algorithm.
+  EXPECT_EQ(back.exact_below, 0u);
 }
 
 }  // namespace

@@ -230,6 +230,7 @@ TEST(CoordinatorTest, EveryPlanFieldOfTheConfigIsPublished) {
                            .oktopk_tau = 7,
                            .oktopk_tau_prime = 3,
                            .seed = 99,
+                           .exact_below = 77,
                            .chunk_bytes = 4096,
                            .teams = 1},
                           kTimeout);
@@ -244,6 +245,7 @@ TEST(CoordinatorTest, EveryPlanFieldOfTheConfigIsPublished) {
   EXPECT_EQ(plan.oktopk_tau, 7);
   EXPECT_EQ(plan.oktopk_tau_prime, 3);
   EXPECT_EQ(plan.seed, 99u);
+  EXPECT_EQ(plan.exact_below, 77u);
   EXPECT_EQ(plan.chunk_bytes, 4096u);
 }
 

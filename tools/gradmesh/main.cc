@@ -66,6 +66,9 @@ ABSL_FLAG(uint64_t, iterations, 5,
           "generated gradients (replay, local, sim): iterations");
 ABSL_FLAG(uint64_t, seed, 1,
           "seed of generated gradients and of randomized rounding");
+ABSL_FLAG(uint64_t, exact_below, 16384,
+          "local, run: buckets of fewer values are summed exactly (dense), so "
+          "that metrics, biases and norms are not sparsified; 0: none");
 ABSL_FLAG(int, timeout_s, 600, "per-operation timeout in seconds");
 ABSL_FLAG(std::string, bin_dir, "",
           "local, run: where gradmesh-coordinator and gradmesh-worker are "
@@ -177,11 +180,11 @@ const std::vector<std::string> kAlgorithmFlags = {
     "algo",          "density",  "teams",  "oktopk_tau", "oktopk_tau_prime",
     "quantize_bits", "encoding", "values", "seed"};
 const std::vector<std::string> kClusterFlags = {
-    "algo",        "density",         "teams",      "encoding",
-    "values",      "quantize_bits",   "oktopk_tau", "oktopk_tau_prime",
-    "seed",        "workers",         "bin_dir",    "work_dir",
-    "chunk_bytes", "autotune_window", "timeout_s",  "topk",
-    "tls_ca",      "tls_cert",        "tls_key"};
+    "algo",     "density",       "teams",           "encoding",
+    "values",   "quantize_bits", "oktopk_tau",      "oktopk_tau_prime",
+    "seed",     "exact_below",   "workers",         "bin_dir",
+    "work_dir", "chunk_bytes",   "autotune_window", "timeout_s",
+    "topk",     "tls_ca",        "tls_cert",        "tls_key"};
 
 std::vector<std::string> Plus(std::vector<std::string> flags,
                               std::initializer_list<const char*> more) {
@@ -292,6 +295,7 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags() {
       {"oktopk_tau", absl::StrCat(absl::GetFlag(FLAGS_oktopk_tau))},
       {"oktopk_tau_prime", absl::StrCat(absl::GetFlag(FLAGS_oktopk_tau_prime))},
       {"seed", absl::StrCat(absl::GetFlag(FLAGS_seed))},
+      {"exact_below", absl::StrCat(absl::GetFlag(FLAGS_exact_below))},
       {"chunk_bytes", absl::StrCat(absl::GetFlag(FLAGS_chunk_bytes))},
       {"autotune_window", absl::StrCat(absl::GetFlag(FLAGS_autotune_window))},
       {"heartbeat_timeout_ms", "2000"}};

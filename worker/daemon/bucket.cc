@@ -67,7 +67,9 @@ absl::StatusOr<std::shared_ptr<Bucket>> OpenBucket(
   if (!options.per_tensor_quota) {
     absl::StrAppend(&bucket->descriptor, " after-fusion");
   }
+  if (options.exact) absl::StrAppend(&bucket->descriptor, " exact");
   bucket->per_tensor_quota = options.per_tensor_quota;
+  bucket->exact = options.exact;
   for (uint64_t start = 0; const TensorSpec& t : tensors) {
     bucket->tensor_starts.push_back(start);
     start += t.size;

@@ -37,6 +37,8 @@ struct BucketOptions {
   // Split every selection's quota per tensor (SAFusion), rather than one
   // top-k over the fused bucket.
   bool per_tensor_quota = true;
+  // Always summed exactly (the dense ring), whatever its size and the plan.
+  bool exact = false;
 };
 
 struct BucketName {
@@ -56,6 +58,7 @@ struct Bucket {
   // with anyone else needs the bucket registered again.
   absl::flat_hash_set<std::pair<std::string, uint64_t>> members;
   bool per_tensor_quota = true;
+  bool exact = false;  // BucketOptions::exact
   SegmentLayout layout{0};
   SharedSegment segment;
   absl::Mutex mu;                         // held briefly

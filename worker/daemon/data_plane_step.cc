@@ -117,11 +117,15 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
                           .plan = g.view.plan,
                           .step = call.step,
                           .values = bucket.layout.n}};
+  // Small buckets and those registered exact are summed exactly.
+  const bool exact = bucket.exact || bucket.layout.n < g.view.plan.exact_below;
+  if (exact) state.out.plan.algorithm = std::string(engine::kExactAlgorithm);
   const engine::Request request =
       StepRequest(call, bucket, g, gradient, deadline, &state);
   const absl::Time start = absl::Now();
   absl::StatusOr<sparse::SparseBlock> result =
-      engine_.AllReduce(g.config(), request, &state.out.stats);
+      engine_.AllReduce(exact ? engine::ExactConfig(g.config()) : g.config(),
+                        request, &state.out.stats);
   state.out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   Retire(g, request.operation);
   if (!result.ok()) {

@@ -69,7 +69,8 @@ grpc::Status SdkService::Register(grpc::ServerContext* context,
   absl::StatusOr<Membership> joined = plane_->Register(
       {request->job(), request->bucket()}, tensors, request->shm_name(),
       request->index(), Deadline(*context),
-      {.per_tensor_quota = request->fusion() != v1::FUSION_AFTER_FUSION});
+      {.per_tensor_quota = request->fusion() != v1::FUSION_AFTER_FUSION,
+       .exact = request->exact()});
   if (!joined.ok()) return ToGrpc(joined.status());
   response->set_epoch(joined->epoch);
   response->set_rank(joined->rank);

@@ -17,6 +17,12 @@ absl::Status CheckOptions(const GroupConfig& group) {
       .status();
 }
 
+GroupConfig ExactConfig(const GroupConfig& group) {
+  GroupConfig exact = group;
+  exact.options.algorithm = {.algorithm = std::string(kExactAlgorithm)};
+  return exact;
+}
+
 bool SplitsPerTensor(absl::string_view algorithm) {
   const collectives::AlgorithmEntry* entry =
       collectives::FindAlgorithm(algorithm);

@@ -58,6 +58,13 @@ struct GroupConfig {
 // InvalidArgument if the algorithm would reject `options` at this group size.
 absl::Status CheckOptions(const GroupConfig& group);
 
+// `group` running the dense ring in fp32 instead of its algorithm: an exact
+// sum, bitwise identical on every member, that leaves no residual (for
+// small buckets and those registered exact).
+GroupConfig ExactConfig(const GroupConfig& group);
+//   the name a result of ExactConfig reports as its algorithm;
+inline constexpr absl::string_view kExactAlgorithm = "dense";
+
 // What the daemon reads of the table of algorithms (collectives/registry.h)
 // and of a result, without naming the algorithms' code:
 //   whether `algorithm` splits its selections' quotas per tensor;

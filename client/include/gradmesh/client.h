@@ -121,6 +121,10 @@ enum class Fusion { kPerTensorQuota, kAfterFusion };
 
 struct RegisterOptions {
   Fusion fusion = Fusion::kPerTensorQuota;
+  // Sum exactly (the dense ring: every value, bitwise identical on every
+  // process, no residual) whatever the plan's algorithm. Buckets of fewer
+  // values than the plan's exact_below (Plan::exact_below) are exact anyway.
+  bool exact = false;
 };
 
 struct ClientOptions {
@@ -149,6 +153,7 @@ struct Plan {
   int teams = 0;
   std::string encoding;
   bool autotuning = false;
+  uint64_t exact_below = 0;  // buckets of fewer values are summed exactly
   std::string note;
 };
 
