@@ -95,6 +95,8 @@ struct PlanConfig {
   int oktopk_tau = 64;
   int oktopk_tau_prime = 32;
   uint64_t seed = 1;
+  // Buckets of fewer values are summed exactly: metrics, biases and norms
+  // (64 KiB of fp32, as BytePS's smallest compressed tensor).
   uint64_t exact_below = 16384;
   uint64_t chunk_bytes = 1 << 20;  // > 0
   int teams = 0;                   // SparDL's d: 0 = autotune, else fixed

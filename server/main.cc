@@ -36,7 +36,7 @@ ABSL_FLAG(int, quantize_bits, 0,
 ABSL_FLAG(int, oktopk_tau, 64, "Ok-Topk: region re-balancing period");
 ABSL_FLAG(int, oktopk_tau_prime, 32, "Ok-Topk: threshold re-evaluation period");
 ABSL_FLAG(uint64_t, seed, 1, "seed of randomized rounding (TopkDSA's QSGD)");
-ABSL_FLAG(uint64_t, exact_below, 16384,
+ABSL_FLAG(uint64_t, exact_below, gradmesh::server::PlanConfig().exact_below,
           "buckets of fewer values are summed exactly (dense), so that "
           "metrics, biases and norms are not sparsified; 0: none");
 ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20,

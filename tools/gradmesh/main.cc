@@ -66,9 +66,11 @@ ABSL_FLAG(uint64_t, iterations, 5,
           "generated gradients (replay, local, sim): iterations");
 ABSL_FLAG(uint64_t, seed, 1,
           "seed of generated gradients and of randomized rounding");
-ABSL_FLAG(uint64_t, exact_below, 16384,
-          "local, run: buckets of fewer values are summed exactly (dense), so "
-          "that metrics, biases and norms are not sparsified; 0: none");
+ABSL_FLAG(std::string, exact_below, "",
+          "buckets of fewer values are summed exactly (dense), so that "
+          "metrics, biases and norms are not sparsified; 0: none; empty: "
+          "the coordinator's (16384) for run, 0 for local (its one bucket "
+          "runs --algo)");
 ABSL_FLAG(int, timeout_s, 600, "per-operation timeout in seconds");
 ABSL_FLAG(std::string, bin_dir, "",
           "local, run: where gradmesh-coordinator and gradmesh-worker are "
@@ -271,7 +273,17 @@ int Replay(int argc, char** argv) {
 }
 
 // The cluster of `gradmesh local` and `gradmesh run`, from the flags.
-absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags() {
+// `exact_below`: the command's default of --exact_below (empty: the
+// coordinator's).
+absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags(
+    absl::string_view exact_below) {
+  std::string exact_flag = absl::GetFlag(FLAGS_exact_below);
+  if (exact_flag.empty()) exact_flag = std::string(exact_below);
+  if (uint64_t values;
+      !exact_flag.empty() && !absl::SimpleAtoi(exact_flag, &values)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--exact_below=", exact_flag, " is not a number of values"));
+  }
   // The coordinator's --teams: 0 tunes d.
   const std::string teams_flag = absl::GetFlag(FLAGS_teams);
   int teams = 0;
@@ -295,10 +307,12 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags() {
       {"oktopk_tau", absl::StrCat(absl::GetFlag(FLAGS_oktopk_tau))},
       {"oktopk_tau_prime", absl::StrCat(absl::GetFlag(FLAGS_oktopk_tau_prime))},
       {"seed", absl::StrCat(absl::GetFlag(FLAGS_seed))},
-      {"exact_below", absl::StrCat(absl::GetFlag(FLAGS_exact_below))},
       {"chunk_bytes", absl::StrCat(absl::GetFlag(FLAGS_chunk_bytes))},
       {"autotune_window", absl::StrCat(absl::GetFlag(FLAGS_autotune_window))},
       {"heartbeat_timeout_ms", "2000"}};
+  if (!exact_flag.empty()) {
+    cluster.coordinator_flags.push_back({"exact_below", exact_flag});
+  }
   cluster.worker_flags = {
       {"operation_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_timeout_s))},
       {"heartbeat_interval_ms", "250"}};
@@ -330,7 +344,7 @@ int Local(int argc, char** argv) {
     return 2;
   }
   absl::StatusOr<gradmesh::tools::LocalClusterOptions> cluster =
-      ClusterOptionsFromFlags();
+      ClusterOptionsFromFlags(/*exact_below=*/"0");
   if (!cluster.ok()) {
     std::fprintf(stderr, "gradmesh local: %s\n",
                  std::string(cluster.status().message()).c_str());
@@ -409,7 +423,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   absl::StatusOr<gradmesh::tools::LocalClusterOptions> cluster =
-      ClusterOptionsFromFlags();
+      ClusterOptionsFromFlags(/*exact_below=*/"");
   if (!cluster.ok()) {
     std::fprintf(stderr, "gradmesh run: %s\n",
                  std::string(cluster.status().message()).c_str());

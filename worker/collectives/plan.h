@@ -29,8 +29,9 @@ struct Plan {
   int oktopk_tau_prime = 32;       // Ok-Topk threshold re-evaluation period
   uint64_t seed = 1;               // seeds randomized rounding
   // Buckets of fewer values are summed exactly (the dense ring), so that
-  // metrics, biases and norms are not sparsified; 0: none.
-  uint64_t exact_below = 16384;
+  // metrics, biases and norms are not sparsified; 0: none (the
+  // coordinator's default is PlanConfig's).
+  uint64_t exact_below = 0;
   uint64_t chunk_bytes = 1 << 20;  // largest frame payload on peer streams
   bool autotuning = false;         // this epoch is an autotune trial of teams
   std::string note;                // why the plan is what it is

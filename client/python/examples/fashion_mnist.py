@@ -49,6 +49,9 @@ def parse_args():
     # the sparse runs down (2 epochs: 84.6% against 86.9% without).
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--momentum", type=float, default=0.0)
+    parser.add_argument("--momentum-correction", action="store_true",
+                        help="DGC's momentum correction (the optimizer's "
+                        "momentum_correction=True)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--train-limit", type=int, default=0,
                         help="use only the first N training images (0: all)")
@@ -169,7 +172,8 @@ def main():
         torch.optim.SGD(model.parameters(), lr=args.lr,
                         momentum=args.momentum),
         named_parameters=model.named_parameters(),
-        num_buckets=args.num_buckets, fusion=args.fusion)
+        num_buckets=args.num_buckets, fusion=args.fusion,
+        momentum_correction=args.momentum_correction)
 
     # The same shards in every run with this seed: rank r takes every
     # size-th image of the epoch's permutation, starting at r.

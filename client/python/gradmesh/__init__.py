@@ -9,6 +9,9 @@ Horovod's conventions, over gradmesh's C++ SDK (the extension _gradmesh):
     h = gradmesh.allreduce_async(tensor, name="other")
     ...
     mean = gradmesh.synchronize(h)
+    loss = gradmesh.allreduce(loss, name="loss", exact=True)
+    rows = gradmesh.allgather(tensor, name="rows")
+    config = gradmesh.broadcast_object(config, root_rank=0)
     gradmesh.broadcast_parameters(model.state_dict(), root_rank=0)
 
 For PyTorch training, gradmesh.torch has DistributedOptimizer and a DDP
@@ -20,16 +23,22 @@ one copy and the result comes back with one (none for a tensor from
 gradmesh.buffer(), which already lives there). The sum is of the values the
 cluster's algorithm selects (SparDL at 1% by default); what is not selected
 stays in the worker's residual and joins a later step (error feedback), so
-nothing is lost. Errors from the cluster raise GradmeshError, whose .code is
-the status code's name: "ABORTED" (membership changed: go on with the next
+nothing is lost. Tensors smaller than the plan's exact_below (16384 values
+by default: metrics, biases, norms), and any all-reduce with exact=True, are
+summed exactly instead: every value, the same bits on every process.
+
+Every error this package raises is a GradmeshError, whose .code is the
+status code's name: "ABORTED" (membership changed: go on with the next
 step), "UNAVAILABLE", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT" (bad input,
-buckets that differ between processes, NaN or Inf in a gradient). When this
-process's own worker is gone, the error is a WorkerGoneError (a
+buckets that differ between processes, NaN or Inf in a gradient; also a
+ValueError or TypeError), "FAILED_PRECONDITION" (a call out of order). When
+this process's own worker is gone, the error is a WorkerGoneError (a
 GradmeshError): stop; the other processes go on without this one, and
 `gradmesh run` lets them.
 """
 
 import os
+import pickle
 import threading
 
 import numpy as np
@@ -46,6 +55,31 @@ from gradmesh._gradmesh import (  # noqa: F401  (re-exported)
 
 Sum = "sum"
 Average = "mean"
+Min = "min"  # exact: through allgather
+Max = "max"
+
+
+class GradmeshValueError(GradmeshError, ValueError):
+    """Bad input (code "INVALID_ARGUMENT")."""
+
+
+class GradmeshTypeError(GradmeshError, TypeError):
+    """An argument of the wrong type (code "INVALID_ARGUMENT")."""
+
+
+def _error(code, message, kind=GradmeshError):
+    """A GradmeshError (or `kind`, a subclass) with .code set."""
+    error = kind(f"gradmesh: {message}")
+    error.code = code
+    return error
+
+
+def _invalid(message):
+    return _error("INVALID_ARGUMENT", message, GradmeshValueError)
+
+
+def _wrong_type(message):
+    return _error("INVALID_ARGUMENT", message, GradmeshTypeError)
 
 _lock = threading.Lock()
 _client = None
@@ -62,8 +96,9 @@ class _Bucket:
     """A registered tensor set, the next step number of its name and the
     operation in flight on it (its memory is the worker's until waited)."""
 
-    def __init__(self, tensor_set):
+    def __init__(self, tensor_set, exact=False):
         self.set = tensor_set
+        self.exact = exact
         self.values = tensor_set.values()
         self.step = 0
         self.pending = None
@@ -82,9 +117,15 @@ def init(worker=None, job=None, timeout=300.0):
     token in $GRADMESH_TOKEN. Calling init again is a no-op.
     """
     global _client
+    worker = worker or os.environ.get("GRADMESH_WORKER", "")
+    if not worker:
+        raise _error("FAILED_PRECONDITION",
+                     "init() found no worker: run under `gradmesh run`, or "
+                     "pass worker= ('unix:/path' or 'host:port') or set "
+                     "$GRADMESH_WORKER")
     with _lock:
         if _client is None:
-            _client = Client.connect(worker or "", job or "", timeout)
+            _client = Client.connect(worker, job or "", timeout)
     return _client
 
 
@@ -98,7 +139,8 @@ def shutdown():
 
 def _the_client():
     if _client is None:
-        raise GradmeshError("gradmesh.init() has not been called")
+        raise _error("FAILED_PRECONDITION",
+                     "gradmesh.init() has not been called")
     return _client
 
 
@@ -131,15 +173,16 @@ def barrier():
     _the_client().barrier()
 
 
-def register(name, tensors, fusion="per_tensor"):
+def register(name, tensors, fusion="per_tensor", exact=False):
     """Registers bucket `name` of [(tensor_name, size), ...] float32 tensors.
 
     fusion: "per_tensor" (each top-k selection gives every tensor its own
     quota, so none goes missing) or "after_fusion" (one top-k over the fused
-    bucket). Every process registers the same buckets in the same order.
-    Returns the TensorSet; gradmesh.torch uses this directly.
+    bucket). exact: always summed exactly (dense), whatever the plan. Every
+    process registers the same buckets in the same order. Returns the
+    TensorSet; gradmesh.torch uses this directly.
     """
-    return _the_client().register(name, list(tensors), fusion)
+    return _the_client().register(name, list(tensors), fusion, exact)
 
 
 def _as_array(tensor):
@@ -148,39 +191,48 @@ def _as_array(tensor):
         array = tensor
     elif hasattr(tensor, "numpy") and hasattr(tensor, "is_cuda"):
         if tensor.is_cuda:
-            raise TypeError("gradmesh: a CUDA tensor cannot be shared with "
-                            "the worker in place; pass tensor.cpu() (the "
-                            "optimizer and hook copy CUDA gradients for you)")
+            raise _wrong_type("a CUDA tensor cannot be shared with the worker "
+                              "in place; pass tensor.cpu() (the optimizer "
+                              "and hook copy CUDA gradients for you)")
         array = tensor.detach().numpy()
     else:
-        raise TypeError("gradmesh: expected a numpy array or a torch tensor, "
-                        f"not {type(tensor).__name__}")
+        raise _wrong_type("expected a numpy array or a torch tensor, not "
+                          f"{type(tensor).__name__}")
     if array.dtype != np.float32:
-        raise TypeError(f"gradmesh: tensors must be float32, not {array.dtype}")
+        raise _wrong_type(f"tensors must be float32, not {array.dtype}")
     return array
 
 
-def _bucket_for(name, size):
+def _check_name(name):
     if not name:
-        raise ValueError("gradmesh: every tensor needs a name=, the same on "
-                         "every process")
+        raise _invalid("every tensor needs a name=, the same on every process")
     if name.startswith(_RESERVED):
-        raise ValueError(f"gradmesh: names starting with '{_RESERVED}' are "
-                         "gradmesh's own")
+        raise _invalid(f"names starting with '{_RESERVED}' are gradmesh's own")
+
+
+def _bucket_for(name, size, exact=False, resize=False):
+    """The bucket of `name` (registered on first use). A bucket of gradmesh's
+    own may change size (`resize`: registered again, on every process
+    alike); a user's may not."""
     with _lock:  # held through registration: one bucket per name
         bucket = _buckets.get(name)
-        if bucket is None:
-            bucket = _Bucket(register(name, [(name, size)]))
+        if bucket is None or (resize and bucket.set.size != size):
+            bucket = _Bucket(register(name, [(name, size)], exact=exact),
+                             exact)
             _buckets[name] = bucket
     if bucket.set.size != size:
-        raise ValueError(f"gradmesh: tensor '{name}' had {bucket.set.size} "
-                         f"values, now {size}")
+        raise _invalid(f"tensor '{name}' had {bucket.set.size} values, now "
+                       f"{size}")
+    if bucket.exact != exact:
+        raise _invalid(f"tensor '{name}' was all-reduced with exact="
+                       f"{bucket.exact}, now exact={exact}")
     return bucket
 
 
 def buffer(name, shape):
     """A torch tensor (or numpy array without torch) in the shared memory of
     bucket `name`: write a gradient into it and allreduce it with no copy."""
+    _check_name(name)
     count = int(np.prod(shape))
     values = _bucket_for(name, count).values.reshape(shape)
     try:
@@ -200,15 +252,23 @@ class _Pending:
         self.info = None  # the ReduceInfo, once synchronized
 
 
-def allreduce_async(tensor, name=None, op=Average):
+def allreduce_async(tensor, name=None, op=Average, exact=False):
     """Starts summing (op=gradmesh.Sum) or averaging `tensor` across the
     workers under `name`; returns a handle for synchronize(). The tensor is
-    read now; it is not changed."""
+    read now; it is not changed. exact=True sums every value exactly,
+    whatever the plan (as for any tensor below the plan's exact_below); a
+    name keeps the exact= of its first call. Min and Max are allreduce()'s
+    alone."""
+    if op not in (Sum, Average):
+        raise _invalid(f"allreduce_async takes op=gradmesh.Sum or "
+                       f"gradmesh.Average, not {op!r} (Min and Max: "
+                       "allreduce())")
     array = _as_array(tensor)
-    bucket = _bucket_for(name, array.size)
+    _check_name(name)
+    bucket = _bucket_for(name, array.size, exact=exact)
     if bucket.pending is not None:
-        raise RuntimeError(f"gradmesh: an allreduce of '{name}' is still in "
-                           "flight; synchronize() it first")
+        raise _error("FAILED_PRECONDITION", f"an allreduce of '{name}' is "
+                     "still in flight; synchronize() it first")
     flat = bucket.values
     if not np.shares_memory(array, flat):
         np.copyto(flat, array.reshape(-1))
@@ -230,16 +290,89 @@ def synchronize(pending):
     array = _as_array(pending.output)
     if np.shares_memory(array, flat):
         return pending.output
-    result = flat.reshape(array.shape).copy()
-    if isinstance(pending.output, np.ndarray):
-        return result
+    return _like(pending.output, flat.reshape(array.shape).copy())
+
+
+def _like(tensor, array):
+    """`array` as the type of `tensor` (a numpy array or a torch tensor)."""
+    if isinstance(tensor, np.ndarray):
+        return array
     import torch
-    return torch.from_numpy(result)
+    return torch.from_numpy(array)
 
 
-def allreduce(tensor, name=None, op=Average):
-    """allreduce_async + synchronize."""
-    return synchronize(allreduce_async(tensor, name=name, op=op))
+def allreduce(tensor, name=None, op=Average, exact=False):
+    """allreduce_async + synchronize; op may also be gradmesh.Min or
+    gradmesh.Max (exact, through allgather)."""
+    if op in (Min, Max):
+        array = _as_array(tensor)
+        _check_name(name)
+        rows = _gather(f"{_RESERVED}{op}.{name}", array.reshape(1, -1))
+        reduce = np.min if op == Min else np.max
+        return _like(tensor, reduce(rows, axis=0).reshape(array.shape))
+    return synchronize(allreduce_async(tensor, name=name, op=op, exact=exact))
+
+
+def _exact_sum(key, values):
+    """The exact sum of float32 `values` across processes, through bucket
+    `key` (gradmesh's own; registered again when the size changes)."""
+    bucket = _bucket_for(key, values.size, exact=True, resize=True)
+    np.copyto(bucket.values, values.reshape(-1))
+    bucket.pending = _the_client().allreduce_async(bucket.set,
+                                                   bucket.next_step(), Sum)
+    try:
+        bucket.pending.wait()
+    finally:
+        bucket.pending = None
+    return bucket.values.copy()
+
+
+def _gather(key, array):
+    """Every process's `array` (rows of equal width), concatenated in rank
+    order: each writes its rows into zeros and an exact sum joins them."""
+    p, r = size(), rank()
+    width = int(np.prod(array.shape[1:]))
+    shapes = np.zeros(2 * p, np.float32)
+    shapes[2 * r:2 * r + 2] = array.shape[0], width
+    shapes = _exact_sum(f"{key}.shape", shapes).astype(np.int64)
+    rows, widths = shapes[0::2], shapes[1::2]
+    if np.any(widths != width):
+        raise _invalid(f"allgather '{key[len(_RESERVED):]}': the rows differ "
+                       f"in size between processes ({widths.tolist()})")
+    total, first = int(rows.sum()), int(rows[:r].sum())
+    if total == 0:
+        return np.zeros((0,) + array.shape[1:], np.float32)
+    padded = np.zeros(total * width, np.float32)
+    padded[first * width:(first + array.shape[0]) * width] = array.reshape(-1)
+    joined = _exact_sum(key, padded)
+    return joined.reshape((total,) + array.shape[1:])
+
+
+def allgather(tensor, name=None):
+    """Every process's `tensor` concatenated along the first dimension, in
+    rank order (first dimensions may differ, the others must match), of the
+    input's type; exact. A zero's sign is not kept; NaN and Inf are refused
+    as in allreduce."""
+    array = _as_array(tensor)
+    _check_name(name)
+    if array.ndim == 0:
+        array = array.reshape(1)
+    if array.shape[0] >= 1 << 24:
+        raise _invalid("allgather takes fewer than 2^24 rows")
+    return _like(tensor, _gather(f"{_RESERVED}gather.{name}", array))
+
+
+def broadcast_object(obj, root_rank=0):
+    """root_rank's `obj` on every process (pickled: only for a job's own
+    processes, which trust each other). The root gets `obj` itself."""
+    mine = rank() == root_rank
+    payload = pickle.dumps(obj) if mine else b""
+    length = np.array([len(payload)], np.int64)
+    _broadcast_bytes([length.view(np.uint8)], root_rank)
+    data = (np.frombuffer(payload, np.uint8).copy() if mine
+            else np.empty(int(length[0]), np.uint8))
+    _broadcast_bytes([data], root_rank)
+    return obj if mine else pickle.loads(data.tobytes())
 
 
 def _broadcast_bytes(views, root_rank):
@@ -282,8 +415,8 @@ def broadcast_parameters(params, root_rank=0):
     for _, p in items:
         if isinstance(p, np.ndarray):
             if not p.flags["C_CONTIGUOUS"]:
-                raise ValueError("gradmesh: broadcast_parameters needs "
-                                 "contiguous numpy arrays")
+                raise _invalid("broadcast_parameters needs contiguous numpy "
+                               "arrays")
             views.append(p.reshape(-1).view(np.uint8))
         elif hasattr(p, "is_cuda") and hasattr(p, "contiguous"):
             import torch

@@ -30,10 +30,12 @@ back; the selection then runs in the worker daemon. Not yet run with a
 PyTorch that has CUDA.
 """
 
+import contextlib
 import itertools
 import math
 import queue
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -59,9 +61,11 @@ def _bucket_plan(params, num_buckets):
 
 
 class _Bucket:
-    """One fused bucket of the optimizer: its parameters and their slots."""
+    """One fused bucket of the optimizer: its parameters, their slots in the
+    worker's shared memory, and this step's state."""
 
     def __init__(self, bucket_name, named_params, fusion):
+        self.names = [name for name, _ in named_params]
         self.params = [p for _, p in named_params]
         specs = [(name, p.numel()) for name, p in named_params]
         self.set = gradmesh.register(bucket_name, specs, fusion)
@@ -70,29 +74,40 @@ class _Bucket:
         for i, p in enumerate(self.params):
             offset = self.set.offset(i)
             self.slots.append(values[offset:offset + p.numel()].view_as(p))
-        self.ready = set()
-        self.pending = None
         self.step = 0
+        self.hooked = 0  # parameters with a gradient hook
+        self.clear()
+
+    def clear(self):
+        self.passes = {}  # parameter index -> backward passes this step
+        # parameter index -> (.grad's version, the loss scale and the true
+        # gradient's norm) when handed to the worker
+        self.handed = {}
+        self.pending = None
+        self.info = None  # this step's ReduceInfo
+        self.reduced = False  # this step's all-reduce succeeded
+        self.done = False  # reduced and written into .grad
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Methods mixed into a subclass of the wrapped optimizer's class."""
 
-    def __init__(self, params, named_parameters, op, num_buckets, fusion):
+    def __init__(self, params, named_parameters, op, num_buckets, fusion,
+                 backward_passes_per_step, grad_scaler, momentum_correction):
         super(self.__class__, self).__init__(params)
-        named = [(name, p) for name, p in named_parameters if p.requires_grad]
-        names = [name for name, _ in named]
-        if len(set(names)) != len(names):
-            raise ValueError("gradmesh: named_parameters has repeated names")
-        in_groups = {id(p) for g in self.param_groups for p in g["params"]
-                     if p.requires_grad}
-        unnamed = in_groups - {id(p) for _, p in named}
-        if unnamed:
-            raise ValueError(f"gradmesh: {len(unnamed)} parameters of the "
-                             "optimizer are not in named_parameters; they "
-                             "would not be all-reduced")
-        named = [(name, p) for name, p in named if id(p) in in_groups]
+        if int(backward_passes_per_step) < 1:
+            raise gradmesh._invalid("backward_passes_per_step must be >= 1")
+        if grad_scaler is not None and not hasattr(grad_scaler, "get_scale"):
+            raise gradmesh._invalid("grad_scaler needs get_scale() (a "
+                                    "torch.cuda.amp.GradScaler)")
         self._gradmesh_op = op
+        self._gradmesh_passes = int(backward_passes_per_step)
+        self._gradmesh_scaler = grad_scaler
+        self._gradmesh_velocity = self._gradmesh_momentum_state(
+            momentum_correction)
+        self._gradmesh_group_of = {id(p): g for g in self.param_groups
+                                   for p in g["params"]}
+        named = self._gradmesh_named(named_parameters)
         instance = next(_instances)
         self._gradmesh_buckets = [
             _Bucket(f"{gradmesh._RESERVED}optimizer{instance}.{i}", run,
@@ -104,36 +119,132 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for b in self._gradmesh_buckets:
             for i, p in enumerate(b.params):
                 self._gradmesh_where[id(p)] = (b, i)
-        self._gradmesh_accumulators = []
-        self._gradmesh_synchronized = False  # since the last backward
+        self._gradmesh_hooks = {}  # id(p) -> (accumulator, hook handle)
+        self._gradmesh_skip = False  # inside skip_synchronize()
+        self._gradmesh_failed = False  # the last synchronize() failed
         self.last_infos = []  # each bucket's ReduceInfo of the last step
+        self._gradmesh_hook_trainable()
+
+    def _gradmesh_named(self, named_parameters):
+        """Every parameter of the optimizer with its name, frozen ones too
+        (they may be unfrozen later)."""
+        named = list(named_parameters)
+        names = [name for name, _ in named]
+        if len(set(names)) != len(names):
+            raise gradmesh._invalid("named_parameters has repeated names")
+        in_groups = {id(p) for g in self.param_groups for p in g["params"]}
+        unnamed = in_groups - {id(p) for _, p in named}
+        if unnamed:
+            raise gradmesh._invalid(
+                f"{len(unnamed)} parameters of the optimizer are not in "
+                "named_parameters; they would not be all-reduced")
+        return [(name, p) for name, p in named if id(p) in in_groups]
+
+    def _gradmesh_momentum_state(self, momentum_correction):
+        """With momentum correction, each parameter's local velocity (else
+        None); the wrapped optimizer must be SGD with momentum."""
+        if not momentum_correction:
+            return None
+        groups = self.param_groups
+        if not isinstance(self, torch.optim.SGD) or any(
+                g["nesterov"] or g["momentum"] <= 0 for g in groups):
+            raise gradmesh._invalid("momentum_correction needs torch.optim."
+                                    "SGD with momentum > 0, not Nesterov")
+        return {}
+
+    def _gradmesh_hook_trainable(self):
+        """Hooks every parameter that takes gradients and has no hook yet:
+        frozen ones get theirs once unfrozen (at the next step)."""
+        me = weakref.ref(self)  # the hooks do not keep the optimizer alive
         for b in self._gradmesh_buckets:
             for p in b.params:
-                self._gradmesh_hook(p)
+                if not p.requires_grad or id(p) in self._gradmesh_hooks:
+                    continue
+                # The gradient accumulator fires once p.grad holds this
+                # backward's gradient (torch 1.13: no post-accumulate hook).
+                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+                handle = accumulator.register_hook(
+                    lambda *_, p=p: me() is not None and me()._gradmesh_ready(
+                        p))
+                self._gradmesh_hooks[id(p)] = (accumulator, handle)
+                b.hooked += 1
 
-    def _gradmesh_hook(self, p):
-        # The gradient accumulator fires once p.grad holds this backward's
-        # gradient (torch 1.13 has no post-accumulate hook on tensors).
-        accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-        accumulator.register_hook(lambda *_: self._gradmesh_ready(p))
-        self._gradmesh_accumulators.append(accumulator)
+    def close(self):
+        """Removes this optimizer's hooks and unregisters its buckets (their
+        residuals are dropped): another optimizer may then wrap the model.
+        Garbage collection does the same."""
+        for _, handle in self._gradmesh_hooks.values():
+            handle.remove()
+        self._gradmesh_hooks = {}
+        for b in self._gradmesh_buckets:
+            if b.pending is not None:
+                try:  # the worker owns the memory until the call ends
+                    b.pending.wait()
+                except gradmesh.GradmeshError:
+                    pass  # its gradient stays in the residual, dropped next
+        self._gradmesh_buckets = []
+        self._gradmesh_where = {}
+
+    def __del__(self):
+        for _, handle in getattr(self, "_gradmesh_hooks", {}).values():
+            handle.remove()
+
+    def _gradmesh_scale(self):
+        scaler = self._gradmesh_scaler
+        return 1.0 if scaler is None else float(scaler.get_scale())
 
     def _gradmesh_ready(self, p):
         bucket, i = self._gradmesh_where[id(p)]
-        if bucket.pending is not None:
-            raise RuntimeError(
-                "gradmesh: a gradient was computed twice before step(); "
-                "call step() (or synchronize()) between backward passes")
-        bucket.slots[i].copy_(p.grad)
-        bucket.ready.add(i)
-        self._gradmesh_synchronized = False
-        if len(bucket.ready) == len(bucket.params):
+        if bucket.pending is not None or bucket.done:
+            raise gradmesh._error(
+                "FAILED_PRECONDITION",
+                "a gradient was computed more often than "
+                f"backward_passes_per_step={self._gradmesh_passes} before "
+                "step(); call step() (or zero_grad()) between steps")
+        bucket.passes[i] = bucket.passes.get(i, 0) + 1
+        if bucket.passes[i] < self._gradmesh_passes:
+            return  # torch sums the passes into .grad; hand over the last
+        self._gradmesh_hand(bucket, i)
+        if len(bucket.handed) == bucket.hooked:
             self._gradmesh_submit(bucket)
+
+    def _gradmesh_hand(self, bucket, i):
+        """Copies parameter i's gradient into its slot, in true units (the
+        loss scale divided out), and notes .grad's version."""
+        grad = bucket.params[i].grad
+        slot = bucket.slots[i]
+        slot.copy_(grad)
+        scale, norm = self._gradmesh_scale(), 0.0
+        if scale != 1.0:
+            slot.div_(scale)
+            norm = float(slot.norm())
+        bucket.handed[i] = (grad._version, scale, norm)
+        if self._gradmesh_velocity is not None:
+            self._gradmesh_accelerate(bucket.params[i], slot)
+
+    def _gradmesh_accelerate(self, p, slot):
+        """Momentum correction (Deep Gradient Compression): the worker gets
+        the local velocity u = m u + (g + wd p) instead of g, so what its
+        residual holds back keeps its momentum; the wrapped SGD then steps
+        on the reduced velocity without momentum of its own."""
+        group = self._gradmesh_group_of[id(p)]
+        if group["weight_decay"]:
+            slot.add_(p.detach().to(slot.device), alpha=group["weight_decay"])
+        u = self._gradmesh_velocity.get(id(p))
+        if u is None:
+            u = self._gradmesh_velocity[id(p)] = torch.zeros_like(slot)
+        u.mul_(group["momentum"]).add_(slot)
+        slot.copy_(u)
 
     def _gradmesh_submit(self, bucket):
         for i, p in enumerate(bucket.params):
-            if i not in bucket.ready:  # no gradient this step: zeros
-                bucket.slots[i].zero_()
+            if i in bucket.handed:
+                continue
+            if (p.requires_grad and p.grad is not None
+                    and id(p) not in self._gradmesh_hooks):
+                self._gradmesh_hand(bucket, i)  # unfrozen since: no hook ran
+            else:
+                bucket.slots[i].zero_()  # no gradient this step
         client = gradmesh._the_client()
         bucket.pending = client.allreduce_async(bucket.set, bucket.step,
                                                 self._gradmesh_op)
@@ -141,40 +252,161 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Waits for every bucket of this step and writes the averaged
-        gradients into the parameters' .grad. Raises the first GradmeshError
-        after all buckets have ended (failed steps keep their gradients in
-        the workers' residuals). A no-op when nothing was computed since the
-        last call, so that synchronize(), clipping, then step() works."""
-        if self._gradmesh_synchronized:
+        gradients into the parameters' .grad (those that take gradients).
+        A no-op when it already ran since the last backward, so that
+        synchronize(), clipping, then `with skip_synchronize(): step()`
+        works.
+
+        All or nothing: if a bucket fails, or a .grad was changed after
+        backward handed it over (step() would overwrite the change), no
+        .grad is written, every bucket's values go back to the workers'
+        residuals (the failed ones' are there already; the reduced ones are
+        handed back, each process taking 1/P of the sum), so nothing is
+        lost, and it raises the GradmeshError; step() then raises too, until
+        zero_grad() and the next backward.
+        """
+        buckets = self._gradmesh_buckets
+        if buckets and all(b.done for b in buckets):
             return
-        self._gradmesh_synchronized = True
-        for bucket in self._gradmesh_buckets:
+        for bucket in buckets:
             if bucket.pending is None:
                 self._gradmesh_submit(bucket)
-        error = None
-        self.last_infos = []
+        infos, error = self._gradmesh_wait()
+        error = error or self._gradmesh_changed()
+        if error is not None:
+            self._gradmesh_hand_back()
+            self._gradmesh_failed = True
+            raise error
+        for bucket in buckets:
+            self._gradmesh_write(bucket)
+            bucket.done = True
+        self.last_infos = infos
+        self._gradmesh_hook_trainable()
+
+    def _gradmesh_wait(self):
+        """Waits for every bucket in flight: their infos and the first
+        GradmeshError."""
+        infos, error = [], None
         for bucket in self._gradmesh_buckets:
+            if bucket.pending is None:
+                continue
             try:
-                self.last_infos.append(bucket.pending.wait())
-                for p, slot in zip(bucket.params, bucket.slots):
-                    if p.grad is None:
-                        p.grad = slot.to(p.device, copy=True)
-                    else:
-                        p.grad.copy_(slot)
+                bucket.info = bucket.pending.wait()
+                infos.append(bucket.info)
+                bucket.reduced = True
             except gradmesh.GradmeshError as e:
                 error = error or e
             finally:
                 bucket.pending = None
-                bucket.ready.clear()
-        if error is not None:
-            raise error
+        return infos, error
+
+    def _gradmesh_changed(self):
+        """The error that names the recipe when a handed .grad was changed
+        since (a loss scaler's unscaling alone excepted)."""
+        for bucket in self._gradmesh_buckets:
+            for i, (version, scale, norm) in bucket.handed.items():
+                grad = bucket.params[i].grad
+                if grad is None or grad._version == version:
+                    continue
+                if self._gradmesh_scaler is not None and scale != 1.0 and (
+                        abs(float(grad.detach().float().norm()) - norm)
+                        <= 1e-4 * norm):
+                    continue  # the scaler's unscale_ alone
+                return gradmesh._error(
+                    "FAILED_PRECONDITION",
+                    f"the gradient of '{bucket.names[i]}' changed after "
+                    "backward handed it to gradmesh, and step() would "
+                    "overwrite the change with the reduced gradient. To clip "
+                    "or unscale: optimizer.synchronize(), change the "
+                    "gradients, then `with optimizer.skip_synchronize(): "
+                    "optimizer.step()`. Nothing was applied; the gradients "
+                    "are back in the residuals")
+        return None
+
+    def _gradmesh_write(self, bucket):
+        """The reduced values into .grad, in the units .grad holds: the
+        loss-scaled ones unless the scaler has unscaled it since."""
+        # Momentum factor masking (DGC): where a sparse sum sent values, the
+        # residual was emptied, and so is the velocity that fed it.
+        masking = (self._gradmesh_velocity is not None
+                   and bucket.info.algorithm != "dense")
+        for i, (p, slot) in enumerate(zip(bucket.params, bucket.slots)):
+            if not p.requires_grad:
+                continue  # frozen: does not move
+            if masking and id(p) in self._gradmesh_velocity:
+                self._gradmesh_velocity[id(p)].masked_fill_(slot != 0, 0.0)
+            scale = self._gradmesh_scale()
+            if i in bucket.handed:
+                version, handed_scale, _ = bucket.handed[i]
+                unchanged = p.grad is not None and p.grad._version == version
+                scale = handed_scale if unchanged else 1.0
+            if p.grad is None:
+                p.grad = (slot * scale).to(p.device)
+            else:
+                p.grad.copy_(slot)
+                if scale != 1.0:
+                    p.grad.mul_(scale)
+
+    def _gradmesh_hand_back(self):
+        """Every reduced bucket of this step back into the residuals: each
+        process takes 1/P of the sum, so the processes' residuals together
+        gain what the reduction took out of them. Then a fresh step."""
+        client = gradmesh._the_client()
+        share = 1.0 if self._gradmesh_op == gradmesh.Average else (
+            1.0 / gradmesh.size())
+        for bucket in self._gradmesh_buckets:
+            if bucket.reduced:
+                client.save_residual(bucket.set)
+                residual = bucket.set.residual().copy()
+                residual += np.float32(share) * bucket.set.values()
+                client.load_residual(bucket.set, residual)
+            bucket.clear()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside applies the gradients a synchronize() already wrote
+        (and that you may have changed), without synchronizing again."""
+        self._gradmesh_skip = True
+        try:
+            yield
+        finally:
+            self._gradmesh_skip = False
 
     def step(self, closure=None):
         if closure is not None:
-            raise ValueError("gradmesh: DistributedOptimizer.step() takes no "
-                             "closure (backward must run before step)")
-        self.synchronize()
-        return super(self.__class__, self).step()
+            raise gradmesh._invalid("DistributedOptimizer.step() takes no "
+                                    "closure (backward must run before it)")
+        if self._gradmesh_failed:
+            raise gradmesh._error(
+                "FAILED_PRECONDITION",
+                "step() after a failed synchronize(): nothing of that step "
+                "is applied (its gradients are back in the residuals); call "
+                "zero_grad() and go on with the next batch")
+        if not self._gradmesh_skip:
+            self.synchronize()
+        elif not all(b.done for b in self._gradmesh_buckets):
+            raise gradmesh._error(
+                "FAILED_PRECONDITION",
+                "step() inside skip_synchronize() needs a synchronize() "
+                "after the last backward")
+        result = self._gradmesh_inner_step()
+        for bucket in self._gradmesh_buckets:
+            bucket.clear()
+        return result
+
+    def _gradmesh_inner_step(self):
+        """The wrapped optimizer's step; with momentum correction, without
+        its momentum and weight decay (the velocity has them already)."""
+        if self._gradmesh_velocity is None:
+            return super(self.__class__, self).step()
+        saved = [(g["momentum"], g["weight_decay"]) for g in self.param_groups]
+        for g in self.param_groups:
+            g["momentum"], g["weight_decay"] = 0.0, 0.0
+        try:
+            return super(self.__class__, self).step()
+        finally:
+            for g, (momentum, decay) in zip(self.param_groups, saved):
+                g["momentum"], g["weight_decay"] = momentum, decay
 
     def state_dict(self):
         """The wrapped optimizer's state, and each bucket's residual on this
@@ -182,8 +414,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         gradient that was pushed but not yet sent."""
         state = super(self.__class__, self).state_dict()
         if any(b.pending is not None for b in self._gradmesh_buckets):
-            raise RuntimeError("gradmesh: step() or synchronize() before "
-                               "state_dict(): all-reduces are in flight")
+            raise gradmesh._error("FAILED_PRECONDITION",
+                                  "step() or synchronize() before "
+                                  "state_dict(): all-reduces are in flight")
         client = gradmesh._the_client()
         residuals = []
         for b in self._gradmesh_buckets:
@@ -201,40 +434,66 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if residuals is None:
             return
         if len(residuals) != len(self._gradmesh_buckets):
-            raise ValueError(f"gradmesh: {len(residuals)} residuals for "
-                             f"{len(self._gradmesh_buckets)} buckets")
+            raise gradmesh._invalid(f"{len(residuals)} residuals for "
+                                    f"{len(self._gradmesh_buckets)} buckets")
         client = gradmesh._the_client()
         for b, r in zip(self._gradmesh_buckets, residuals):
             client.load_residual(b.set, r.detach().to(torch.float32).numpy())
 
     def zero_grad(self, set_to_none=False):
-        # A step abandoned halfway (a skipped batch) must not leave buckets
-        # in flight: finish them, then clear.
-        if any(b.pending is not None or b.ready
+        """Clears the gradients. A step abandoned halfway (a batch skipped,
+        or a step the loss scaler skipped) loses nothing: its buckets are
+        waited for and handed back to the residuals."""
+        if any(not b.done and (b.pending is not None or b.passes)
                for b in self._gradmesh_buckets):
-            self.synchronize()
+            self._gradmesh_abandon()
+        for bucket in self._gradmesh_buckets:
+            bucket.clear()
+        self._gradmesh_failed = False
+        self._gradmesh_hook_trainable()
         return super(self.__class__, self).zero_grad(set_to_none)
+
+    def _gradmesh_abandon(self):
+        for bucket in self._gradmesh_buckets:
+            if bucket.pending is None and bucket.handed:
+                self._gradmesh_submit(bucket)  # the others wait for it
+        _, error = self._gradmesh_wait()
+        self._gradmesh_hand_back()
+        if isinstance(error, gradmesh.WorkerGoneError):
+            raise error
 
 
 def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
-                         num_buckets=None, fusion="per_tensor"):
+                         num_buckets=None, fusion="per_tensor",
+                         backward_passes_per_step=1, grad_scaler=None,
+                         momentum_correction=False):
     """Wraps `optimizer` so that step() uses gradients summed across workers.
 
     named_parameters: model.named_parameters() (the names must match on
     every process). op: gradmesh.Average (Horovod's default) or
     gradmesh.Sum. num_buckets: M, the buckets the parameters are fused into,
     ceil(L / M) tensors each (default: one per 25 MiB). fusion: "per_tensor"
-    (SAFusion's quotas) or "after_fusion". Each bucket is all-reduced as soon
-    as backward has produced all of its gradients, while backward goes on.
-    After step(), .last_infos holds each bucket's gradmesh.ReduceInfo.
-    Requires gradmesh.init(); every process must create its distributed
-    optimizers and hook states in the same order (their buckets are named
-    by it).
+    (SAFusion's quotas) or "after_fusion". backward_passes_per_step: N
+    backward passes are summed locally (in .grad, as torch does) and reduced
+    once, at the Nth. grad_scaler: a loss scaler (anything with
+    get_scale(), such as torch.cuda.amp.GradScaler): the workers get
+    gradients in true units, so the residuals do not depend on the scale.
+    momentum_correction: for SGD with momentum under a sparse plan, as in
+    Deep Gradient Compression: the momentum is applied to each process's
+    gradient before the selection (the residual holds velocity), and the
+    velocity is cleared where values were sent; in exact buckets it is
+    plain momentum. Each bucket is all-reduced as soon as backward has
+    produced all of its gradients, while backward goes on. After step(), .last_infos holds each
+    bucket's gradmesh.ReduceInfo. close() (or garbage collection) removes
+    the hooks. Requires gradmesh.init(); every process must create its
+    distributed optimizers and hook states in the same order (their buckets
+    are named by it).
     """
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, list(named_parameters), op,
-               num_buckets, fusion)
+               num_buckets, fusion, backward_passes_per_step, grad_scaler,
+               momentum_correction)
 
 
 class HookState:
@@ -289,6 +548,16 @@ class HookState:
 
 
 _default_state = None
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Overwrites `optimizer`'s state (momentum buffers, Adam's moments,
+    hyperparameters) on every process with root_rank's. Of a
+    DistributedOptimizer, the residuals stay each process's own."""
+    plain = torch.optim.Optimizer  # without a DistributedOptimizer's residuals
+    state = gradmesh.broadcast_object(plain.state_dict(optimizer), root_rank)
+    if gradmesh.rank() != root_rank:
+        plain.load_state_dict(optimizer, state)
 
 
 def allreduce_hook(state, bucket):

@@ -1,0 +1,394 @@
+"""Training scripts as people write them, run by every process of a cluster:
+
+    gradmesh run --workers=3 --algo=dense -- \\
+        python3 -m pytest tests/python/test_training.py
+    gradmesh run --workers=4 --algo=spardl --density=0.05 --exact_below=64 \\
+        -- python3 -m pytest tests/python/test_training.py
+
+Under the dense plan every result is checked against one process training
+on all the ranks' batches (equal to float tolerance). Under a sparse plan
+the checks are what must hold whatever is selected: identical parameters on
+every rank, and the conservation of gradient mass (what the ranks put in =
+what was applied + what the residuals hold).
+"""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import gradmesh
+import gradmesh.torch
+
+LR = 0.1
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cluster():
+    gradmesh.init(timeout=60)
+    yield
+    gradmesh.barrier()
+
+
+def dense():
+    return gradmesh.plan().algorithm == "dense"
+
+
+def batch(rank, step):
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    return (torch.randn(8, 6, generator=generator),
+            torch.randn(8, 2, generator=generator))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.first = nn.Linear(6, 16)
+        self.second = nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.second(torch.tanh(self.first(x)))
+
+
+def loss_of(model, step, rank):
+    x, y = batch(rank, step)
+    return nn.functional.mse_loss(model(x), y)
+
+
+def mean_gradient(model, step, passes=1):
+    """The gradient of one process holding every rank's batches: the mean
+    over ranks of each rank's sum over its `passes` backward passes."""
+    model.zero_grad()
+    for q in range(gradmesh.size()):
+        for k in range(passes):
+            (loss_of(model, passes * step + k, q) / gradmesh.size()).backward()
+    return [None if p.grad is None else p.grad.clone()
+            for p in model.parameters()]
+
+
+def assert_identical_on_every_rank(model):
+    for name, p in model.named_parameters():
+        root = p.detach().clone()
+        gradmesh.broadcast_parameters([(name, root)], root_rank=0)
+        assert torch.equal(root, p.detach()), name
+
+
+def wrap(model, optimizer=None, **kwargs):
+    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=LR)
+    return gradmesh.torch.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), num_buckets=2,
+        **kwargs)
+
+
+def residual_total(optimizer):
+    """The sum over ranks of this optimizer's residuals (exact)."""
+    flat = torch.cat(optimizer.state_dict()["gradmesh_residuals"]).numpy()
+    return gradmesh.allreduce(flat, name=f"residual{len(flat)}",
+                              op=gradmesh.Sum, exact=True)
+
+
+def test_backward_passes_per_step_sums_the_passes_and_reduces_once():
+    r, passes = gradmesh.rank(), 3
+    model, reference = Net(), Net()
+    optimizer = wrap(model, backward_passes_per_step=passes)
+    for step in range(2):
+        optimizer.zero_grad()
+        for k in range(passes):
+            loss_of(model, passes * step + k, r).backward()
+        optimizer.step()
+        assert len(optimizer.last_infos) == 2
+        if dense():
+            grads = mean_gradient(reference, step, passes)
+            with torch.no_grad():
+                for p, g in zip(reference.parameters(), grads):
+                    p -= LR * g
+    if dense():
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert_identical_on_every_rank(model)
+    optimizer.zero_grad()
+    with pytest.raises(gradmesh.GradmeshError, match="more often") as error:
+        for k in range(passes + 1):
+            loss_of(model, k, r).backward()
+    assert error.value.code == "FAILED_PRECONDITION"
+    optimizer.close()
+
+
+def test_clipping_after_backward_names_the_recipe_and_applies_nothing():
+    r = gradmesh.rank()
+    model = Net()
+    optimizer = wrap(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer.zero_grad()
+    loss_of(model, 0, r).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    with pytest.raises(gradmesh.GradmeshError, match="skip_synchronize") as e:
+        optimizer.step()
+    assert e.value.code == "FAILED_PRECONDITION"
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p, b)
+    with pytest.raises(gradmesh.GradmeshError, match="failed synchronize"):
+        optimizer.step()
+    optimizer.close()
+
+
+def test_clipping_recipe_applies_the_clipped_reduced_gradient():
+    r, max_norm = gradmesh.rank(), 0.05
+    model, reference = Net(), Net()
+    optimizer = wrap(model)
+    for step in range(2):
+        optimizer.zero_grad()
+        loss_of(model, step, r).backward()
+        optimizer.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        norm = torch.norm(torch.stack([p.grad.norm()
+                                       for p in model.parameters()]))
+        assert norm <= max_norm * 1.0001
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        if dense():
+            mean_gradient(reference, step)
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
+            with torch.no_grad():
+                for p in reference.parameters():
+                    p -= LR * p.grad
+    if dense():
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert_identical_on_every_rank(model)
+    optimizer.close()
+
+
+class HalvingScaler:
+    """A loss scaler whose scale changes every step (GradScaler's
+    interface: get_scale, and unscale_ in place)."""
+
+    def __init__(self):
+        self.scale = 1024.0
+
+    def get_scale(self):
+        return self.scale
+
+    def unscale_(self, optimizer):
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.div_(self.scale)
+
+    def update(self):
+        self.scale /= 2
+
+
+def test_loss_scaling_hands_the_workers_true_units_while_the_scale_changes():
+    r = gradmesh.rank()
+    model, reference = Net(), Net()
+    scaler = HalvingScaler()
+    optimizer = wrap(model, grad_scaler=scaler)
+    for step in range(3):
+        optimizer.zero_grad()
+        (loss_of(model, step, r) * scaler.get_scale()).backward()
+        if step == 1:  # the recipe: synchronize, unscale, step
+            optimizer.synchronize()
+            scaler.unscale_(optimizer)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        else:  # as GradScaler.step does: unscale, then step
+            scaler.unscale_(optimizer)
+            optimizer.step()
+        scaler.update()
+        if dense():
+            grads = mean_gradient(reference, step)
+            with torch.no_grad():
+                for p, g in zip(reference.parameters(), grads):
+                    p -= LR * g
+    if dense():
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    else:  # residuals in true units: no larger than the gradients
+        assert float(np.abs(residual_total(optimizer)).max()) < 10
+    assert_identical_on_every_rank(model)
+    optimizer.close()
+
+
+def test_frozen_layers_stay_and_unfrozen_ones_are_reduced():
+    r = gradmesh.rank()
+    model, reference = Net(), Net()
+    for p in list(model.first.parameters()) + list(
+            reference.first.parameters()):
+        p.requires_grad_(False)
+    optimizer = wrap(model)
+    frozen = [p.detach().clone() for p in model.first.parameters()]
+    for step in range(4):
+        if step == 2:
+            for p in list(model.first.parameters()) + list(
+                    reference.first.parameters()):
+                p.requires_grad_(True)
+        optimizer.zero_grad()
+        loss_of(model, step, r).backward()
+        optimizer.step()
+        if step < 2:
+            for p, f in zip(model.first.parameters(), frozen):
+                assert torch.equal(p, f) and p.grad is None
+        if dense():
+            trainable = [p for p in reference.parameters() if p.requires_grad]
+            mean_gradient(reference, step)
+            with torch.no_grad():
+                for p in trainable:
+                    p -= LR * p.grad
+    assert not all(torch.equal(p, f)
+                   for p, f in zip(model.first.parameters(), frozen))
+    if dense():
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert_identical_on_every_rank(model)
+    optimizer.close()
+
+
+def test_a_second_optimizer_on_the_same_model_works():
+    r = gradmesh.rank()
+    model = Net()
+    first = wrap(model)
+    for step in range(2):
+        first.zero_grad()
+        loss_of(model, step, r).backward()
+        first.step()
+    first.close()
+    second = wrap(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    for step in range(3):
+        second.zero_grad()
+        loss_of(model, step, r).backward()
+        second.step()
+    assert_identical_on_every_rank(model)
+    second.close()
+    # Without close(), dropping the optimizer removes its hooks as well.
+    third = wrap(model)
+    del third
+    fourth = wrap(model)
+    fourth.zero_grad()
+    loss_of(model, 0, r).backward()
+    fourth.step()
+    fourth.close()
+
+
+def test_a_failed_bucket_applies_nothing_and_loses_nothing():
+    r = gradmesh.rank()
+    model = Net()
+    optimizer = wrap(model)  # two buckets: the second layer, the first
+    before = [p.detach().clone() for p in model.parameters()]
+    put_in = residual_total(optimizer)
+    if r == 0:  # an Inf in the first layer's bucket on one rank
+        model.first.bias.register_hook(
+            lambda g: g.index_fill(0, torch.tensor([0]), float("inf")))
+    optimizer.zero_grad()
+    loss_of(model, 0, r).backward()
+    grads = [p.grad.clone() for _, p in reversed(list(
+        model.named_parameters()))]
+    with pytest.raises(gradmesh.GradmeshError) as error:
+        optimizer.step()
+    assert error.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(gradmesh.GradmeshError, match="failed synchronize"):
+        optimizer.step()
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p, b), "nothing is applied"
+    # Conservation: every finite value the ranks put in is in a residual
+    # (buckets in backward order: the residuals' order).
+    flat = torch.cat([g.reshape(-1) for g in grads]).numpy()
+    flat = np.where(np.isfinite(flat), flat, 0).astype(np.float32)
+    total_in = gradmesh.allreduce(flat, name="put-in", op=gradmesh.Sum,
+                                  exact=True)
+    np.testing.assert_allclose(residual_total(optimizer) - put_in, total_in,
+                               rtol=1e-5, atol=1e-5)
+    optimizer.close()
+
+
+def test_small_tensors_are_exact_under_any_plan():
+    r, p = gradmesh.rank(), gradmesh.size()
+    metric = np.array([r + 0.25, -r, 3.0], np.float32)
+    total = gradmesh.allreduce(metric, name="metric", op=gradmesh.Sum)
+    np.testing.assert_array_equal(
+        total, np.array([sum(range(p)) + 0.25 * p, -sum(range(p)), 3.0 * p],
+                        np.float32))
+    big = np.arange(100_000, dtype=np.float32) * (r + 1)
+    handle = gradmesh.allreduce_async(big, name="big-exact", op=gradmesh.Sum,
+                                      exact=True)
+    out = gradmesh.synchronize(handle)
+    assert handle.info.algorithm == "dense"
+    np.testing.assert_array_equal(
+        out, np.arange(100_000, dtype=np.float32) * (p * (p + 1) // 2))
+    for op, expected in ((gradmesh.Min, 0.0), (gradmesh.Max, float(p - 1))):
+        got = gradmesh.allreduce(torch.full((2, 2), float(r)), name="mm",
+                                 op=op)
+        assert torch.equal(got, torch.full((2, 2), expected))
+
+
+def test_allgather_joins_every_rank_in_rank_order():
+    r, p = gradmesh.rank(), gradmesh.size()
+    mine = torch.full((r + 1, 3), float(r))
+    rows = gradmesh.allgather(mine, name="rows")
+    expected = torch.cat([torch.full((q + 1, 3), float(q)) for q in range(p)])
+    assert torch.equal(rows, expected)
+    with pytest.raises(gradmesh.GradmeshError, match="differ"):
+        gradmesh.allgather(torch.zeros(2, r + 1), name="ragged")
+
+
+def test_broadcast_object_and_optimizer_state():
+    r = gradmesh.rank()
+    config = {"lr": 0.5, "layers": [r, "x" * (r * 7)], "rank": r}
+    got = gradmesh.broadcast_object(config if r == 1 else None, root_rank=1)
+    assert got == {"lr": 0.5, "layers": [1, "x" * 7], "rank": 1}
+    assert pickle.dumps(got) == pickle.dumps(
+        {"lr": 0.5, "layers": [1, "x" * 7], "rank": 1})
+    model = Net()
+    optimizer = wrap(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    optimizer.zero_grad()
+    loss_of(model, 0, r).backward()
+    optimizer.step()
+    for state in optimizer.state.values():  # make every rank's differ
+        state["exp_avg"].add_(r)
+    gradmesh.torch.broadcast_optimizer_state(optimizer, root_rank=0)
+    for state in optimizer.state.values():
+        root = state["exp_avg"].clone()
+        gradmesh.broadcast_parameters([("m", root)], root_rank=0)
+        assert torch.equal(root, state["exp_avg"])
+    optimizer.close()
+
+
+def test_module_errors_carry_a_code():
+    with pytest.raises(ValueError) as error:
+        gradmesh.allreduce(np.zeros(3, np.float32))
+    assert isinstance(error.value, gradmesh.GradmeshError)
+    assert error.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(TypeError) as error:
+        gradmesh.allreduce(np.zeros(3), name="f64")
+    assert error.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(gradmesh.GradmeshError, match="allreduce_async"):
+        gradmesh.allreduce_async(np.zeros(3, np.float32), name="m",
+                                 op=gradmesh.Max)
+
+
+def test_momentum_correction_is_momentum_where_the_sum_is_exact():
+    r = gradmesh.rank()
+    model, reference = Net(), Net()
+    sgd = dict(lr=LR, momentum=0.9, weight_decay=0.01)
+    optimizer = wrap(model, torch.optim.SGD(model.parameters(), **sgd),
+                     momentum_correction=True)
+    plain = torch.optim.SGD(reference.parameters(), **sgd)
+    for step in range(4):
+        optimizer.zero_grad()
+        loss_of(model, step, r).backward()
+        optimizer.step()
+        assert optimizer.param_groups[0]["momentum"] == 0.9
+        if dense():
+            mean_gradient(reference, step)
+            plain.step()
+    if dense():  # every bucket exact: the velocity sums to SGD's momentum
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert_identical_on_every_rank(model)
+    optimizer.close()
+    with pytest.raises(ValueError, match="momentum"):
+        wrap(model, torch.optim.Adam(model.parameters()),
+             momentum_correction=True)
