@@ -191,6 +191,10 @@ bool Coordinator::PlanFits(const Plan& plan, int world_size) const {
   const Plan base = BasePlan();
   if (plan.algorithm != base.algorithm || plan.density != base.density ||
       plan.encoding != base.encoding || plan.values != base.values ||
+      plan.quantize_bits != base.quantize_bits ||
+      plan.oktopk_tau != base.oktopk_tau ||
+      plan.oktopk_tau_prime != base.oktopk_tau_prime ||
+      plan.seed != base.seed || plan.exact_below != base.exact_below ||
       plan.chunk_bytes != base.chunk_bytes || plan.autotuning) {
     return false;
   }

@@ -32,9 +32,9 @@ def main(directory):
                 or time.monotonic() > deadline)
         try:
             gradmesh.allreduce(gradient, name="grad")
-            # One value: summed exactly (below the plan's exact_below).
             stop = gradmesh.allreduce(np.array([float(wish)], np.float32),
-                                      name="stop", op=gradmesh.Sum)
+                                      name="stop", op=gradmesh.Sum,
+                                      exact=True)
             if stop[0] > 0:
                 return 0
         except gradmesh.WorkerGoneError:

@@ -76,6 +76,29 @@ def assert_identical_on_every_rank(model):
         assert torch.equal(root, p.detach()), name
 
 
+def assert_same(model, reference):
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def finish(optimizer, model, reference=None):
+    """How every test ends: equal to the one-process reference (dense
+    plan), identical on every rank; the optimizer closed."""
+    if reference is not None and dense():
+        assert_same(model, reference)
+    assert_identical_on_every_rank(model)
+    optimizer.close()
+
+
+def descend(model, grads=None):
+    """One plain SGD step of `model` on `grads` (default: its .grad)."""
+    params = list(model.parameters())
+    with torch.no_grad():
+        for p, g in zip(params, grads or [q.grad for q in params]):
+            if g is not None:
+                p -= LR * g
+
+
 def wrap(model, optimizer=None, **kwargs):
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=LR)
     return gradmesh.torch.DistributedOptimizer(
@@ -101,13 +124,9 @@ def test_backward_passes_per_step_sums_the_passes_and_reduces_once():
         optimizer.step()
         assert len(optimizer.last_infos) == 2
         if dense():
-            grads = mean_gradient(reference, step, passes)
-            with torch.no_grad():
-                for p, g in zip(reference.parameters(), grads):
-                    p -= LR * g
+            descend(reference, mean_gradient(reference, step, passes))
     if dense():
-        for p, q in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        assert_same(model, reference)
     assert_identical_on_every_rank(model)
     optimizer.zero_grad()
     with pytest.raises(gradmesh.GradmeshError, match="more often") as error:
@@ -152,14 +171,8 @@ def test_clipping_recipe_applies_the_clipped_reduced_gradient():
         if dense():
             mean_gradient(reference, step)
             torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
-            with torch.no_grad():
-                for p in reference.parameters():
-                    p -= LR * p.grad
-    if dense():
-        for p, q in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    assert_identical_on_every_rank(model)
-    optimizer.close()
+            descend(reference)
+    finish(optimizer, model, reference)
 
 
 class HalvingScaler:
@@ -200,17 +213,12 @@ def test_loss_scaling_hands_the_workers_true_units_while_the_scale_changes():
             optimizer.step()
         scaler.update()
         if dense():
-            grads = mean_gradient(reference, step)
-            with torch.no_grad():
-                for p, g in zip(reference.parameters(), grads):
-                    p -= LR * g
+            descend(reference, mean_gradient(reference, step))
     if dense():
-        for p, q in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        assert_same(model, reference)
     else:  # residuals in true units: no larger than the gradients
         assert float(np.abs(residual_total(optimizer)).max()) < 10
-    assert_identical_on_every_rank(model)
-    optimizer.close()
+    finish(optimizer, model)
 
 
 def test_frozen_layers_stay_and_unfrozen_ones_are_reduced():
@@ -233,18 +241,10 @@ def test_frozen_layers_stay_and_unfrozen_ones_are_reduced():
             for p, f in zip(model.first.parameters(), frozen):
                 assert torch.equal(p, f) and p.grad is None
         if dense():
-            trainable = [p for p in reference.parameters() if p.requires_grad]
-            mean_gradient(reference, step)
-            with torch.no_grad():
-                for p in trainable:
-                    p -= LR * p.grad
+            descend(reference, mean_gradient(reference, step))
     assert not all(torch.equal(p, f)
                    for p, f in zip(model.first.parameters(), frozen))
-    if dense():
-        for p, q in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    assert_identical_on_every_rank(model)
-    optimizer.close()
+    finish(optimizer, model, reference)
 
 
 def test_a_second_optimizer_on_the_same_model_works():
@@ -385,10 +385,86 @@ def test_momentum_correction_is_momentum_where_the_sum_is_exact():
             mean_gradient(reference, step)
             plain.step()
     if dense():  # every bucket exact: the velocity sums to SGD's momentum
-        for p, q in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    assert_identical_on_every_rank(model)
-    optimizer.close()
+        assert_same(model, reference)
+    finish(optimizer, model)
     with pytest.raises(ValueError, match="momentum"):
         wrap(model, torch.optim.Adam(model.parameters()),
              momentum_correction=True)
+
+
+def test_a_parameter_used_in_fewer_passes_is_still_reduced():
+    r, passes = gradmesh.rank(), 2
+    model, reference = Net(), Net()
+    optimizer = wrap(model, backward_passes_per_step=passes)
+
+    def second_only(net, q):  # a pass that leaves the first layer out
+        x, _ = batch(q, 99)
+        return net.second(torch.tanh(x @ torch.ones(6, 16))).pow(2).mean()
+
+    optimizer.zero_grad()
+    loss_of(model, 0, r).backward()
+    second_only(model, r).backward()
+    optimizer.step()
+    if dense():
+        reference.zero_grad()
+        for q in range(gradmesh.size()):
+            (loss_of(reference, 0, q) / gradmesh.size()).backward()
+            (second_only(reference, q) / gradmesh.size()).backward()
+        descend(reference)
+        assert_same(model, reference)
+    finish(optimizer, model)
+
+
+def test_a_step_skipped_on_one_rank_loses_nothing_and_hangs_nobody():
+    r = gradmesh.rank()
+    model = Net()
+    optimizer = wrap(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    put_in = residual_total(optimizer)
+    optimizer.zero_grad()
+    loss_of(model, 0, r).backward()
+    grads = [p.grad.clone() for _, p in reversed(list(
+        model.named_parameters()))]
+    if r != 0:
+        optimizer.synchronize()  # then skips step(), as rank 0 does
+    optimizer.zero_grad()  # rank 0 abandons the step here
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p, b)
+    flat = torch.cat([g.reshape(-1) for g in grads]).numpy()
+    total_in = gradmesh.allreduce(flat, name="skipped-in", op=gradmesh.Sum,
+                                  exact=True)
+    np.testing.assert_allclose(residual_total(optimizer) - put_in, total_in,
+                               rtol=1e-5, atol=1e-5)
+    optimizer.zero_grad()  # and the next step runs everywhere
+    loss_of(model, 1, r).backward()
+    optimizer.step()
+    finish(optimizer, model)
+
+
+def test_an_overflow_is_the_loss_scalers_to_skip():
+    r = gradmesh.rank()
+    model = Net()
+    optimizer = wrap(model, grad_scaler=HalvingScaler())
+    before = [p.detach().clone() for p in model.parameters()]
+    if r == 0:
+        model.second.bias.register_hook(
+            lambda g: g.index_fill(0, torch.tensor([0]), float("inf")))
+    optimizer.zero_grad()
+    loss_of(model, 0, r).backward()
+    optimizer.synchronize()  # does not raise: Inf everywhere, for unscale_
+    for p in model.parameters():
+        assert torch.isinf(p.grad).all()
+    with pytest.raises(gradmesh.GradmeshError, match="failed synchronize"):
+        optimizer.step()
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p, b)
+    optimizer.close()
+
+
+def test_allgather_of_a_name_whose_size_changes():
+    r, p = gradmesh.rank(), gradmesh.size()
+    for rows in (1, 3, 2):
+        got = gradmesh.allgather(np.full((rows, 2), r, np.float32),
+                                 name="resized")
+        assert got.shape == (rows * p, 2)
+        np.testing.assert_array_equal(got[::rows, 0], np.arange(p))

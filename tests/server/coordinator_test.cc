@@ -360,6 +360,13 @@ TEST(CoordinatorTest, AdoptedPlansStayOnlyWhereTheConfigRunsThem) {
     EXPECT_EQ(view->plan.density, 0.05);
     EXPECT_THAT(Ids(*view), ElementsAre("a", "b", "c", "d"));
   }
+  {  // every plan field of the config counts, exact_below as well
+    Coordinator after({.exact_below = 7, .autotune_window = 1}, kTimeout);
+    absl::StatusOr<View> view = after.Join(Node("a"), kT0, &known);
+    ASSERT_TRUE(view.ok());
+    EXPECT_EQ(view->epoch, known.epoch + 1);
+    EXPECT_EQ(view->plan.exact_below, 7u);
+  }
   known.plan.autotuning = true;
   Coordinator after({.autotune_window = 1}, kTimeout);
   absl::StatusOr<View> view = after.Join(Node("a"), kT0, &known);

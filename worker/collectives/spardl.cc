@@ -119,9 +119,14 @@ absl::StatusOr<Proposal> SparDl::Reduce(absl::Span<const float>,
                                         const OpContext& context,
                                         OpStats* stats) {
   // Runs on work_, the accumulator's copy that Accumulate made.
-  for (int b = 0; b < layout_.team_size(); ++b) {
-    quotas_[b] = RotatedBlockQuota(k_, layout_.team_size(), b,
-                                   ranges_[b].size(), rounds_);
+  if (k_ < static_cast<uint64_t>(layout_.team_size())) {
+    // The units move on (RotatedBlockQuota), and B-SAG's h follows its
+    // block's quota of this round.
+    for (int b = 0; b < layout_.team_size(); ++b) {
+      quotas_[b] = RotatedBlockQuota(k_, layout_.team_size(), b,
+                                     ranges_[b].size(), rounds_);
+    }
+    h_controller_ = BsagHController(quotas_[position_], layout_.teams);
   }
   ++rounds_;
   StepRunner runner(context, stats);

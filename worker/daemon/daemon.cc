@@ -412,6 +412,9 @@ absl::Status Daemon::AdmitAsker(const grpc::ServerContext& context,
 }
 
 void Daemon::Report(const ReduceResult& result) {
+  // An exact bucket ran the dense ring, not the plan: no sample of it for
+  // the choice of d.
+  if (result.exact) return;
   v1::IterationStats report;
   report.set_node_id(node_id_);
   report.set_epoch(result.epoch);

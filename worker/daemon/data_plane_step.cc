@@ -120,6 +120,7 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
   // Small buckets and those registered exact are summed exactly.
   const bool exact = bucket.exact || bucket.layout.n < g.view.plan.exact_below;
   if (exact) state.out.plan.algorithm = std::string(engine::kExactAlgorithm);
+  state.out.exact = exact;
   const engine::Request request =
       StepRequest(call, bucket, g, gradient, deadline, &state);
   const absl::Time start = absl::Now();

@@ -26,7 +26,8 @@ struct ReduceResult {
   uint64_t epoch = 0;
   int rank = 0;
   int world_size = 0;
-  PlanInfo plan;
+  PlanInfo plan;       // plan.algorithm "dense" for an exact bucket
+  bool exact = false;  // summed exactly, not by the plan's algorithm
   double seconds = 0;
   uint64_t step = 0;
   uint64_t values = 0;  // the bucket's size

@@ -117,6 +117,8 @@ def init(worker=None, job=None, timeout=300.0):
     token in $GRADMESH_TOKEN. Calling init again is a no-op.
     """
     global _client
+    if _client is not None:
+        return _client
     worker = worker or os.environ.get("GRADMESH_WORKER", "")
     if not worker:
         raise _error("FAILED_PRECONDITION",
@@ -216,7 +218,12 @@ def _bucket_for(name, size, exact=False, resize=False):
     alike); a user's may not."""
     with _lock:  # held through registration: one bucket per name
         bucket = _buckets.get(name)
-        if bucket is None or (resize and bucket.set.size != size):
+        if resize and bucket is not None and bucket.set.size != size:
+            # Unregistered (the set's last reference) before the new one
+            # registers: the worker knows buckets by name.
+            del _buckets[name]
+            bucket = None
+        if bucket is None:
             bucket = _Bucket(register(name, [(name, size)], exact=exact),
                              exact)
             _buckets[name] = bucket
@@ -257,8 +264,7 @@ def allreduce_async(tensor, name=None, op=Average, exact=False):
     workers under `name`; returns a handle for synchronize(). The tensor is
     read now; it is not changed. exact=True sums every value exactly,
     whatever the plan (as for any tensor below the plan's exact_below); a
-    name keeps the exact= of its first call. Min and Max are allreduce()'s
-    alone."""
+    name is always exact or never. Min and Max are allreduce()'s alone."""
     if op not in (Sum, Average):
         raise _invalid(f"allreduce_async takes op=gradmesh.Sum or "
                        f"gradmesh.Average, not {op!r} (Min and Max: "
@@ -307,7 +313,7 @@ def allreduce(tensor, name=None, op=Average, exact=False):
     if op in (Min, Max):
         array = _as_array(tensor)
         _check_name(name)
-        rows = _gather(f"{_RESERVED}{op}.{name}", array.reshape(1, -1))
+        rows = _gather(f"{op}.{name}", array.reshape(1, -1))
         reduce = np.min if op == Min else np.max
         return _like(tensor, reduce(rows, axis=0).reshape(array.shape))
     return synchronize(allreduce_async(tensor, name=name, op=op, exact=exact))
@@ -318,10 +324,16 @@ def _exact_sum(key, values):
     `key` (gradmesh's own; registered again when the size changes)."""
     bucket = _bucket_for(key, values.size, exact=True, resize=True)
     np.copyto(bucket.values, values.reshape(-1))
-    bucket.pending = _the_client().allreduce_async(bucket.set,
-                                                   bucket.next_step(), Sum)
+    client = _the_client()
+    bucket.pending = client.allreduce_async(bucket.set, bucket.next_step(),
+                                            Sum)
     try:
         bucket.pending.wait()
+    except GradmeshError:
+        # A failed step keeps its values for the next; these are not sums
+        # to carry (row counts, padded rows): drop them.
+        client.load_residual(bucket.set, np.zeros(values.size, np.float32))
+        raise
     finally:
         bucket.pending = None
     return bucket.values.copy()
@@ -332,19 +344,23 @@ def _gather(key, array):
     order: each writes its rows into zeros and an exact sum joins them."""
     p, r = size(), rank()
     width = int(np.prod(array.shape[1:]))
-    shapes = np.zeros(2 * p, np.float32)
-    shapes[2 * r:2 * r + 2] = array.shape[0], width
-    shapes = _exact_sum(f"{key}.shape", shapes).astype(np.int64)
+    shapes = np.zeros(2 * p, np.float32)  # exact below 2^24
+    shapes[2 * r:2 * r + 2] = min(array.shape[0], 1 << 24), min(width, 1 << 24)
+    shapes = _exact_sum(f"{_RESERVED}shape.{key}", shapes).astype(np.int64)
     rows, widths = shapes[0::2], shapes[1::2]
-    if np.any(widths != width):
-        raise _invalid(f"allgather '{key[len(_RESERVED):]}': the rows differ "
-                       f"in size between processes ({widths.tolist()})")
+    # Every process raises alike: the checks read the exchanged shapes.
+    if np.any(widths != widths[0]):
+        raise _invalid(f"allgather: the rows differ in size between "
+                       f"processes ({widths.tolist()})")
+    if np.any(rows >= 1 << 24) or np.any(widths >= 1 << 24):
+        raise _invalid("allgather takes fewer than 2^24 rows of fewer than "
+                       "2^24 values")
     total, first = int(rows.sum()), int(rows[:r].sum())
     if total == 0:
         return np.zeros((0,) + array.shape[1:], np.float32)
     padded = np.zeros(total * width, np.float32)
     padded[first * width:(first + array.shape[0]) * width] = array.reshape(-1)
-    joined = _exact_sum(key, padded)
+    joined = _exact_sum(f"{_RESERVED}{key}", padded)
     return joined.reshape((total,) + array.shape[1:])
 
 
@@ -357,18 +373,24 @@ def allgather(tensor, name=None):
     _check_name(name)
     if array.ndim == 0:
         array = array.reshape(1)
-    if array.shape[0] >= 1 << 24:
-        raise _invalid("allgather takes fewer than 2^24 rows")
-    return _like(tensor, _gather(f"{_RESERVED}gather.{name}", array))
+    return _like(tensor, _gather(f"gather.{name}", array))
 
 
 def broadcast_object(obj, root_rank=0):
     """root_rank's `obj` on every process (pickled: only for a job's own
     processes, which trust each other). The root gets `obj` itself."""
     mine = rank() == root_rank
-    payload = pickle.dumps(obj) if mine else b""
-    length = np.array([len(payload)], np.int64)
+    payload, failure = b"", None
+    if mine:
+        try:
+            payload = pickle.dumps(obj)
+        except Exception as e:  # noqa: BLE001 (every process raises it)
+            failure = e
+    length = np.array([-1 if failure else len(payload)], np.int64)
     _broadcast_bytes([length.view(np.uint8)], root_rank)
+    if length[0] < 0:
+        raise _invalid(f"broadcast_object: the root could not pickle the "
+                       f"object: {failure or 'see the root'}")
     data = (np.frombuffer(payload, np.uint8).copy() if mine
             else np.empty(int(length[0]), np.uint8))
     _broadcast_bytes([data], root_rank)

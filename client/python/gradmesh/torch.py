@@ -105,8 +105,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._gradmesh_scaler = grad_scaler
         self._gradmesh_velocity = self._gradmesh_momentum_state(
             momentum_correction)
-        self._gradmesh_group_of = {id(p): g for g in self.param_groups
-                                   for p in g["params"]}
+        self._gradmesh_group_of = (None, {})  # (first group, id -> group)
         named = self._gradmesh_named(named_parameters)
         instance = next(_instances)
         self._gradmesh_buckets = [
@@ -120,6 +119,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for i, p in enumerate(b.params):
                 self._gradmesh_where[id(p)] = (b, i)
         self._gradmesh_hooks = {}  # id(p) -> (accumulator, hook handle)
+        self._gradmesh_step_scale = None  # this step's loss scale, once read
+        self._gradmesh_closed = False
         self._gradmesh_skip = False  # inside skip_synchronize()
         self._gradmesh_failed = False  # the last synchronize() failed
         self.last_infos = []  # each bucket's ReduceInfo of the last step
@@ -147,9 +148,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return None
         groups = self.param_groups
         if not isinstance(self, torch.optim.SGD) or any(
-                g["nesterov"] or g["momentum"] <= 0 for g in groups):
+                g["nesterov"] or g["momentum"] <= 0 or g["dampening"]
+                for g in groups):
             raise gradmesh._invalid("momentum_correction needs torch.optim."
-                                    "SGD with momentum > 0, not Nesterov")
+                                    "SGD with momentum > 0, no dampening, "
+                                    "not Nesterov")
         return {}
 
     def _gradmesh_hook_trainable(self):
@@ -184,14 +187,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     pass  # its gradient stays in the residual, dropped next
         self._gradmesh_buckets = []
         self._gradmesh_where = {}
+        self._gradmesh_closed = True
 
     def __del__(self):
         for _, handle in getattr(self, "_gradmesh_hooks", {}).values():
             handle.remove()
 
     def _gradmesh_scale(self):
-        scaler = self._gradmesh_scaler
-        return 1.0 if scaler is None else float(scaler.get_scale())
+        """The loss scale of this step, read once (get_scale() may wait for
+        the device)."""
+        if self._gradmesh_step_scale is None:
+            scaler = self._gradmesh_scaler
+            self._gradmesh_step_scale = (1.0 if scaler is None else
+                                         float(scaler.get_scale()))
+        return self._gradmesh_step_scale
 
     def _gradmesh_ready(self, p):
         bucket, i = self._gradmesh_where[id(p)]
@@ -227,7 +236,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         the local velocity u = m u + (g + wd p) instead of g, so what its
         residual holds back keeps its momentum; the wrapped SGD then steps
         on the reduced velocity without momentum of its own."""
-        group = self._gradmesh_group_of[id(p)]
+        group = self._gradmesh_group(p)
         if group["weight_decay"]:
             slot.add_(p.detach().to(slot.device), alpha=group["weight_decay"])
         u = self._gradmesh_velocity.get(id(p))
@@ -236,13 +245,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         u.mul_(group["momentum"]).add_(slot)
         slot.copy_(u)
 
+    def _gradmesh_group(self, p):
+        """p's parameter group (load_state_dict replaces the groups)."""
+        groups = self.param_groups
+        if self._gradmesh_group_of[0] is not groups[0]:
+            self._gradmesh_group_of = (groups[0], {
+                id(q): g for g in groups for q in g["params"]})
+        return self._gradmesh_group_of[1][id(p)]
+
     def _gradmesh_submit(self, bucket):
         for i, p in enumerate(bucket.params):
             if i in bucket.handed:
                 continue
-            if (p.requires_grad and p.grad is not None
-                    and id(p) not in self._gradmesh_hooks):
-                self._gradmesh_hand(bucket, i)  # unfrozen since: no hook ran
+            # Fewer backward passes than backward_passes_per_step, or
+            # unfrozen since the hooks were set: hand over what .grad holds.
+            late = bucket.passes.get(i, 0) > 0 or (
+                id(p) not in self._gradmesh_hooks)
+            if late and p.requires_grad and p.grad is not None:
+                self._gradmesh_hand(bucket, i)
             else:
                 bucket.slots[i].zero_()  # no gradient this step
         client = gradmesh._the_client()
@@ -265,23 +285,59 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         lost, and it raises the GradmeshError; step() then raises too, until
         zero_grad() and the next backward.
         """
+        self._gradmesh_check_open()
         buckets = self._gradmesh_buckets
         if buckets and all(b.done for b in buckets):
             return
         for bucket in buckets:
-            if bucket.pending is None:
+            if bucket.pending is None and not bucket.reduced:
                 self._gradmesh_submit(bucket)
         infos, error = self._gradmesh_wait()
         error = error or self._gradmesh_changed()
         if error is not None:
-            self._gradmesh_hand_back()
             self._gradmesh_failed = True
+            self._gradmesh_hand_back()
+            if self._gradmesh_overflowed(error):
+                return
             raise error
+        scale = self._gradmesh_units()
         for bucket in buckets:
-            self._gradmesh_write(bucket)
+            self._gradmesh_write(bucket, scale)
             bucket.done = True
         self.last_infos = infos
         self._gradmesh_hook_trainable()
+
+    def _gradmesh_check_open(self):
+        if self._gradmesh_closed:
+            raise gradmesh._error("FAILED_PRECONDITION",
+                                  "the optimizer was closed")
+
+    def _gradmesh_overflowed(self, error):
+        """With a loss scaler, a step refused for Inf or NaN (on any
+        process: every one is refused alike) is the scaler's to skip: Inf
+        into every .grad, so that its unscale_ sees it and backs off."""
+        if (self._gradmesh_scaler is None or error.code != "INVALID_ARGUMENT"
+                or "non-finite" not in str(error)):
+            return False
+        for bucket in self._gradmesh_buckets:
+            for p in bucket.params:
+                if p.requires_grad:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    p.grad.fill_(float("inf"))
+        return True
+
+    def _gradmesh_units(self):
+        """The units .grad holds now: loss-scaled, unless the scaler has
+        unscaled it since backward handed it over (one answer per step)."""
+        if self._gradmesh_scaler is None:
+            return 1.0
+        for bucket in self._gradmesh_buckets:
+            for i, (version, _, _) in bucket.handed.items():
+                grad = bucket.params[i].grad
+                if grad is not None and grad._version != version:
+                    return 1.0
+        return self._gradmesh_scale()
 
     def _gradmesh_wait(self):
         """Waits for every bucket in flight: their infos and the first
@@ -323,9 +379,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "are back in the residuals")
         return None
 
-    def _gradmesh_write(self, bucket):
-        """The reduced values into .grad, in the units .grad holds: the
-        loss-scaled ones unless the scaler has unscaled it since."""
+    def _gradmesh_write(self, bucket, scale):
+        """The reduced values into .grad, times `scale` (the units .grad
+        holds)."""
         # Momentum factor masking (DGC): where a sparse sum sent values, the
         # residual was emptied, and so is the velocity that fed it.
         masking = (self._gradmesh_velocity is not None
@@ -335,13 +391,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 continue  # frozen: does not move
             if masking and id(p) in self._gradmesh_velocity:
                 self._gradmesh_velocity[id(p)].masked_fill_(slot != 0, 0.0)
-            scale = self._gradmesh_scale()
-            if i in bucket.handed:
-                version, handed_scale, _ = bucket.handed[i]
-                unchanged = p.grad is not None and p.grad._version == version
-                scale = handed_scale if unchanged else 1.0
             if p.grad is None:
-                p.grad = (slot * scale).to(p.device)
+                p.grad = (slot * scale).to(p.device, p.dtype)
             else:
                 p.grad.copy_(slot)
                 if scale != 1.0:
@@ -354,13 +405,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         client = gradmesh._the_client()
         share = 1.0 if self._gradmesh_op == gradmesh.Average else (
             1.0 / gradmesh.size())
+        try:
+            for bucket in self._gradmesh_buckets:
+                if bucket.reduced:
+                    client.save_residual(bucket.set)
+                    residual = bucket.set.residual().copy()
+                    residual += np.float32(share) * bucket.set.values()
+                    client.load_residual(bucket.set, residual)
+        finally:
+            self._gradmesh_new_step()
+
+    def _gradmesh_new_step(self):
         for bucket in self._gradmesh_buckets:
-            if bucket.reduced:
-                client.save_residual(bucket.set)
-                residual = bucket.set.residual().copy()
-                residual += np.float32(share) * bucket.set.values()
-                client.load_residual(bucket.set, residual)
             bucket.clear()
+        self._gradmesh_step_scale = None
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -376,6 +434,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             raise gradmesh._invalid("DistributedOptimizer.step() takes no "
                                     "closure (backward must run before it)")
+        self._gradmesh_check_open()
         if self._gradmesh_failed:
             raise gradmesh._error(
                 "FAILED_PRECONDITION",
@@ -390,8 +449,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "step() inside skip_synchronize() needs a synchronize() "
                 "after the last backward")
         result = self._gradmesh_inner_step()
-        for bucket in self._gradmesh_buckets:
-            bucket.clear()
+        self._gradmesh_new_step()
         return result
 
     def _gradmesh_inner_step(self):
@@ -409,9 +467,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 g["momentum"], g["weight_decay"] = momentum, decay
 
     def state_dict(self):
-        """The wrapped optimizer's state, and each bucket's residual on this
+        """The wrapped optimizer's state, each bucket's residual on this
         process's worker (error feedback), so that a checkpoint loses no
-        gradient that was pushed but not yet sent."""
+        gradient that was pushed but not yet sent, and with momentum
+        correction this process's velocity."""
         state = super(self.__class__, self).state_dict()
         if any(b.pending is not None for b in self._gradmesh_buckets):
             raise gradmesh._error("FAILED_PRECONDITION",
@@ -423,6 +482,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             client.save_residual(b.set)
             residuals.append(torch.from_numpy(b.set.residual().copy()))
         state["gradmesh_residuals"] = residuals
+        if self._gradmesh_velocity is not None:  # momentum correction's
+            state["gradmesh_velocity"] = {
+                name: self._gradmesh_velocity[id(p)].clone()
+                for b in self._gradmesh_buckets
+                for name, p in zip(b.names, b.params)
+                if id(p) in self._gradmesh_velocity}
         return state
 
     def load_state_dict(self, state_dict):
@@ -430,7 +495,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         process's worker (call it before the first step of the new run)."""
         state = dict(state_dict)
         residuals = state.pop("gradmesh_residuals", None)
+        velocity = state.pop("gradmesh_velocity", {})
         super(self.__class__, self).load_state_dict(state)
+        if self._gradmesh_velocity is not None:
+            self._gradmesh_velocity = {
+                id(p): velocity[name].clone()
+                for b in self._gradmesh_buckets
+                for name, p in zip(b.names, b.params) if name in velocity}
         if residuals is None:
             return
         if len(residuals) != len(self._gradmesh_buckets):
@@ -444,19 +515,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Clears the gradients. A step abandoned halfway (a batch skipped,
         or a step the loss scaler skipped) loses nothing: its buckets are
         waited for and handed back to the residuals."""
-        if any(not b.done and (b.pending is not None or b.passes)
+        if any(b.pending is not None or b.passes or b.handed or b.reduced
                for b in self._gradmesh_buckets):
             self._gradmesh_abandon()
-        for bucket in self._gradmesh_buckets:
-            bucket.clear()
+        self._gradmesh_new_step()
         self._gradmesh_failed = False
         self._gradmesh_hook_trainable()
         return super(self.__class__, self).zero_grad(set_to_none)
 
     def _gradmesh_abandon(self):
+        """A step left before step(): its buckets run as synchronize() would
+        run them (the other processes may be synchronizing), then every
+        reduced one goes back to the residuals."""
         for bucket in self._gradmesh_buckets:
-            if bucket.pending is None and bucket.handed:
-                self._gradmesh_submit(bucket)  # the others wait for it
+            if bucket.pending is None and not bucket.reduced:
+                self._gradmesh_submit(bucket)
         _, error = self._gradmesh_wait()
         self._gradmesh_hand_back()
         if isinstance(error, gradmesh.WorkerGoneError):
@@ -528,7 +601,8 @@ class HookState:
         bucket = self.bucket_for(ddp_bucket)
         values = torch.from_numpy(bucket.values)
         if values.numel() != buf.numel():
-            raise RuntimeError("gradmesh: DDP bucket size changed")
+            raise gradmesh._error("FAILED_PRECONDITION",
+                                  "DDP bucket size changed")
         values.copy_(buf.view(-1))
         handle = gradmesh._the_client().allreduce_async(
             bucket.set, bucket.next_step(), self.op)

@@ -107,6 +107,9 @@ class ReferenceSparDl {
 
   Output Iterate(const std::vector<std::vector<float>>& gradients) {
     SetQuotas(round_++);
+    if (k_ < static_cast<uint64_t>(p_)) {  // h follows the rotated quota
+      for (int b = 0; b < p_; ++b) h_[b] = ReferenceH(quota_[b], d_);
+    }
     Output out;
     out.bytes_received.assign(P_, 0);
     std::vector<std::vector<float>> acc(P_), work(P_);
@@ -446,35 +449,45 @@ TEST(SparDlErrorsTest, InvalidOptionsAreInvalidArgument) {
 
 // k < p: the blocks that carry the k units change every round, so every
 // block is sent within p rounds and no residual grows without bound (a
-// metric of 10 values on more workers than k).
-TEST(SparDlQuotaTest, WithKBelowPEveryBlockIsSentWithinPRounds) {
+// metric of 10 values on more workers than k), with one team and with
+// B-SAG's three (whose h follows the rotated quota).
+class SparDlQuotaTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(SparDlQuotaTest, WithKBelowPEveryBlockIsSentWithinPRounds) {
   constexpr int kWorld = 6;
-  constexpr uint64_t kN = 12;  // density 0.1: k = 1 < 6
-  constexpr int kRounds = 10 * kWorld;
+  constexpr uint64_t kN = 12;  // density 0.1: k = 1, below p
+  const int teams = GetParam();
+  const int p = kWorld / teams;
+  const uint64_t block = kN / p;
+  const int rounds = 10 * kWorld;
   transport::LoopbackNetwork network(kWorld);
-  auto instances = MakeInstances(kWorld, 1, kN, 0.1);
+  auto instances = MakeInstances(kWorld, teams, kN, 0.1);
   std::vector<std::vector<float>> residuals(kWorld,
                                             std::vector<float>(kN, 0.0f));
   const std::vector<std::vector<float>> ones(kWorld,
                                              std::vector<float>(kN, 1.0f));
   std::vector<int> last_sent(kN, -1);
-  for (int round = 0; round < kRounds; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     const std::vector<RankRun> runs =
         RunIteration(network, instances, ones, residuals, round);
     for (const RankRun& run : runs) ASSERT_TRUE(run.status.ok()) << run.status;
     for (uint32_t i : runs[0].result.indices) last_sent[i] = round;
-    for (uint64_t b = 0; b < kWorld; ++b) {
-      const int block_last = std::max(last_sent[2 * b], last_sent[2 * b + 1]);
-      ASSERT_GT(block_last, round - kWorld)
-          << "block " << b << " round " << round;
+    for (int b = 0; b < p; ++b) {
+      int block_last = -1;
+      for (uint64_t i = b * block; i < (b + 1) * block; ++i) {
+        block_last = std::max(block_last, last_sent[i]);
+      }
+      ASSERT_GT(block_last, round - p) << "block " << b << " round " << round;
     }
   }
-  // Each coordinate gains 1 per round and is sent, at the latest, every
-  // 2 p rounds (two coordinates share a block).
+  // Each coordinate gains 1 a round (and B-SAG's shares), and its block is
+  // sent every p rounds: bounded, where a block left out grows by 1 a round.
   for (int r = 0; r < kWorld; ++r) {
-    for (float x : residuals[r]) EXPECT_LE(x, 2.0f * kWorld + 1.0f);
+    for (float x : residuals[r]) EXPECT_LE(x, 2.0f * block * p + 1.0f);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Teams, SparDlQuotaTest, ::testing::Values(1, 3));
 
 TEST(SparDlErrorsTest, WrongSizeChangesNothing) {
   transport::LoopbackNetwork network(1);
