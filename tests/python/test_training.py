@@ -12,6 +12,7 @@ every rank, and the conservation of gradient mass (what the ranks put in =
 what was applied + what the residuals hold).
 """
 
+import io
 import pickle
 
 import numpy as np
@@ -468,3 +469,40 @@ def test_allgather_of_a_name_whose_size_changes():
                                  name="resized")
         assert got.shape == (rows * p, 2)
         np.testing.assert_array_equal(got[::rows, 0], np.arange(p))
+
+
+def test_a_checkpoint_on_every_rank_resumes_as_if_uninterrupted():
+    r = gradmesh.rank()
+    sgd = dict(lr=LR, momentum=0.9)
+
+    def run(model, optimizer, steps):
+        for step in steps:
+            optimizer.zero_grad()
+            loss_of(model, step, r).backward()
+            optimizer.step()
+
+    def wrapped(model):
+        return wrap(model, torch.optim.SGD(model.parameters(), **sgd),
+                    momentum_correction=True)
+
+    uninterrupted = Net()
+    optimizer = wrapped(uninterrupted)
+    run(uninterrupted, optimizer, range(4))
+    optimizer.close()
+
+    model = Net()
+    optimizer = wrapped(model)
+    run(model, optimizer, range(2))
+    saved = io.BytesIO()  # each rank its own file: its residuals
+    torch.save({"model": model.state_dict(),
+                "optimizer": optimizer.state_dict()}, saved)
+    optimizer.close()
+    saved.seek(0)
+    state = torch.load(saved)
+    resumed = Net()
+    resumed.load_state_dict(state["model"])
+    optimizer = wrapped(resumed)
+    optimizer.load_state_dict(state["optimizer"])
+    run(resumed, optimizer, range(2, 4))
+    assert_same(resumed, uninterrupted)  # under every plan
+    finish(optimizer, resumed)
