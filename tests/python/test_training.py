@@ -152,6 +152,14 @@ def test_clipping_after_backward_names_the_recipe_and_applies_nothing():
         assert torch.equal(p, b)
     with pytest.raises(gradmesh.GradmeshError, match="failed synchronize"):
         optimizer.step()
+    # A .grad replaced by another tensor is a change as well.
+    optimizer.zero_grad(set_to_none=True)
+    loss_of(model, 1, r).backward()
+    model.first.weight.grad = model.first.weight.grad.clamp(-1e-3, 1e-3)
+    with pytest.raises(gradmesh.GradmeshError, match="skip_synchronize"):
+        optimizer.step()
+    with pytest.raises(gradmesh.GradmeshError, match="add_param_group"):
+        optimizer.add_param_group({"params": [nn.Parameter(torch.ones(1))]})
     optimizer.close()
 
 
@@ -457,6 +465,11 @@ def test_an_overflow_is_the_loss_scalers_to_skip():
         assert torch.isinf(p.grad).all()
     with pytest.raises(gradmesh.GradmeshError, match="failed synchronize"):
         optimizer.step()
+    # step() straight away (GradScaler.step on a rank whose own gradient
+    # was finite) skips the step too, instead of applying the Inf.
+    optimizer.zero_grad()
+    loss_of(model, 1, r).backward()
+    assert optimizer.step() is None
     for p, b in zip(model.parameters(), before):
         assert torch.equal(p, b)
     optimizer.close()

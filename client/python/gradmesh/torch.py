@@ -172,6 +172,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._gradmesh_hooks[id(p)] = (accumulator, handle)
                 b.hooked += 1
 
+    def add_param_group(self, param_group):
+        # Torch's constructor adds the groups before the buckets exist.
+        if hasattr(self, "_gradmesh_buckets"):
+            raise gradmesh._error(
+                "FAILED_PRECONDITION",
+                "add_param_group() after wrapping: the new parameters would "
+                "not be all-reduced; close() the optimizer and wrap one that "
+                "has them all (frozen ones included)")
+        return super(self.__class__, self).add_param_group(param_group)
+
     def close(self):
         """Removes this optimizer's hooks and unregisters its buckets (their
         residuals are dropped): another optimizer may then wrap the model.
@@ -204,7 +214,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _gradmesh_ready(self, p):
         bucket, i = self._gradmesh_where[id(p)]
-        if bucket.pending is not None or bucket.done:
+        if bucket.pending is not None or bucket.done or i in bucket.handed:
             raise gradmesh._error(
                 "FAILED_PRECONDITION",
                 "a gradient was computed more often than "
@@ -217,17 +227,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if len(bucket.handed) == bucket.hooked:
             self._gradmesh_submit(bucket)
 
-    def _gradmesh_hand(self, bucket, i):
+    def _gradmesh_hand(self, bucket, i, scale=None):
         """Copies parameter i's gradient into its slot, in true units (the
-        loss scale divided out), and notes .grad's version."""
+        loss scale, or `scale`, divided out), and notes which .grad it was
+        and its version."""
         grad = bucket.params[i].grad
         slot = bucket.slots[i]
         slot.copy_(grad)
-        scale, norm = self._gradmesh_scale(), 0.0
+        scale, norm = scale or self._gradmesh_scale(), 0.0
         if scale != 1.0:
             slot.div_(scale)
             norm = float(slot.norm())
-        bucket.handed[i] = (grad._version, scale, norm)
+        bucket.handed[i] = (grad, grad._version, scale, norm)
         if self._gradmesh_velocity is not None:
             self._gradmesh_accelerate(bucket.params[i], slot)
 
@@ -262,7 +273,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             late = bucket.passes.get(i, 0) > 0 or (
                 id(p) not in self._gradmesh_hooks)
             if late and p.requires_grad and p.grad is not None:
-                self._gradmesh_hand(bucket, i)
+                # In the units .grad holds now (a scaler may have unscaled).
+                self._gradmesh_hand(bucket, i, self._gradmesh_units())
             else:
                 bucket.slots[i].zero_()  # no gradient this step
         client = gradmesh._the_client()
@@ -333,11 +345,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._gradmesh_scaler is None:
             return 1.0
         for bucket in self._gradmesh_buckets:
-            for i, (version, _, _) in bucket.handed.items():
-                grad = bucket.params[i].grad
-                if grad is not None and grad._version != version:
+            for i in bucket.handed:
+                if self._gradmesh_touched(bucket, i):
                     return 1.0
         return self._gradmesh_scale()
+
+    @staticmethod
+    def _gradmesh_touched(bucket, i):
+        """Whether parameter i's .grad was changed or replaced since it was
+        handed over."""
+        grad, version, _, _ = bucket.handed[i]
+        now = bucket.params[i].grad
+        return now is not grad or now._version != version
 
     def _gradmesh_wait(self):
         """Waits for every bucket in flight: their infos and the first
@@ -360,11 +379,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The error that names the recipe when a handed .grad was changed
         since (a loss scaler's unscaling alone excepted)."""
         for bucket in self._gradmesh_buckets:
-            for i, (version, scale, norm) in bucket.handed.items():
+            for i, (_, _, scale, norm) in bucket.handed.items():
                 grad = bucket.params[i].grad
-                if grad is None or grad._version == version:
+                if not self._gradmesh_touched(bucket, i):
                     continue
-                if self._gradmesh_scaler is not None and scale != 1.0 and (
+                if grad is not None and scale != 1.0 and (
                         abs(float(grad.detach().float().norm()) - norm)
                         <= 1e-4 * norm):
                     continue  # the scaler's unscale_ alone
@@ -405,15 +424,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         client = gradmesh._the_client()
         share = 1.0 if self._gradmesh_op == gradmesh.Average else (
             1.0 / gradmesh.size())
-        try:
-            for bucket in self._gradmesh_buckets:
-                if bucket.reduced:
-                    client.save_residual(bucket.set)
-                    residual = bucket.set.residual().copy()
-                    residual += np.float32(share) * bucket.set.values()
-                    client.load_residual(bucket.set, residual)
-        finally:
-            self._gradmesh_new_step()
+        error = None
+        for bucket in self._gradmesh_buckets:
+            if not bucket.reduced:
+                continue
+            try:
+                client.save_residual(bucket.set)
+                residual = bucket.set.residual().copy()
+                residual += np.float32(share) * bucket.set.values()
+                client.load_residual(bucket.set, residual)
+            except gradmesh.GradmeshError as e:  # the others still go back
+                error = error or e
+        self._gradmesh_new_step()
+        if error is not None:
+            raise error
 
     def _gradmesh_new_step(self):
         for bucket in self._gradmesh_buckets:
@@ -443,6 +467,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "zero_grad() and go on with the next batch")
         if not self._gradmesh_skip:
             self.synchronize()
+            if self._gradmesh_failed:
+                return None  # an overflow: skipped, as the scaler would
         elif not all(b.done for b in self._gradmesh_buckets):
             raise gradmesh._error(
                 "FAILED_PRECONDITION",
@@ -492,24 +518,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Loads what state_dict() returned: the residuals go back to this
-        process's worker (call it before the first step of the new run)."""
+        process's worker (call it before the first step of the new run, with
+        no step begun). Checked before anything changes."""
+        if any(b.pending is not None or b.handed or b.reduced
+               for b in self._gradmesh_buckets):
+            raise gradmesh._error("FAILED_PRECONDITION",
+                                  "load_state_dict() between backward and "
+                                  "step(): a step is in flight")
         state = dict(state_dict)
         residuals = state.pop("gradmesh_residuals", None)
         velocity = state.pop("gradmesh_velocity", {})
+        arrays = [] if residuals is None else [
+            r.detach().to(torch.float32).numpy() for r in residuals]
+        sizes = [b.set.size for b in self._gradmesh_buckets]
+        if residuals is not None and [a.size for a in arrays] != sizes:
+            raise gradmesh._invalid(f"residuals of sizes "
+                                    f"{[a.size for a in arrays]} for buckets "
+                                    f"of sizes {sizes}")
+        if not all(np.isfinite(a).all() for a in arrays):
+            raise gradmesh._invalid("a residual holds non-finite values")
         super(self.__class__, self).load_state_dict(state)
         if self._gradmesh_velocity is not None:
             self._gradmesh_velocity = {
                 id(p): velocity[name].clone()
                 for b in self._gradmesh_buckets
                 for name, p in zip(b.names, b.params) if name in velocity}
-        if residuals is None:
-            return
-        if len(residuals) != len(self._gradmesh_buckets):
-            raise gradmesh._invalid(f"{len(residuals)} residuals for "
-                                    f"{len(self._gradmesh_buckets)} buckets")
         client = gradmesh._the_client()
-        for b, r in zip(self._gradmesh_buckets, residuals):
-            client.load_residual(b.set, r.detach().to(torch.float32).numpy())
+        for b, a in zip(self._gradmesh_buckets, arrays):
+            client.load_residual(b.set, a)
 
     def zero_grad(self, set_to_none=False):
         """Clears the gradients. A step abandoned halfway (a batch skipped,
