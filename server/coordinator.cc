@@ -32,6 +32,21 @@ std::string Milliseconds(double seconds) {
   return absl::StrFormat("%.3f ms", seconds * 1e3);
 }
 
+// The plan `config` names, with d = 1.
+Plan PlanOfConfig(const PlanConfig& config) {
+  return Plan{.algorithm = config.algorithm,
+              .density = config.density,
+              .teams = 1,
+              .encoding = config.encoding,
+              .values = config.values,
+              .quantize_bits = config.quantize_bits,
+              .oktopk_tau = config.oktopk_tau,
+              .oktopk_tau_prime = config.oktopk_tau_prime,
+              .seed = config.seed,
+              .exact_below = config.exact_below,
+              .chunk_bytes = config.chunk_bytes};
+}
+
 }  // namespace
 
 struct Coordinator::Round {
@@ -61,15 +76,7 @@ absl::Status ValidatePlanConfig(const PlanConfig& config) {
   }
   // The algorithm's own checks of every plan field but d (one worker).
   absl::StatusOr<collectives::AlgorithmOptions> options =
-      collectives::AlgorithmOptionsOf(
-          {.algorithm = config.algorithm,
-           .density = config.density,
-           .encoding = config.encoding,
-           .values = config.values,
-           .quantize_bits = config.quantize_bits,
-           .oktopk_tau = config.oktopk_tau,
-           .oktopk_tau_prime = config.oktopk_tau_prime,
-           .seed = config.seed});
+      collectives::AlgorithmOptionsOf(PlanOfConfig(config));
   if (!options.ok()) return options.status();
   GM_RETURN_IF_ERROR(collectives::CreateCollective(*options, 1, 0, 0).status());
   if (config.chunk_bytes == 0 ||
@@ -343,19 +350,7 @@ void Coordinator::PublishLocked(Plan plan, uint64_t start_step) {
   // Waiters re-evaluate their conditions when the mutex is released.
 }
 
-Plan Coordinator::BasePlan() const {
-  return Plan{.algorithm = config_.algorithm,
-              .density = config_.density,
-              .teams = 1,
-              .encoding = config_.encoding,
-              .values = config_.values,
-              .quantize_bits = config_.quantize_bits,
-              .oktopk_tau = config_.oktopk_tau,
-              .oktopk_tau_prime = config_.oktopk_tau_prime,
-              .seed = config_.seed,
-              .exact_below = config_.exact_below,
-              .chunk_bytes = config_.chunk_bytes};
-}
+Plan Coordinator::BasePlan() const { return PlanOfConfig(config_); }
 
 void Coordinator::MembershipChangedLocked() {
   const int world_size = static_cast<int>(members_.size());

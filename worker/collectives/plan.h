@@ -24,10 +24,10 @@ struct Plan {
   int teams = 1;                     // SparDL's d
   std::string encoding = "coo";      // WireFormat::Parse names
   std::string values = "fp32";
-  int quantize_bits = 0;           // TopkDSA's dense phase: 0 (off), 2, 4 or 8
-  int oktopk_tau = 64;             // Ok-Topk region re-balancing period
-  int oktopk_tau_prime = 32;       // Ok-Topk threshold re-evaluation period
-  uint64_t seed = 1;               // seeds randomized rounding
+  int quantize_bits = 0;      // TopkDSA's dense phase: 0 (off), 2, 4 or 8
+  int oktopk_tau = 64;        // Ok-Topk region re-balancing period
+  int oktopk_tau_prime = 32;  // Ok-Topk threshold re-evaluation period
+  uint64_t seed = 1;          // seeds randomized rounding
   // Buckets of fewer values are summed exactly (the dense ring), so that
   // metrics, biases and norms are not sparsified; 0: none (the
   // coordinator's default is PlanConfig's).
