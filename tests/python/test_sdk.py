@@ -149,9 +149,13 @@ def all_batches(step):
 
 def assert_identical_on_every_rank(model):
     for name, p in model.named_parameters():
-        theirs = p.detach().clone()
-        gradmesh.broadcast_parameters([(name, theirs)], root_rank=0)
-        assert torch.equal(theirs, p.detach()), name
+        assert_identical_on_every_rank_tensor(p, name)
+
+
+def assert_identical_on_every_rank_tensor(tensor, name="tensor"):
+    theirs = tensor.detach().clone()
+    gradmesh.broadcast_parameters([(name, theirs)], root_rank=0)
+    assert torch.equal(theirs, tensor.detach()), name
 
 
 @pytest.mark.parametrize("num_buckets", [1, 2])
@@ -175,7 +179,7 @@ def test_distributed_optimizer_averages_like_one_process(num_buckets):
     assert_identical_on_every_rank(model)
 
 
-def test_optimizer_checkpoints_carry_the_residuals():
+def test_optimizer_checkpoints_carry_every_rank_s_residuals():
     model = make_model()
     optimizer = gradmesh.torch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
@@ -185,22 +189,30 @@ def test_optimizer_checkpoints_carry_the_residuals():
     nn.functional.mse_loss(model(x), y).backward()
     optimizer.step()
     state = optimizer.state_dict()
-    residuals = state["gradmesh_residuals"]
-    assert [r.numel() for r in residuals] == [
-        b.set.size for b in optimizer._gradmesh_buckets]
-    # What is loaded is what the worker holds from then on.
-    loaded = [torch.full_like(r, 0.25 * (i + 1))
-              for i, r in enumerate(residuals)]
-    optimizer.load_state_dict(dict(state, gradmesh_residuals=loaded))
-    again = optimizer.state_dict()["gradmesh_residuals"]
-    for a, b in zip(again, loaded):
-        assert torch.equal(a, b)
-    bad = [r.clone() for r in loaded]
+    table = state["gradmesh"]
+    sizes = [b.set.size for b in optimizer._gradmesh_buckets]
+    assert table["keys"] == ["residual/0", "residual/1"]
+    assert table["sizes"] == sizes
+    assert table["world_size"] == gradmesh.size()
+    assert table["rows"].shape == (gradmesh.size(), sum(sizes))
+    # Every rank holds the same table, and rank r's row is its residual.
+    assert_identical_on_every_rank_tensor(table["rows"])
+    mine = torch.cat([torch.from_numpy(b.set.residual().copy())
+                      for b in optimizer._gradmesh_buckets])
+    assert torch.equal(table["rows"][gradmesh.rank()], mine)
+    # What is loaded is what each worker holds from then on: its own row.
+    loaded = torch.arange(gradmesh.size() * sum(sizes),
+                          dtype=torch.float32).reshape(gradmesh.size(), -1)
+    optimizer.load_state_dict(
+        dict(state, gradmesh=dict(table, rows=loaded)))
+    assert torch.equal(optimizer.state_dict()["gradmesh"]["rows"], loaded)
+    bad = loaded.clone()
     bad[0][0] = float("nan")
     with pytest.raises(gradmesh.GradmeshError, match="non-finite"):
-        optimizer.load_state_dict(dict(state, gradmesh_residuals=bad))
-    with pytest.raises(ValueError, match="residuals of sizes"):
-        optimizer.load_state_dict(dict(state, gradmesh_residuals=loaded[:1]))
+        optimizer.load_state_dict(dict(state, gradmesh=dict(table, rows=bad)))
+    with pytest.raises(ValueError, match="does not match"):
+        optimizer.load_state_dict(
+            dict(state, gradmesh=dict(table, sizes=sizes[:1])))
 
 
 def test_ddp_communication_hook_returns_the_average():

@@ -12,8 +12,10 @@ every rank, and the conservation of gradient mass (what the ranks put in =
 what was applied + what the residuals hold).
 """
 
-import io
+import os
 import pickle
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -108,10 +110,12 @@ def wrap(model, optimizer=None, **kwargs):
 
 
 def residual_total(optimizer):
-    """The sum over ranks of this optimizer's residuals (exact)."""
-    flat = torch.cat(optimizer.state_dict()["gradmesh_residuals"]).numpy()
-    return gradmesh.allreduce(flat, name=f"residual{len(flat)}",
-                              op=gradmesh.Sum, exact=True)
+    """The sum over ranks of this optimizer's residuals (state_dict()
+    gathers every rank's; the residuals come first)."""
+    table = optimizer.state_dict()["gradmesh"]
+    width = sum(size for key, size in zip(table["keys"], table["sizes"])
+                if key.startswith("residual/"))
+    return table["rows"][:, :width].double().sum(0).numpy()
 
 
 def test_backward_passes_per_step_sums_the_passes_and_reduces_once():
@@ -397,7 +401,7 @@ def test_momentum_correction_is_momentum_where_the_sum_is_exact():
         assert_same(model, reference)
     finish(optimizer, model)
     with pytest.raises(ValueError, match="momentum"):
-        wrap(model, torch.optim.Adam(model.parameters()),
+        wrap(model, torch.optim.RMSprop(model.parameters()),
              momentum_correction=True)
 
 
@@ -484,38 +488,101 @@ def test_allgather_of_a_name_whose_size_changes():
         np.testing.assert_array_equal(got[::rows, 0], np.arange(p))
 
 
-def test_a_checkpoint_on_every_rank_resumes_as_if_uninterrupted():
-    r = gradmesh.rank()
-    sgd = dict(lr=LR, momentum=0.9)
+def corrected(model, kind):
+    inner = (torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+             if kind == "sgd" else
+             torch.optim.Adam(model.parameters(), lr=0.01))
+    return wrap(model, inner, momentum_correction=True)
 
-    def run(model, optimizer, steps):
-        for step in steps:
-            optimizer.zero_grad()
-            loss_of(model, step, r).backward()
-            optimizer.step()
 
-    def wrapped(model):
-        return wrap(model, torch.optim.SGD(model.parameters(), **sgd),
-                    momentum_correction=True)
+def train(model, optimizer, steps):
+    for step in steps:
+        optimizer.zero_grad()
+        loss_of(model, step, gradmesh.rank()).backward()
+        optimizer.step()
 
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_a_checkpoint_saved_on_rank_0_resumes_as_if_uninterrupted(kind):
     uninterrupted = Net()
-    optimizer = wrapped(uninterrupted)
-    run(uninterrupted, optimizer, range(4))
+    optimizer = corrected(uninterrupted, kind)
+    train(uninterrupted, optimizer, range(4))
     optimizer.close()
 
     model = Net()
-    optimizer = wrapped(model)
-    run(model, optimizer, range(2))
-    saved = io.BytesIO()  # each rank its own file: its residuals
-    torch.save({"model": model.state_dict(),
-                "optimizer": optimizer.state_dict()}, saved)
+    optimizer = corrected(model, kind)
+    train(model, optimizer, range(2))
+    state = {"model": model.state_dict(),
+             "optimizer": optimizer.state_dict()}  # on every rank: gathers
+    folder = gradmesh.broadcast_object(
+        tempfile.mkdtemp() if gradmesh.rank() == 0 else None)
+    path = os.path.join(folder, "checkpoint.pt")
+    if gradmesh.rank() == 0:
+        torch.save(state, path)
+    gradmesh.barrier()
     optimizer.close()
-    saved.seek(0)
-    state = torch.load(saved)
+    state = torch.load(path)  # every rank loads rank 0's file
+    gradmesh.barrier()
+    if gradmesh.rank() == 0:
+        shutil.rmtree(folder)
     resumed = Net()
     resumed.load_state_dict(state["model"])
-    optimizer = wrapped(resumed)
+    optimizer = corrected(resumed, kind)
     optimizer.load_state_dict(state["optimizer"])
-    run(resumed, optimizer, range(2, 4))
+    train(resumed, optimizer, range(2, 4))
     assert_same(resumed, uninterrupted)  # under every plan
     finish(optimizer, resumed)
+
+
+@pytest.mark.parametrize("op", [gradmesh.Average, gradmesh.Sum])
+def test_a_checkpoint_of_another_job_size_keeps_the_next_sum(op):
+    model = Net()
+    optimizer = wrap(model, op=op)
+    train(model, optimizer, range(1))
+    state = optimizer.state_dict()
+    table = state["gradmesh"]
+    saved = gradmesh.size() + 1
+    rows = torch.randn(saved, table["rows"].shape[1],
+                       generator=torch.Generator().manual_seed(3))
+    optimizer.load_state_dict(
+        dict(state, gradmesh=dict(table, world_size=saved, rows=rows)))
+    now = optimizer.state_dict()["gradmesh"]["rows"].double()
+    # What the next reduction adds from the residuals is unchanged.
+    if op == gradmesh.Average:
+        torch.testing.assert_close(now.mean(0), rows.double().mean(0))
+    else:
+        torch.testing.assert_close(now.sum(0), rows.double().sum(0))
+    assert torch.equal(now[0], now[-1])  # the same share for every rank
+    finish(optimizer, model)
+
+
+@pytest.mark.parametrize("kind", [torch.optim.Adam, torch.optim.AdamW])
+def test_adam_correction_applies_the_mean_of_each_rank_s_adam_step(kind):
+    """Against torch's own Adam: one copy per rank, fed that rank's
+    gradients at the shared parameters, gives that rank's direction."""
+    lr, decay = 0.01, 0.05
+    model, reference = Net(), Net()
+    optimizer = wrap(model, kind(model.parameters(), lr=lr,
+                                 weight_decay=decay),
+                     momentum_correction=True)
+    shadows = [Net() for _ in range(gradmesh.size())]
+    shadow_adams = [torch.optim.Adam(
+        s.parameters(), lr=1.0,
+        weight_decay=decay if kind is torch.optim.Adam else 0.0)
+        for s in shadows]
+    for step in range(4):
+        train(model, optimizer, [step])
+        directions = []
+        for q, (shadow, adam) in enumerate(zip(shadows, shadow_adams)):
+            shadow.load_state_dict(reference.state_dict())
+            shadow.zero_grad()
+            loss_of(shadow, step, q).backward()
+            adam.step()  # lr 1: the parameters move by the direction
+            directions.append([a.detach() - b.detach() for a, b in zip(
+                reference.parameters(), shadow.parameters())])
+        with torch.no_grad():
+            for i, p in enumerate(reference.parameters()):
+                if kind is torch.optim.AdamW:
+                    p.mul_(1 - lr * decay)
+                p -= lr * torch.stack([d[i] for d in directions]).mean(0)
+    finish(optimizer, model, reference)

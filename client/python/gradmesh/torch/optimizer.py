@@ -1,46 +1,24 @@
-"""PyTorch integration: a distributed optimizer and a DDP communication hook.
+"""DistributedOptimizer: a torch optimizer whose step() applies gradients
+summed across the job's processes (see gradmesh.torch for its use).
 
-    import gradmesh, gradmesh.torch
-    gradmesh.init()
-    gradmesh.broadcast_parameters(model.state_dict(), root_rank=0)
-    optimizer = gradmesh.torch.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters())
-    for x, y in loader:
-        optimizer.zero_grad()
-        loss_fn(model(x), y).backward()   # buckets all-reduce as grads appear
-        optimizer.step()                  # waits for them, then steps
-
-or, with torch.nn.parallel.DistributedDataParallel (its process group only
-broadcasts the initial parameters; gradients go through gradmesh):
-
-    ddp.register_comm_hook(gradmesh.torch.HookState(),
-                           gradmesh.torch.allreduce_hook)
-
-Tensor fusion follows SAFusion (paper 002): the optimizer's buckets are
-closed by tensor count (parameters in reverse registration order, the order
-backward produces them, ceil(L/M) per bucket), so every process has the same
-tensor-to-bucket map; and by default each top-k selection gives every tensor
-its own quota (fusion="per_tensor"), so no tensor goes missing from the sum.
-fusion="after_fusion" selects over the fused bucket instead, for comparison.
-Error feedback stays in the worker daemons.
-
-CUDA parameters go through host memory: each gradient is copied into its
-bucket as backward produces it (a copy that waits for the GPU) and the result
-back; the selection then runs in the worker daemon. Not yet run with a
-PyTorch that has CUDA.
+Backward's hooks hand each gradient to its bucket's slot in the worker's
+shared memory; a bucket is all-reduced as soon as all its gradients are in.
+step() waits for the buckets, writes the sums into .grad and runs the wrapped
+optimizer. Per-process state beyond the residuals lives in corrections.py;
+checkpoints in checkpoint.py.
 """
 
 import contextlib
 import itertools
 import math
-import queue
-import threading
 import weakref
 
 import numpy as np
 import torch
 
 import gradmesh
+from gradmesh.torch import checkpoint
+from gradmesh.torch.corrections import correction_for
 
 _DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # as DDP's bucket_cap_mb
 _instances = itertools.count()  # names buckets apart, in creation order
@@ -103,14 +81,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._gradmesh_op = op
         self._gradmesh_passes = int(backward_passes_per_step)
         self._gradmesh_scaler = grad_scaler
-        self._gradmesh_velocity = self._gradmesh_momentum_state(
-            momentum_correction)
         self._gradmesh_group_of = (None, {})  # (first group, id -> group)
         named = self._gradmesh_named(named_parameters)
-        instance = next(_instances)
+        self._gradmesh_correction = correction_for(self, named,
+                                                   momentum_correction)
+        self._gradmesh_name = f"{gradmesh._RESERVED}optimizer{next(_instances)}"
         self._gradmesh_buckets = [
-            _Bucket(f"{gradmesh._RESERVED}optimizer{instance}.{i}", run,
-                    fusion)
+            _Bucket(f"{self._gradmesh_name}.{i}", run, fusion)
             for i, run in enumerate(_bucket_plan(list(reversed(named)),
                                                  num_buckets))
         ]
@@ -140,20 +117,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"{len(unnamed)} parameters of the optimizer are not in "
                 "named_parameters; they would not be all-reduced")
         return [(name, p) for name, p in named if id(p) in in_groups]
-
-    def _gradmesh_momentum_state(self, momentum_correction):
-        """With momentum correction, each parameter's local velocity (else
-        None); the wrapped optimizer must be SGD with momentum."""
-        if not momentum_correction:
-            return None
-        groups = self.param_groups
-        if not isinstance(self, torch.optim.SGD) or any(
-                g["nesterov"] or g["momentum"] <= 0 or g["dampening"]
-                for g in groups):
-            raise gradmesh._invalid("momentum_correction needs torch.optim."
-                                    "SGD with momentum > 0, no dampening, "
-                                    "not Nesterov")
-        return {}
 
     def _gradmesh_hook_trainable(self):
         """Hooks every parameter that takes gradients and has no hook yet:
@@ -239,22 +202,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             slot.div_(scale)
             norm = float(slot.norm())
         bucket.handed[i] = (grad, grad._version, scale, norm)
-        if self._gradmesh_velocity is not None:
-            self._gradmesh_accelerate(bucket.params[i], slot)
-
-    def _gradmesh_accelerate(self, p, slot):
-        """Momentum correction (Deep Gradient Compression): the worker gets
-        the local velocity u = m u + (g + wd p) instead of g, so what its
-        residual holds back keeps its momentum; the wrapped SGD then steps
-        on the reduced velocity without momentum of its own."""
-        group = self._gradmesh_group(p)
-        if group["weight_decay"]:
-            slot.add_(p.detach().to(slot.device), alpha=group["weight_decay"])
-        u = self._gradmesh_velocity.get(id(p))
-        if u is None:
-            u = self._gradmesh_velocity[id(p)] = torch.zeros_like(slot)
-        u.mul_(group["momentum"]).add_(slot)
-        slot.copy_(u)
+        if self._gradmesh_correction is not None:
+            p = bucket.params[i]
+            self._gradmesh_correction.transform(p, self._gradmesh_group(p),
+                                                slot)
 
     def _gradmesh_group(self, p):
         """p's parameter group (load_state_dict replaces the groups)."""
@@ -401,15 +352,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gradmesh_write(self, bucket, scale):
         """The reduced values into .grad, times `scale` (the units .grad
         holds)."""
-        # Momentum factor masking (DGC): where a sparse sum sent values, the
-        # residual was emptied, and so is the velocity that fed it.
-        masking = (self._gradmesh_velocity is not None
-                   and bucket.info.algorithm != "dense")
-        for i, (p, slot) in enumerate(zip(bucket.params, bucket.slots)):
+        correction = self._gradmesh_correction
+        sparse = correction is not None and bucket.info.algorithm != "dense"
+        for p, slot in zip(bucket.params, bucket.slots):
             if not p.requires_grad:
                 continue  # frozen: does not move
-            if masking and id(p) in self._gradmesh_velocity:
-                self._gradmesh_velocity[id(p)].masked_fill_(slot != 0, 0.0)
+            if sparse:
+                correction.sent(p, slot)
             if p.grad is None:
                 p.grad = (slot * scale).to(p.device, p.dtype)
             else:
@@ -479,73 +428,67 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return result
 
     def _gradmesh_inner_step(self):
-        """The wrapped optimizer's step; with momentum correction, without
-        its momentum and weight decay (the velocity has them already)."""
-        if self._gradmesh_velocity is None:
-            return super(self.__class__, self).step()
-        saved = [(g["momentum"], g["weight_decay"]) for g in self.param_groups]
-        for g in self.param_groups:
-            g["momentum"], g["weight_decay"] = 0.0, 0.0
-        try:
-            return super(self.__class__, self).step()
-        finally:
-            for g, (momentum, decay) in zip(self.param_groups, saved):
-                g["momentum"], g["weight_decay"] = momentum, decay
+        """The wrapped optimizer's step, or the correction's on the sum."""
+        inner = super(self.__class__, self).step
+        if self._gradmesh_correction is None:
+            return inner()
+        return self._gradmesh_correction.step(inner)
+
+    def _gradmesh_own_tensors(self):
+        """This process's own state, [(key, tensor)] in one order on every
+        process: each bucket's residual (read from the worker) and the
+        correction's."""
+        client = gradmesh._the_client()
+        tensors = []
+        for i, b in enumerate(self._gradmesh_buckets):
+            client.save_residual(b.set)
+            tensors.append((f"residual/{i}", torch.from_numpy(
+                b.set.residual().copy())))
+        if self._gradmesh_correction is not None:
+            tensors += self._gradmesh_correction.tensors()
+        return tensors
 
     def state_dict(self):
-        """The wrapped optimizer's state, each bucket's residual on this
-        process's worker (error feedback), so that a checkpoint loses no
-        gradient that was pushed but not yet sent, and with momentum
-        correction this process's velocity."""
-        state = super(self.__class__, self).state_dict()
+        """The wrapped optimizer's state, and under "gradmesh" every
+        process's residuals (error feedback: gradients pushed but not yet
+        sent) and correction state, gathered: the same on every process, so
+        that rank 0 can save it alone. Collective: every process calls it at
+        the same point, between step() and the next backward (a call on one
+        process alone fails at the timeout)."""
         if any(b.pending is not None for b in self._gradmesh_buckets):
             raise gradmesh._error("FAILED_PRECONDITION",
                                   "step() or synchronize() before "
                                   "state_dict(): all-reduces are in flight")
-        client = gradmesh._the_client()
-        residuals = []
-        for b in self._gradmesh_buckets:
-            client.save_residual(b.set)
-            residuals.append(torch.from_numpy(b.set.residual().copy()))
-        state["gradmesh_residuals"] = residuals
-        if self._gradmesh_velocity is not None:  # momentum correction's
-            state["gradmesh_velocity"] = {
-                name: self._gradmesh_velocity[id(p)].clone()
-                for b in self._gradmesh_buckets
-                for name, p in zip(b.names, b.params)
-                if id(p) in self._gradmesh_velocity}
+        state = super(self.__class__, self).state_dict()
+        state["gradmesh"] = checkpoint.gather(
+            f"{self._gradmesh_name}.checkpoint", self._gradmesh_own_tensors())
         return state
 
     def load_state_dict(self, state_dict):
-        """Loads what state_dict() returned: the residuals go back to this
-        process's worker (call it before the first step of the new run, with
-        no step begun). Checked before anything changes."""
+        """Loads what state_dict() returned, on every process: each takes
+        its own residuals and correction state back (in a job of another
+        size, see gradmesh/torch/checkpoint.py). Call it before the first
+        step of the new run. Checked before anything changes. A plain
+        optimizer's state (no "gradmesh" entry) leaves them as they are."""
         if any(b.pending is not None or b.handed or b.reduced
                for b in self._gradmesh_buckets):
             raise gradmesh._error("FAILED_PRECONDITION",
                                   "load_state_dict() between backward and "
                                   "step(): a step is in flight")
         state = dict(state_dict)
-        residuals = state.pop("gradmesh_residuals", None)
-        velocity = state.pop("gradmesh_velocity", {})
-        arrays = [] if residuals is None else [
-            r.detach().to(torch.float32).numpy() for r in residuals]
-        sizes = [b.set.size for b in self._gradmesh_buckets]
-        if residuals is not None and [a.size for a in arrays] != sizes:
-            raise gradmesh._invalid(f"residuals of sizes "
-                                    f"{[a.size for a in arrays]} for buckets "
-                                    f"of sizes {sizes}")
-        if not all(np.isfinite(a).all() for a in arrays):
-            raise gradmesh._invalid("a residual holds non-finite values")
+        table = state.pop("gradmesh", None)
+        if table is None:
+            return super(self.__class__, self).load_state_dict(state)
+        tensors = self._gradmesh_own_tensors()
+        values = checkpoint.mine(table, tensors, self._gradmesh_op)
         super(self.__class__, self).load_state_dict(state)
-        if self._gradmesh_velocity is not None:
-            self._gradmesh_velocity = {
-                id(p): velocity[name].clone()
-                for b in self._gradmesh_buckets
-                for name, p in zip(b.names, b.params) if name in velocity}
         client = gradmesh._the_client()
-        for b, a in zip(self._gradmesh_buckets, arrays):
-            client.load_residual(b.set, a)
+        for (key, tensor), value in zip(tensors, values):
+            if key.startswith("residual/"):
+                bucket = self._gradmesh_buckets[int(key.split("/")[1])]
+                client.load_residual(bucket.set, value)
+            else:
+                tensor.copy_(torch.from_numpy(value).view_as(tensor))
 
     def zero_grad(self, set_to_none=False):
         """Clears the gradients. A step abandoned halfway (a batch skipped,
@@ -587,13 +530,15 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     once, at the Nth. grad_scaler: a loss scaler (anything with
     get_scale(), such as torch.cuda.amp.GradScaler): the workers get
     gradients in true units, so the residuals do not depend on the scale.
-    momentum_correction: for SGD with momentum under a sparse plan, as in
-    Deep Gradient Compression: the momentum is applied to each process's
-    gradient before the selection (the residual holds velocity), and the
-    velocity is cleared where values were sent; in exact buckets it is
-    plain momentum. Each bucket is all-reduced as soon as backward has
-    produced all of its gradients, while backward goes on. After step(), .last_infos holds each
-    bucket's gradmesh.ReduceInfo. close() (or garbage collection) removes
+    momentum_correction: momentum before the selection, for a sparse plan
+    (gradmesh/torch/corrections.py). With SGD (momentum > 0), Deep Gradient
+    Compression's: each process's velocity is summed instead of its
+    gradient, and cleared where values were sent; in exact buckets plain
+    momentum. With Adam or AdamW: each process's Adam step direction is
+    summed and applied with the learning rate. Each bucket is all-reduced as
+    soon as backward has produced all of its gradients, while backward goes
+    on. After step(), .last_infos holds each bucket's gradmesh.ReduceInfo.
+    state_dict() is collective (it gathers every process's residuals). close() (or garbage collection) removes
     the hooks. Requires gradmesh.init(); every process must create its
     distributed optimizers and hook states in the same order (their buckets
     are named by it).
@@ -605,61 +550,6 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
                momentum_correction)
 
 
-class HookState:
-    """State of allreduce_hook: one gradmesh bucket per DDP bucket layout,
-    and a thread that completes the futures as the worker finishes."""
-
-    def __init__(self, op=gradmesh.Average, fusion="per_tensor"):
-        self.op = op
-        self.fusion = fusion
-        self._name = f"{gradmesh._RESERVED}ddp{next(_instances)}"
-        self._buckets = {}  # tuple of parameter ids -> gradmesh._Bucket
-        self._queue = queue.Queue()
-        self._thread = threading.Thread(target=self._complete, daemon=True)
-        self._thread.start()
-
-    def bucket_for(self, ddp_bucket):
-        params = ddp_bucket.parameters()
-        key = tuple(id(p) for p in params)
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            # DDP launches its buckets in index order on every rank, so the
-            # registrations pair up across processes.
-            specs = [(f"t{i}", p.numel()) for i, p in enumerate(params)]
-            name = f"{self._name}.{len(self._buckets)}"
-            bucket = gradmesh._Bucket(gradmesh.register(name, specs,
-                                                        self.fusion))
-            self._buckets[key] = bucket
-        return bucket
-
-    def submit(self, ddp_bucket):
-        buf = ddp_bucket.buffer()
-        bucket = self.bucket_for(ddp_bucket)
-        values = torch.from_numpy(bucket.values)
-        if values.numel() != buf.numel():
-            raise gradmesh._error("FAILED_PRECONDITION",
-                                  "DDP bucket size changed")
-        values.copy_(buf.view(-1))
-        handle = gradmesh._the_client().allreduce_async(
-            bucket.set, bucket.next_step(), self.op)
-        future = torch.futures.Future()
-        self._queue.put((handle, values, buf, future))
-        return future
-
-    def _complete(self):
-        while True:
-            handle, values, buf, future = self._queue.get()
-            try:
-                handle.wait()
-                buf.view(-1).copy_(values)
-                future.set_result(buf)
-            except Exception as e:  # noqa: BLE001 (handed to the trainer)
-                future.set_exception(e)
-
-
-_default_state = None
-
-
 def broadcast_optimizer_state(optimizer, root_rank=0):
     """Overwrites `optimizer`'s state (momentum buffers, Adam's moments,
     hyperparameters) on every process with root_rank's. Of a
@@ -668,15 +558,3 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     state = gradmesh.broadcast_object(plain.state_dict(optimizer), root_rank)
     if gradmesh.rank() != root_rank:
         plain.load_state_dict(optimizer, state)
-
-
-def allreduce_hook(state, bucket):
-    """DDP communication hook: averages the bucket's gradients through
-    gradmesh and returns a torch.futures.Future of the bucket's tensor.
-    state: a HookState (None: one shared by the process)."""
-    global _default_state
-    if state is None:
-        if _default_state is None:
-            _default_state = HookState()
-        state = _default_state
-    return state.submit(bucket)

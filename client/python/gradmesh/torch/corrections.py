@@ -1,0 +1,142 @@
+"""What a DistributedOptimizer does before the selection so that momentum
+survives a sparse sum (its momentum_correction option).
+
+A sparse sum sends a value late (it waits in the residual) and then only
+once, so an optimizer's momentum applied to the sum keeps pushing with
+values that arrived out of their moment. A correction moves the momentum
+before the selection: each process turns its own gradient into the update's
+direction, the workers sum directions (the residual holds directions), and
+the wrapped optimizer applies the sum without momentum of its own.
+
+Each correction keeps per-parameter state on this process (created as zeros,
+so every process has the same tensors, which a checkpoint gathers) and
+offers:
+    transform(p, group, slot)  the direction of p's gradient, in place;
+    sent(p, slot)              after a sparse sum wrote `slot`;
+    step(inner_step)           the wrapped optimizer's step on the sum;
+    tensors()                  [(key, tensor)] of its state, in one order.
+"""
+
+import math
+
+import torch
+
+import gradmesh
+
+
+class MomentumCorrection:
+    """Deep Gradient Compression's momentum correction, for SGD with
+    momentum: the direction is the local velocity u = m u + (g + wd p); the
+    velocity is cleared where a sparse sum sent values (momentum factor
+    masking); the wrapped SGD steps without momentum and weight decay. In an
+    exact bucket that is plain momentum (the sum of velocities is the
+    velocity of the sum)."""
+
+    def __init__(self, optimizer, named):
+        if any(g["nesterov"] or g["momentum"] <= 0 or g["dampening"]
+               for g in optimizer.param_groups):
+            raise gradmesh._invalid("momentum_correction for SGD needs "
+                                    "momentum > 0, no dampening, not "
+                                    "Nesterov")
+        self._optimizer = optimizer
+        self._named = named
+        self._velocity = {id(p): torch.zeros_like(p, dtype=torch.float32,
+                                                  device="cpu")
+                          for _, p in named}
+
+    def transform(self, p, group, slot):
+        if group["weight_decay"]:
+            slot.add_(p.detach().to(slot.device), alpha=group["weight_decay"])
+        u = self._velocity[id(p)]
+        u.mul_(group["momentum"]).add_(slot)
+        slot.copy_(u)
+
+    def sent(self, p, slot):
+        self._velocity[id(p)].masked_fill_(slot != 0, 0.0)
+
+    def step(self, inner_step):
+        groups = self._optimizer.param_groups
+        saved = [(g["momentum"], g["weight_decay"]) for g in groups]
+        for g in groups:
+            g["momentum"], g["weight_decay"] = 0.0, 0.0
+        try:
+            return inner_step()
+        finally:
+            for g, (momentum, decay) in zip(groups, saved):
+                g["momentum"], g["weight_decay"] = momentum, decay
+
+    def tensors(self):
+        return [(f"velocity/{name}", self._velocity[id(p)])
+                for name, p in self._named]
+
+
+class AdamCorrection:
+    """For Adam and AdamW: each process keeps Adam's moments of its own
+    gradient and hands over Adam's step direction m^ / (sqrt(v^) + eps); the
+    sum of directions is applied with the learning rate (AdamW's decoupled
+    weight decay first, as torch does). Under an exact plan this is the mean
+    of the processes' Adam steps, not Adam on the mean gradient
+    (docs/benchmarks.md measures both against dense Adam)."""
+
+    def __init__(self, optimizer, named):
+        if any(g.get("amsgrad") or g.get("maximize")
+               for g in optimizer.param_groups):
+            raise gradmesh._invalid("momentum_correction for Adam does not "
+                                    "take amsgrad or maximize")
+        self._optimizer = optimizer
+        self._named = named
+        self._decoupled = isinstance(optimizer, torch.optim.AdamW)
+        self._moments = {
+            id(p): (torch.zeros_like(p, dtype=torch.float32, device="cpu"),
+                    torch.zeros_like(p, dtype=torch.float32, device="cpu"),
+                    torch.zeros(1))  # m, v, this parameter's steps
+            for _, p in named}
+
+    def transform(self, p, group, slot):
+        beta1, beta2 = group["betas"]
+        if group["weight_decay"] and not self._decoupled:
+            slot.add_(p.detach().to(slot.device), alpha=group["weight_decay"])
+        m, v, steps = self._moments[id(p)]
+        steps += 1
+        t = float(steps)
+        m.mul_(beta1).add_(slot, alpha=1 - beta1)
+        v.mul_(beta2).addcmul_(slot, slot, value=1 - beta2)
+        denominator = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(group["eps"])
+        torch.div(m, denominator, out=slot).div_(1 - beta1**t)
+
+    def sent(self, p, slot):
+        pass  # the moments are the process's own, as Adam's are
+
+    def step(self, inner_step):
+        del inner_step  # Adam's own step would divide by its moments again
+        with torch.no_grad():
+            for g in self._optimizer.param_groups:
+                for p in g["params"]:
+                    if p.grad is None:
+                        continue
+                    if self._decoupled and g["weight_decay"]:
+                        p.mul_(1 - g["lr"] * g["weight_decay"])
+                    p.add_(p.grad, alpha=-g["lr"])
+        return None
+
+    def tensors(self):
+        out = []
+        for name, p in self._named:
+            m, v, steps = self._moments[id(p)]
+            out += [(f"adam_m/{name}", m), (f"adam_v/{name}", v),
+                    (f"adam_steps/{name}", steps)]
+        return out
+
+
+def correction_for(optimizer, named, enabled):
+    """The correction for the wrapped `optimizer` (None when not enabled);
+    InvalidArgument for an optimizer that has none."""
+    if not enabled:
+        return None
+    if isinstance(optimizer, torch.optim.SGD):
+        return MomentumCorrection(optimizer, named)
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return AdamCorrection(optimizer, named)
+    raise gradmesh._invalid(
+        f"momentum_correction takes torch.optim.SGD (with momentum), Adam "
+        f"or AdamW, not {type(optimizer).__mro__[1].__name__}")
