@@ -8,7 +8,8 @@ Run it under the launcher, which starts the cluster and picks the algorithm:
 
 Every process trains on its shard of the training set (a seeded permutation,
 the same for every run with the same --seed), wraps SGD with momentum 0.9
-(DGC's momentum correction; or --optimizer=adam) in
+(DGC's momentum correction; or --optimizer=adam, with Adam's moments kept
+per process before the selection) in
 gradmesh.torch.DistributedOptimizer and starts from rank 0's parameters.
 Rank 0 prints a progress line per tenth of an epoch and the test accuracy
 after each epoch. With --out, rank 0 writes the run's figures as JSON (test
@@ -55,8 +56,8 @@ def parse_args():
                         help="adam ignores --momentum (default: sgd)")
     parser.add_argument("--momentum-correction",
                         action=argparse.BooleanOptionalAction, default=True,
-                        help="DGC's momentum correction (the optimizer's "
-                        "momentum_correction; on with SGD momentum > 0)")
+                        help="the optimizer's momentum_correction: DGC's "
+                        "for SGD momentum > 0, local moments for Adam")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--train-limit", type=int, default=0,
                         help="use only the first N training images (0: all)")
@@ -181,8 +182,8 @@ def main():
         inner,
         named_parameters=model.named_parameters(),
         num_buckets=args.num_buckets, fusion=args.fusion,
-        momentum_correction=(args.momentum_correction
-                             and args.optimizer == "sgd" and args.momentum > 0))
+        momentum_correction=(args.momentum_correction and (
+            args.optimizer == "adam" or args.momentum > 0)))
 
     # The same shards in every run with this seed: rank r takes every
     # size-th image of the epoch's permutation, starting at r.

@@ -11,9 +11,13 @@ the wrapped optimizer applies the sum without momentum of its own.
 Each correction keeps per-parameter state on this process (created as zeros,
 so every process has the same tensors, which a checkpoint gathers) and
 offers:
-    transform(p, group, slot)  the direction of p's gradient, in place;
+    transform(p, group, slot, exact)  the direction of p's gradient, in
+                               place (`exact`: its bucket will be summed
+                               exactly, as this process's plan says);
     sent(p, slot)              after a sparse sum wrote `slot`;
-    step(inner_step)           the wrapped optimizer's step on the sum;
+    step(inner_step, exact)    the wrapped optimizer's step on the sums
+                               (`exact`: ids of the parameters whose sum
+                               was exact, the same on every process);
     tensors()                  [(key, tensor)] of its state, in one order.
 """
 
@@ -44,7 +48,8 @@ class MomentumCorrection:
                                                   device="cpu")
                           for _, p in named}
 
-    def transform(self, p, group, slot):
+    def transform(self, p, group, slot, exact):
+        del exact  # the sum of velocities is the velocity of the sum
         if group["weight_decay"]:
             slot.add_(p.detach().to(slot.device), alpha=group["weight_decay"])
         u = self._velocity[id(p)]
@@ -54,7 +59,8 @@ class MomentumCorrection:
     def sent(self, p, slot):
         self._velocity[id(p)].masked_fill_(slot != 0, 0.0)
 
-    def step(self, inner_step):
+    def step(self, inner_step, exact):
+        del exact
         groups = self._optimizer.param_groups
         saved = [(g["momentum"], g["weight_decay"]) for g in groups]
         for g in groups:
@@ -71,12 +77,14 @@ class MomentumCorrection:
 
 
 class AdamCorrection:
-    """For Adam and AdamW: each process keeps Adam's moments of its own
-    gradient and hands over Adam's step direction m^ / (sqrt(v^) + eps); the
-    sum of directions is applied with the learning rate (AdamW's decoupled
-    weight decay first, as torch does). Under an exact plan this is the mean
-    of the processes' Adam steps, not Adam on the mean gradient
-    (docs/benchmarks.md measures both against dense Adam)."""
+    """For Adam and AdamW under a sparse sum: each process keeps Adam's
+    moments of its own gradient and hands over Adam's step direction
+    m^ / (sqrt(v^) + eps); the sum of directions is applied with the learning
+    rate (AdamW's decoupled weight decay first, as torch does). A bucket
+    summed exactly hands over the gradient and the wrapped optimizer steps
+    on the sum: plain Adam. Which rule applies follows the sum's algorithm
+    (the same on every process), so the processes stay identical even when
+    their plans disagreed about a bucket for a step."""
 
     def __init__(self, optimizer, named):
         if any(g.get("amsgrad") or g.get("maximize")
@@ -92,7 +100,9 @@ class AdamCorrection:
                     torch.zeros(1))  # m, v, this parameter's steps
             for _, p in named}
 
-    def transform(self, p, group, slot):
+    def transform(self, p, group, slot, exact):
+        if exact:
+            return  # plain Adam on the exact sum
         beta1, beta2 = group["betas"]
         if group["weight_decay"] and not self._decoupled:
             slot.add_(p.detach().to(slot.device), alpha=group["weight_decay"])
@@ -107,17 +117,24 @@ class AdamCorrection:
     def sent(self, p, slot):
         pass  # the moments are the process's own, as Adam's are
 
-    def step(self, inner_step):
-        del inner_step  # Adam's own step would divide by its moments again
+    def step(self, inner_step, exact):
+        directions = [(g, p) for g in self._optimizer.param_groups
+                      for p in g["params"]
+                      if p.grad is not None and id(p) not in exact]
+        grads = [p.grad for _, p in directions]
+        for _, p in directions:
+            p.grad = None  # Adam's own step skips them
+        try:
+            result = inner_step()
+        finally:
+            for (_, p), grad in zip(directions, grads):
+                p.grad = grad
         with torch.no_grad():
-            for g in self._optimizer.param_groups:
-                for p in g["params"]:
-                    if p.grad is None:
-                        continue
-                    if self._decoupled and g["weight_decay"]:
-                        p.mul_(1 - g["lr"] * g["weight_decay"])
-                    p.add_(p.grad, alpha=-g["lr"])
-        return None
+            for g, p in directions:
+                if self._decoupled and g["weight_decay"]:
+                    p.mul_(1 - g["lr"] * g["weight_decay"])
+                p.add_(p.grad, alpha=-g["lr"])
+        return result
 
     def tensors(self):
         out = []

@@ -97,6 +97,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._gradmesh_where[id(p)] = (b, i)
         self._gradmesh_hooks = {}  # id(p) -> (accumulator, hook handle)
         self._gradmesh_step_scale = None  # this step's loss scale, once read
+        self._gradmesh_step_plan = None  # this step's plan, once read
         self._gradmesh_closed = False
         self._gradmesh_skip = False  # inside skip_synchronize()
         self._gradmesh_failed = False  # the last synchronize() failed
@@ -204,8 +205,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         bucket.handed[i] = (grad, grad._version, scale, norm)
         if self._gradmesh_correction is not None:
             p = bucket.params[i]
-            self._gradmesh_correction.transform(p, self._gradmesh_group(p),
-                                                slot)
+            self._gradmesh_correction.transform(
+                p, self._gradmesh_group(p), slot, self._gradmesh_exact(bucket))
+
+    def _gradmesh_exact(self, bucket):
+        """Whether this process's plan sums `bucket` exactly this step (the
+        plan read once per step)."""
+        if self._gradmesh_step_plan is None:
+            self._gradmesh_step_plan = gradmesh.plan()
+        plan = self._gradmesh_step_plan
+        return plan.algorithm == "dense" or bucket.set.size < plan.exact_below
 
     def _gradmesh_group(self, p):
         """p's parameter group (load_state_dict replaces the groups)."""
@@ -392,6 +401,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for bucket in self._gradmesh_buckets:
             bucket.clear()
         self._gradmesh_step_scale = None
+        self._gradmesh_step_plan = None
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -432,7 +442,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         inner = super(self.__class__, self).step
         if self._gradmesh_correction is None:
             return inner()
-        return self._gradmesh_correction.step(inner)
+        exact = {id(p) for b in self._gradmesh_buckets
+                 if b.info is not None and b.info.algorithm == "dense"
+                 for p in b.params}
+        return self._gradmesh_correction.step(inner, exact)
 
     def _gradmesh_own_tensors(self):
         """This process's own state, [(key, tensor)] in one order on every
