@@ -479,6 +479,27 @@ def test_an_overflow_is_the_loss_scalers_to_skip():
     optimizer.close()
 
 
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_an_overflow_does_not_poison_the_correction(kind):
+    r = gradmesh.rank()
+    model = Net()
+    optimizer = corrected(model, kind, grad_scaler=HalvingScaler())
+    overflow = [r == 0]
+    model.first.weight.register_hook(  # a sparse bucket under SparDL
+        lambda g: g.index_fill(0, torch.tensor([0]), float("inf"))
+        if overflow[0] else g)
+    train(model, optimizer, [0])  # refused on every rank: skipped
+    overflow[0] = False
+    for step in range(1, 3):
+        before = [p.detach().clone() for p in model.parameters()]
+        train(model, optimizer, [step])
+        assert not all(torch.equal(p, b)
+                       for p, b in zip(model.parameters(), before)), step
+    for key, t in optimizer._gradmesh_correction.tensors():
+        assert torch.isfinite(t).all(), key
+    finish(optimizer, model)
+
+
 def test_allgather_of_a_name_whose_size_changes():
     r, p = gradmesh.rank(), gradmesh.size()
     for rows in (1, 3, 2):
@@ -488,11 +509,11 @@ def test_allgather_of_a_name_whose_size_changes():
         np.testing.assert_array_equal(got[::rows, 0], np.arange(p))
 
 
-def corrected(model, kind):
+def corrected(model, kind, **kwargs):
     inner = (torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
              if kind == "sgd" else
              torch.optim.Adam(model.parameters(), lr=0.01))
-    return wrap(model, inner, momentum_correction=True)
+    return wrap(model, inner, momentum_correction=True, **kwargs)
 
 
 def train(model, optimizer, steps):
@@ -536,8 +557,8 @@ def test_a_checkpoint_saved_on_rank_0_resumes_as_if_uninterrupted(kind):
 
 @pytest.mark.parametrize("op", [gradmesh.Average, gradmesh.Sum])
 def test_a_checkpoint_of_another_job_size_keeps_the_next_sum(op):
-    model = Net()
-    optimizer = wrap(model, op=op)
+    model = Net()  # residuals and velocities: both enter the sum
+    optimizer = corrected(model, "sgd", op=op)
     train(model, optimizer, range(1))
     state = optimizer.state_dict()
     table = state["gradmesh"]
@@ -553,6 +574,29 @@ def test_a_checkpoint_of_another_job_size_keeps_the_next_sum(op):
     else:
         torch.testing.assert_close(now.sum(0), rows.double().sum(0))
     assert torch.equal(now[0], now[-1])  # the same share for every rank
+    finish(optimizer, model)
+
+
+def test_a_malformed_checkpoint_is_refused_and_changes_nothing():
+    model = Net()
+    optimizer = corrected(model, "adam")
+    train(model, optimizer, range(2))
+    state = optimizer.state_dict()
+    table = state["gradmesh"]
+    rows = table["rows"]
+    plain = wrap(Net()).state_dict()["gradmesh"]  # no correction's keys
+    bad = [dict(table, world_size=0, rows=rows[:0]),
+           dict(table, world_size=float(rows.shape[0])),
+           dict(table, rows=rows.double()),
+           dict(table, rows=rows.numpy()),
+           dict(table, sizes=table["sizes"][:-1]),
+           plain,
+           "rows"]
+    for entry in bad:
+        with pytest.raises(ValueError):
+            optimizer.load_state_dict(dict(state, gradmesh=entry))
+        again = optimizer.state_dict()
+        assert torch.equal(again["gradmesh"]["rows"], rows)
     finish(optimizer, model)
 
 

@@ -322,7 +322,13 @@ def allreduce(tensor, name=None, op=Average, exact=False):
 def _exact_sum(key, values):
     """The exact sum of float32 `values` across processes, through bucket
     `key` (gradmesh's own; registered again when the size changes)."""
-    bucket = _bucket_for(key, values.size, exact=True, resize=True)
+    return _sum_exactly(_bucket_for(key, values.size, exact=True,
+                                    resize=True), values)
+
+
+def _sum_exactly(bucket, values):
+    """The exact sum of float32 `values` across processes, through the
+    exact `bucket` of their size."""
     np.copyto(bucket.values, values.reshape(-1))
     client = _the_client()
     bucket.pending = client.allreduce_async(bucket.set, bucket.next_step(),

@@ -10,7 +10,13 @@ new size; a correction's own state (Adam's moments) takes the mean.
 
     "gradmesh": {"world_size": P, "keys": [key, ...],
                  "sizes": [values, ...], "rows": float32 tensor (P, total)}
+
+The gather runs through one bucket per optimizer (Gather), registered with
+the optimizer, so that a failed gather leaves every process's registrations
+paired, and unregistered with it.
 """
+
+import zlib
 
 import numpy as np
 import torch
@@ -21,45 +27,112 @@ import gradmesh
 _CHUNK_VALUES = 1 << 22
 # Keys whose rows enter the sum (kept in their total), by prefix.
 _SUMMED = ("residual/", "velocity/")
+# Each row starts with its length (low and high 24 bits) and a checksum of
+# its keys, so that processes with different state fail alike.
+_HEADER = 3
 
 
-def _gather_rows(name, flat):
-    """Every process's float32 vector `flat` (equal sizes), as rows in rank
-    order: in chunks, each process writes its part into zeros and an exact
-    sum joins them (one bucket of at most _CHUNK_VALUES, reused)."""
+def _chunk(total):
+    return max(1, min(total + _HEADER, _CHUNK_VALUES // gradmesh.size()))
+
+
+class Gather:
+    """The bucket through which an optimizer's state is gathered: registered
+    on construction (on every process at the same point, for `total` values
+    per process), again if the job's size changed since."""
+
+    def __init__(self, name, total):
+        self._name = name
+        self._bucket = None
+        self._bucket = self.bucket(total)
+
+    def bucket(self, total):
+        size = gradmesh.size() * _chunk(total)
+        if self._bucket is None or self._bucket.set.size != size:
+            self._bucket = None  # unregistered before the new registration
+            self._bucket = gradmesh._Bucket(gradmesh.register(
+                self._name, [(self._name, size)], exact=True), exact=True)
+        return self._bucket
+
+
+def _header(tensors):
+    total = sum(t.numel() for _, t in tensors)
+    layout = ";".join(f"{key}:{t.numel()}" for key, t in tensors)
+    check = zlib.crc32(layout.encode()) & 0xFFFFFF  # exact in float32
+    return np.array([total & 0xFFFFFF, total >> 24, check], np.float32)
+
+
+def _gather_rows(bucket, flat):
+    """Every process's float32 vector `flat`, as rows in rank order: in
+    chunks, each process writes its part into zeros and an exact sum joins
+    them. `flat` starts with the header: different headers raise alike on
+    every process after the first chunk."""
     p, r = gradmesh.size(), gradmesh.rank()
     total = flat.size
-    chunk = max(1, min(total, _CHUNK_VALUES // p))
+    chunk = _chunk(total - _HEADER)
     rows = np.empty((p, total), np.float32)
     padded = np.zeros((p, chunk), np.float32)
     for start in range(0, total, chunk):
         part = flat[start:start + chunk]
         padded[r, :] = 0.0
         padded[r, :part.size] = part
-        summed = gradmesh._exact_sum(name, padded).reshape(p, chunk)
+        summed = gradmesh._sum_exactly(bucket, padded).reshape(p, chunk)
         rows[:, start:start + part.size] = summed[:, :part.size]
-    return rows
+        if start == 0 and not (rows[:, :_HEADER] == rows[0, :_HEADER]).all():
+            raise gradmesh._invalid(
+                "state_dict(): the processes' optimizers hold different "
+                "state (other parameters, buckets or correction)")
+    if (gradmesh.size(), gradmesh.rank()) != (p, r):
+        raise gradmesh._error("ABORTED", "state_dict(): the job's membership "
+                              "changed during the gather; call it again")
+    return rows[:, _HEADER:]
 
 
-def gather(name, tensors):
+def gather(through, tensors):
     """The table of every process's `tensors` ([(key, tensor)], the same
-    keys and sizes on every process). Collective: every process calls it at
-    the same point."""
+    keys and sizes on every process), through Gather `through`. Collective:
+    every process calls it at the same point."""
+    p = gradmesh.size()
     flat = np.concatenate(
+        [_header(tensors)] +
         [t.detach().to("cpu", torch.float32).reshape(-1).numpy()
-         for _, t in tensors] or [np.zeros(0, np.float32)])
+         for _, t in tensors])
     try:
-        rows = _gather_rows(name, flat) if flat.size else np.zeros(
-            (gradmesh.size(), 0), np.float32)
+        rows = _gather_rows(through.bucket(flat.size - _HEADER), flat)
     except gradmesh.GradmeshError as e:
-        raise gradmesh._error(
-            e.code, "state_dict() gathers every process's residuals: call it "
-            "on every process at the same point (then save on one); " +
-            str(e)) from e
-    return {"world_size": gradmesh.size(),
-            "keys": [key for key, _ in tensors],
+        if e.code == "DEADLINE_EXCEEDED":
+            e.add_note("state_dict() gathers every process's residuals: "
+                       "call it on every process at the same point (then "
+                       "save on one)")
+        raise
+    return {"world_size": p, "keys": [key for key, _ in tensors],
             "sizes": [t.numel() for _, t in tensors],
             "rows": torch.from_numpy(rows)}
+
+
+def _checked_rows(table, keys, sizes):
+    """The table's rows as a float32 array, once the table is well formed
+    and matches `keys` and `sizes` (InvalidArgument otherwise)."""
+    if not isinstance(table, dict) or not isinstance(
+            table.get("rows"), torch.Tensor):
+        raise gradmesh._invalid("the checkpoint's 'gradmesh' entry is not a "
+                                "table of rows")
+    if list(table.get("keys", ())) != keys or [
+            int(n) for n in table.get("sizes", ())] != sizes:
+        raise gradmesh._invalid(
+            "the checkpoint's per-process state does not match this "
+            "optimizer (other parameters, buckets or correction)")
+    world = table.get("world_size")
+    rows = table["rows"].detach()
+    if (type(world) is not int or world < 1 or rows.dtype != torch.float32
+            or tuple(rows.shape) != (world, sum(sizes))):
+        raise gradmesh._invalid("the checkpoint's table of rows is malformed "
+                                f"(world_size {world!r}, rows "
+                                f"{tuple(rows.shape)} of {rows.dtype})")
+    rows = rows.to("cpu").numpy()
+    if not np.isfinite(rows).all():
+        raise gradmesh._invalid("the checkpoint holds non-finite residuals")
+    return rows
 
 
 def mine(table, tensors, op):
@@ -68,17 +141,8 @@ def mine(table, tensors, op):
     (InvalidArgument, nothing changed)."""
     keys = [key for key, _ in tensors]
     sizes = [t.numel() for _, t in tensors]
-    if table.get("keys") != keys or table.get("sizes") != sizes:
-        raise gradmesh._invalid(
-            "the checkpoint's per-process state does not match this "
-            "optimizer (other parameters, buckets or correction)")
-    rows = table["rows"].detach().to(torch.float32).numpy()
-    if rows.ndim != 2 or rows.shape[1] != sum(sizes) or (
-            rows.shape[0] != table.get("world_size")):
-        raise gradmesh._invalid("the checkpoint's table of rows is malformed")
-    if not np.isfinite(rows).all():
-        raise gradmesh._invalid("the checkpoint holds non-finite residuals")
-    ends = np.cumsum(sizes)
+    rows = _checked_rows(table, keys, sizes)
+    ends = np.cumsum(sizes, dtype=np.int64)
     return [_row_for(rows[:, end - size:end], key, op)
             for key, size, end in zip(keys, sizes, ends)]
 
@@ -91,3 +155,13 @@ def _row_for(columns, key, op):
         return (columns.sum(0, dtype=np.float64) /
                 gradmesh.size()).astype(np.float32)
     return columns.mean(0, dtype=np.float64).astype(np.float32)
+
+
+def own_table(tensors, values):
+    """A table holding this process's `values` (one array per tensor) as its
+    row: how an earlier per-process checkpoint is loaded."""
+    rows = torch.zeros(gradmesh.size(), sum(t.numel() for _, t in tensors))
+    rows[gradmesh.rank()] = torch.cat(
+        [torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in values])
+    return {"world_size": gradmesh.size(), "keys": [k for k, _ in tensors],
+            "sizes": [t.numel() for _, t in tensors], "rows": rows}

@@ -12,8 +12,11 @@ Each correction keeps per-parameter state on this process (created as zeros,
 so every process has the same tensors, which a checkpoint gathers) and
 offers:
     transform(p, group, slot, exact)  the direction of p's gradient, in
-                               place (`exact`: its bucket will be summed
-                               exactly, as this process's plan says);
+                               place (`exact`: its bucket is expected to be
+                               summed exactly); a non-finite gradient is
+                               left as it is and the state unchanged (the
+                               worker refuses the step, a loss scaler skips
+                               it);
     sent(p, slot)              after a sparse sum wrote `slot`;
     step(inner_step, exact)    the wrapped optimizer's step on the sums
                                (`exact`: ids of the parameters whose sum
@@ -50,6 +53,8 @@ class MomentumCorrection:
 
     def transform(self, p, group, slot, exact):
         del exact  # the sum of velocities is the velocity of the sum
+        if not torch.isfinite(slot).all():
+            return
         if group["weight_decay"]:
             slot.add_(p.detach().to(slot.device), alpha=group["weight_decay"])
         u = self._velocity[id(p)]
@@ -82,9 +87,11 @@ class AdamCorrection:
     m^ / (sqrt(v^) + eps); the sum of directions is applied with the learning
     rate (AdamW's decoupled weight decay first, as torch does). A bucket
     summed exactly hands over the gradient and the wrapped optimizer steps
-    on the sum: plain Adam. Which rule applies follows the sum's algorithm
-    (the same on every process), so the processes stay identical even when
-    their plans disagreed about a bucket for a step."""
+    on the sum: plain Adam. What a bucket hands over follows the algorithm
+    of its previous sum (the same on every process); how the sum is applied
+    follows this one's, so the processes stay identical, and only the step
+    after a plan changes between exact and sparse applies values of the
+    other kind."""
 
     def __init__(self, optimizer, named):
         if any(g.get("amsgrad") or g.get("maximize")
@@ -101,8 +108,8 @@ class AdamCorrection:
             for _, p in named}
 
     def transform(self, p, group, slot, exact):
-        if exact:
-            return  # plain Adam on the exact sum
+        if exact or not torch.isfinite(slot).all():
+            return  # plain Adam on the exact sum; or a refused step
         beta1, beta2 = group["betas"]
         if group["weight_decay"] and not self._decoupled:
             slot.add_(p.detach().to(slot.device), alpha=group["weight_decay"])

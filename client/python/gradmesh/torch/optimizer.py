@@ -53,6 +53,9 @@ class _Bucket:
             offset = self.set.offset(i)
             self.slots.append(values[offset:offset + p.numel()].view_as(p))
         self.step = 0
+        plan = gradmesh.plan()  # the algorithm expected of the first sum
+        self.last_algorithm = ("dense" if self.set.size < plan.exact_below
+                               else plan.algorithm)
         self.hooked = 0  # parameters with a gradient hook
         self.clear()
 
@@ -85,19 +88,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         named = self._gradmesh_named(named_parameters)
         self._gradmesh_correction = correction_for(self, named,
                                                    momentum_correction)
-        self._gradmesh_name = f"{gradmesh._RESERVED}optimizer{next(_instances)}"
+        self._gradmesh_name = (f"{gradmesh._RESERVED}optimizer"
+                               f"{next(_instances)}")
         self._gradmesh_buckets = [
             _Bucket(f"{self._gradmesh_name}.{i}", run, fusion)
             for i, run in enumerate(_bucket_plan(list(reversed(named)),
                                                  num_buckets))
         ]
+        self._gradmesh_gather = checkpoint.Gather(
+            f"{self._gradmesh_name}.checkpoint",
+            sum(t.numel() for _, t in self._gradmesh_own_tensors(read=False)))
         self._gradmesh_where = {}
         for b in self._gradmesh_buckets:
             for i, p in enumerate(b.params):
                 self._gradmesh_where[id(p)] = (b, i)
         self._gradmesh_hooks = {}  # id(p) -> (accumulator, hook handle)
         self._gradmesh_step_scale = None  # this step's loss scale, once read
-        self._gradmesh_step_plan = None  # this step's plan, once read
         self._gradmesh_closed = False
         self._gradmesh_skip = False  # inside skip_synchronize()
         self._gradmesh_failed = False  # the last synchronize() failed
@@ -160,6 +166,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 except gradmesh.GradmeshError:
                     pass  # its gradient stays in the residual, dropped next
         self._gradmesh_buckets = []
+        self._gradmesh_gather = None
         self._gradmesh_where = {}
         self._gradmesh_closed = True
 
@@ -208,13 +215,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._gradmesh_correction.transform(
                 p, self._gradmesh_group(p), slot, self._gradmesh_exact(bucket))
 
-    def _gradmesh_exact(self, bucket):
-        """Whether this process's plan sums `bucket` exactly this step (the
-        plan read once per step)."""
-        if self._gradmesh_step_plan is None:
-            self._gradmesh_step_plan = gradmesh.plan()
-        plan = self._gradmesh_step_plan
-        return plan.algorithm == "dense" or bucket.set.size < plan.exact_below
+    @staticmethod
+    def _gradmesh_exact(bucket):
+        """Whether `bucket` is expected to be summed exactly: as its last
+        sum was (the plan at registration for the first)."""
+        return bucket.last_algorithm == "dense"
 
     def _gradmesh_group(self, p):
         """p's parameter group (load_state_dict replaces the groups)."""
@@ -327,6 +332,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 continue
             try:
                 bucket.info = bucket.pending.wait()
+                bucket.last_algorithm = bucket.info.algorithm
                 infos.append(bucket.info)
                 bucket.reduced = True
             except gradmesh.GradmeshError as e:
@@ -401,7 +407,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for bucket in self._gradmesh_buckets:
             bucket.clear()
         self._gradmesh_step_scale = None
-        self._gradmesh_step_plan = None
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -447,61 +452,112 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  for p in b.params}
         return self._gradmesh_correction.step(inner, exact)
 
-    def _gradmesh_own_tensors(self):
+    def _gradmesh_own_tensors(self, read=True):
         """This process's own state, [(key, tensor)] in one order on every
-        process: each bucket's residual (read from the worker) and the
-        correction's."""
+        process: each bucket's residual (read from the worker unless not
+        `read`: zeros) and the correction's."""
         client = gradmesh._the_client()
         tensors = []
         for i, b in enumerate(self._gradmesh_buckets):
-            client.save_residual(b.set)
-            tensors.append((f"residual/{i}", torch.from_numpy(
-                b.set.residual().copy())))
+            if read:
+                client.save_residual(b.set)
+            residual = b.set.residual().copy() if read else np.zeros(
+                b.set.size, np.float32)
+            tensors.append((f"residual/{i}", torch.from_numpy(residual)))
         if self._gradmesh_correction is not None:
             tensors += self._gradmesh_correction.tensors()
         return tensors
+
+    def _gradmesh_check_idle(self, what):
+        """FAILED_PRECONDITION unless between step() and the next
+        backward."""
+        self._gradmesh_check_open()
+        if any(b.pending is not None or b.passes or b.handed or b.reduced
+               for b in self._gradmesh_buckets):
+            raise gradmesh._error(
+                "FAILED_PRECONDITION",
+                f"{what} between backward and step(): a step is in flight")
 
     def state_dict(self):
         """The wrapped optimizer's state, and under "gradmesh" every
         process's residuals (error feedback: gradients pushed but not yet
         sent) and correction state, gathered: the same on every process, so
         that rank 0 can save it alone. Collective: every process calls it at
-        the same point, between step() and the next backward (a call on one
-        process alone fails at the timeout)."""
-        if any(b.pending is not None for b in self._gradmesh_buckets):
-            raise gradmesh._error("FAILED_PRECONDITION",
-                                  "step() or synchronize() before "
-                                  "state_dict(): all-reduces are in flight")
+        the same point, between step() and the next backward. A call on one
+        process alone fails at the timeout (DEADLINE_EXCEEDED), and the
+        others' steps with it: the job must start again."""
+        self._gradmesh_check_idle("state_dict()")
         state = super(self.__class__, self).state_dict()
-        state["gradmesh"] = checkpoint.gather(
-            f"{self._gradmesh_name}.checkpoint", self._gradmesh_own_tensors())
+        state["gradmesh"] = checkpoint.gather(self._gradmesh_gather,
+                                              self._gradmesh_own_tensors())
         return state
 
     def load_state_dict(self, state_dict):
         """Loads what state_dict() returned, on every process: each takes
         its own residuals and correction state back (in a job of another
         size, see gradmesh/torch/checkpoint.py). Call it before the first
-        step of the new run. Checked before anything changes. A plain
-        optimizer's state (no "gradmesh" entry) leaves them as they are."""
-        if any(b.pending is not None or b.handed or b.reduced
-               for b in self._gradmesh_buckets):
-            raise gradmesh._error("FAILED_PRECONDITION",
-                                  "load_state_dict() between backward and "
-                                  "step(): a step is in flight")
+        step of the new run. All or nothing: checked first, and undone if
+        a worker fails it. A plain optimizer's state (no "gradmesh" entry)
+        leaves them as they are."""
+        self._gradmesh_check_idle("load_state_dict()")
         state = dict(state_dict)
+        tensors = self._gradmesh_own_tensors()
         table = state.pop("gradmesh", None)
+        if "gradmesh_residuals" in state:  # an earlier per-process format
+            table = self._gradmesh_own_table(state, tensors)
         if table is None:
             return super(self.__class__, self).load_state_dict(state)
-        tensors = self._gradmesh_own_tensors()
         values = checkpoint.mine(table, tensors, self._gradmesh_op)
+        before = super(self.__class__, self).state_dict()
         super(self.__class__, self).load_state_dict(state)
-        client = gradmesh._the_client()
+        try:
+            self._gradmesh_load_residuals(tensors, values)
+        except gradmesh.GradmeshError:
+            super(self.__class__, self).load_state_dict(before)
+            raise
         for (key, tensor), value in zip(tensors, values):
-            if key.startswith("residual/"):
-                bucket = self._gradmesh_buckets[int(key.split("/")[1])]
-                client.load_residual(bucket.set, value)
-            else:
+            if not key.startswith("residual/"):
                 tensor.copy_(torch.from_numpy(value).view_as(tensor))
+
+    def _gradmesh_load_residuals(self, tensors, values):
+        """The residuals of `values` into the workers; on an error the ones
+        loaded get their earlier values (`tensors`) back."""
+        client = gradmesh._the_client()
+        loaded = []
+        try:
+            for (key, earlier), value in zip(tensors, values):
+                if key.startswith("residual/"):
+                    bucket = self._gradmesh_buckets[int(key.split("/")[1])]
+                    client.load_residual(bucket.set, value)
+                    loaded.append((bucket, earlier))
+        except gradmesh.GradmeshError:
+            for bucket, earlier in loaded:
+                client.load_residual(bucket.set, earlier.numpy())
+            raise
+
+    @staticmethod
+    def _gradmesh_own_table(state, tensors):
+        """A checkpoint of one process's residuals (and velocities, by
+        parameter name), the format before state_dict() gathered them: a
+        table with this process's row."""
+        residuals = list(state.pop("gradmesh_residuals"))
+        velocity = state.pop("gradmesh_velocity", {})
+        values = []
+        for key, t in tensors:
+            kind, name = key.split("/", 1)
+            if kind == "residual" and int(name) < len(residuals):
+                values.append(residuals[int(name)])
+            elif kind == "velocity" and name in velocity:
+                values.append(velocity[name])
+            else:
+                values.append(torch.zeros(t.numel()))
+        if [torch.as_tensor(v).numel() for v in values] != [
+                t.numel() for _, t in tensors] or len(residuals) != sum(
+                    key.startswith("residual/") for key, _ in tensors):
+            raise gradmesh._invalid(
+                "the checkpoint's residuals do not match this optimizer's "
+                "buckets")
+        return checkpoint.own_table(tensors, values)
 
     def zero_grad(self, set_to_none=False):
         """Clears the gradients. A step abandoned halfway (a batch skipped,
@@ -547,14 +603,15 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     (gradmesh/torch/corrections.py). With SGD (momentum > 0), Deep Gradient
     Compression's: each process's velocity is summed instead of its
     gradient, and cleared where values were sent; in exact buckets plain
-    momentum. With Adam or AdamW: each process's Adam step direction is
-    summed and applied with the learning rate. Each bucket is all-reduced as
-    soon as backward has produced all of its gradients, while backward goes
-    on. After step(), .last_infos holds each bucket's gradmesh.ReduceInfo.
-    state_dict() is collective (it gathers every process's residuals). close() (or garbage collection) removes
-    the hooks. Requires gradmesh.init(); every process must create its
-    distributed optimizers and hook states in the same order (their buckets
-    are named by it).
+    momentum. With Adam or AdamW: in sparse buckets each process's Adam step
+    direction is summed and applied with the learning rate; in exact ones
+    plain Adam. Each bucket is all-reduced as soon as backward has produced
+    all of its gradients, while backward goes on. After step(), .last_infos
+    holds each bucket's gradmesh.ReduceInfo. state_dict() is collective (it
+    gathers every process's residuals). close() (or garbage collection)
+    removes the hooks and unregisters the buckets. Requires
+    gradmesh.init(); every process must create its distributed optimizers
+    and hook states in the same order (their buckets are named by it).
     """
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
