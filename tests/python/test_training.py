@@ -600,6 +600,25 @@ def test_a_malformed_checkpoint_is_refused_and_changes_nothing():
     finish(optimizer, model)
 
 
+def test_a_checkpoint_of_one_process_in_the_earlier_format_loads():
+    model = Net()
+    optimizer = corrected(model, "sgd")
+    train(model, optimizer, range(1))
+    state = optimizer.state_dict()
+    table = state.pop("gradmesh")
+    width = sum(table["sizes"])
+    mine = torch.arange(width, dtype=torch.float32) + gradmesh.rank()
+    pieces = list(torch.split(mine, table["sizes"]))
+    buckets = len(optimizer._gradmesh_buckets)
+    names = [key.split("/", 1)[1] for key in table["keys"][buckets:]]
+    state["gradmesh_residuals"] = pieces[:buckets]
+    state["gradmesh_velocity"] = dict(zip(names, pieces[buckets:]))
+    optimizer.load_state_dict(state)
+    rows = optimizer.state_dict()["gradmesh"]["rows"]
+    assert torch.equal(rows[gradmesh.rank()], mine)
+    finish(optimizer, model)
+
+
 @pytest.mark.parametrize("kind", [torch.optim.Adam, torch.optim.AdamW])
 def test_adam_correction_is_adam_where_the_sum_is_exact(kind):
     model, reference = Net(), Net()
