@@ -7,7 +7,6 @@ plan makes sums exact and the results checkable against plain arithmetic.
 """
 
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -35,6 +34,13 @@ def test_rank_and_size_come_from_the_launcher():
     assert gradmesh.rank() == int(os.environ["GRADMESH_RANK"])
     assert gradmesh.size() == int(os.environ["GRADMESH_WORLD_SIZE"])
     assert gradmesh.plan().algorithm == "dense"
+    # torchrun's variables, the same numbers.
+    assert int(os.environ["RANK"]) == gradmesh.rank()
+    assert int(os.environ["LOCAL_RANK"]) == gradmesh.local_rank()
+    assert int(os.environ["WORLD_SIZE"]) == gradmesh.size()
+    assert int(os.environ["LOCAL_WORLD_SIZE"]) == gradmesh.size()
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1"
+    assert 0 < int(os.environ["MASTER_PORT"]) < 65536
 
 
 def test_allreduce_sums_exactly_under_the_dense_plan():
@@ -217,10 +223,8 @@ def test_optimizer_checkpoints_carry_every_rank_s_residuals():
 
 def test_ddp_communication_hook_returns_the_average():
     r, p = gradmesh.rank(), gradmesh.size()
-    path = os.path.join(tempfile.gettempdir(),
-                        f"gradmesh-{os.environ['GRADMESH_JOB']}.ddp")
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=r,
-                            world_size=p)
+    dist.init_process_group("gloo")  # env://, from gradmesh run's variables
+    assert (dist.get_rank(), dist.get_world_size()) == (r, p)
     try:
         model, reference = make_model(), make_model()
         ddp = nn.parallel.DistributedDataParallel(model)
@@ -239,8 +243,6 @@ def test_ddp_communication_hook_returns_the_average():
         assert_identical_on_every_rank(model)
     finally:
         dist.destroy_process_group()
-        if r == 0 and os.path.exists(path):
-            os.remove(path)
 
 
 def test_a_name_in_flight_is_not_overwritten_and_names_are_checked():

@@ -155,11 +155,13 @@ constexpr char kUsage[] =
     "           then P copies of a command, copy r with GRADMESH_WORKER (its\n"
     "           worker's address), GRADMESH_JOB, GRADMESH_RANK=r,\n"
     "           GRADMESH_LOCAL_RANK=r, GRADMESH_WORLD_SIZE=P (and\n"
-    "           GRADMESH_TLS_CA/CERT/KEY with the TLS flags) in its\n"
-    "           environment; their output comes out as \"[r] line\". When one\n"
-    "           fails, or on Ctrl-C, the others get SIGTERM (SIGKILL 10 s\n"
-    "           later); exits with the first failure's status (128 + signal),\n"
-    "           130 on Ctrl-C, else 0. Everything after -- is the command:\n"
+    "           GRADMESH_TLS_CA/CERT/KEY with the TLS flags), and torchrun's\n"
+    "           RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
+    "           and MASTER_PORT in its environment; their output comes out\n"
+    "           as \"[r] line\". When one fails, or on Ctrl-C, the others get\n"
+    "           SIGTERM (SIGKILL 10 s later); exits with the first failure's\n"
+    "           status (128 + signal), 130 on Ctrl-C, else 0. Everything after "
+    "-- is the command:\n"
     "             gradmesh run --workers=4 --density=0.01 -- \\\n"
     "                 python3 train.py --epochs=3\n"
     "  health   ask a daemon's health service (--health-listen) whether\n"
@@ -396,14 +398,17 @@ int Run(int argc, char** argv) {
                                    argv + argc);
   const std::vector<std::string> positional = gradmesh::ParseFlags(
       flags_end, argv, "GRADMESH_",
-      CommandHelp("usage: gradmesh run [flags] -- CMD [ARGS...]\n\n"
-                  "Starts a coordinator and P workers on 127.0.0.1, then P\n"
-                  "copies of CMD, copy r with GRADMESH_WORKER, GRADMESH_JOB,\n"
-                  "GRADMESH_RANK=r, GRADMESH_LOCAL_RANK=r and\n"
-                  "GRADMESH_WORLD_SIZE=P in its environment. When one fails,\n"
-                  "or on Ctrl-C, the others get SIGTERM; exits with the first\n"
-                  "failure's status.",
-                  Plus(kClusterFlags, {"job"})));
+      CommandHelp(
+          "usage: gradmesh run [flags] -- CMD [ARGS...]\n\n"
+          "Starts a coordinator and P workers on 127.0.0.1, then P\n"
+          "copies of CMD, copy r with GRADMESH_WORKER, GRADMESH_JOB,\n"
+          "GRADMESH_RANK=r, GRADMESH_LOCAL_RANK=r and\n"
+          "GRADMESH_WORLD_SIZE=P in its environment, and torchrun's\n"
+          "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
+          "and MASTER_PORT. When one fails,\n"
+          "or on Ctrl-C, the others get SIGTERM; exits with the first\n"
+          "failure's status.",
+          Plus(kClusterFlags, {"job"})));
   if (positional.size() > 1) {
     std::fprintf(stderr,
                  "gradmesh run: unexpected argument '%s' (the command goes "

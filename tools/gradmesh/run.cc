@@ -1,10 +1,13 @@
 #include "tools/gradmesh/run.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -151,14 +154,40 @@ std::string Absolute(const std::string& path) {
   return path.empty() || error ? path : absolute.string();
 }
 
-// What copy `rank` finds in its environment besides this process's.
+// A TCP port free on 127.0.0.1 now, for torch.distributed's own rendezvous
+// (as torchrun's MASTER_PORT); 0 if none could be found.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in address = {.sin_family = AF_INET,
+                         .sin_port = 0,
+                         .sin_addr = {.s_addr = htonl(INADDR_LOOPBACK)}};
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// What copy `rank` finds in its environment besides this process's: the
+// SDK's variables and torchrun's (for torch.distributed's env:// beside it).
 Variables RankVariables(const RunOptions& options, const LocalCluster& cluster,
-                        const std::string& job, int rank) {
+                        const std::string& job, int rank, int master_port) {
+  const std::string size = absl::StrCat(cluster.size());
   Variables variables = {{"GRADMESH_WORKER", cluster.sdk_address(rank)},
                          {"GRADMESH_JOB", job},
                          {"GRADMESH_RANK", absl::StrCat(rank)},
                          {"GRADMESH_LOCAL_RANK", absl::StrCat(rank)},
-                         {"GRADMESH_WORLD_SIZE", absl::StrCat(cluster.size())}};
+                         {"GRADMESH_WORLD_SIZE", size},
+                         {"RANK", absl::StrCat(rank)},
+                         {"LOCAL_RANK", absl::StrCat(rank)},
+                         {"WORLD_SIZE", size},
+                         {"LOCAL_WORLD_SIZE", size},
+                         {"MASTER_ADDR", "127.0.0.1"},
+                         {"MASTER_PORT", absl::StrCat(master_port)}};
   const TlsFiles& tls = options.cluster.tls;
   if (tls.enabled()) {
     variables.push_back({"GRADMESH_TLS_CA", Absolute(tls.ca)});
@@ -557,9 +586,10 @@ int Supervise(const RunOptions& options, const std::string& program,
                                              absl::ToUnixSeconds(absl::Now()))
                               : options.job;
   std::vector<std::vector<std::string>> environments;
+  const int master_port = FreePort();
   for (int r = 0; r < copies; ++r) {
     environments.push_back(
-        Environment(RankVariables(options, cluster, job, r)));
+        Environment(RankVariables(options, cluster, job, r, master_port)));
   }
   Supervisor supervisor(signal_fd, copies,
                         [&cluster](int rank) { return cluster.Exited(rank); });

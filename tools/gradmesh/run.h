@@ -10,6 +10,10 @@
 //   GRADMESH_WORLD_SIZE   P
 //   GRADMESH_TLS_CA, GRADMESH_TLS_CERT, GRADMESH_TLS_KEY
 //                         the cluster's TLS files (absolute), when it has them
+//   RANK, LOCAL_RANK      r, and WORLD_SIZE, LOCAL_WORLD_SIZE P, as torchrun
+//   MASTER_ADDR           sets them, so that torch.distributed's env://
+//   MASTER_PORT           rendezvous works beside gradmesh: 127.0.0.1 and a
+//                         port free when the copies start
 //
 // Each line a copy writes to stdout goes to this process's stdout as
 // "[r] line", stderr likewise; lines are never interleaved, a final line
