@@ -121,8 +121,18 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   AppendTlsArgs(options.tls, &args);
   cluster->coordinator_binary_ = coordinator_binary;
   cluster->coordinator_args_ = args;
-  GM_RETURN_IF_ERROR(
-      cluster->StartCoordinator(absl::StrCat(chost, ":0"), deadline));
+  if (options.coordinator_address.empty()) {
+    GM_RETURN_IF_ERROR(
+        cluster->StartCoordinator(absl::StrCat(chost, ":0"), deadline));
+  } else {
+    if (options.start_coordinator) {
+      const size_t colon = options.coordinator_address.rfind(':');
+      GM_RETURN_IF_ERROR(cluster->StartCoordinator(
+          absl::StrCat("0.0.0.0", options.coordinator_address.substr(colon)),
+          deadline));
+    }
+    cluster->coordinator_.address = options.coordinator_address;
+  }
 
   cluster->workers_.resize(options.workers);
   for (int w = 0; w < options.workers; ++w) {
@@ -157,7 +167,8 @@ absl::Status LocalCluster::MakeWorkDir() {
 }
 
 absl::Status LocalCluster::StartWorker(int w, const std::string& binary) {
-  const std::string name = absl::StrFormat("worker-%02d", w);
+  const std::string name =
+      absl::StrFormat("%sworker-%02d", options_.node_prefix, w);
   const std::string socket =
       (fs::absolute(work_dir_) / (name + ".sock")).string();
   if (socket.size() >= sizeof(sockaddr_un{}.sun_path)) {
@@ -166,7 +177,7 @@ absl::Status LocalCluster::StartWorker(int w, const std::string& binary) {
   }
   workers_[w].sdk_address = absl::StrCat("unix:", socket);
   const LocalClusterOptions::Host host =
-      options_.hosts.empty() ? LocalClusterOptions::Host{"", "127.0.0.1"}
+      options_.hosts.empty() ? LocalClusterOptions::Host{"", options_.worker_ip}
                              : options_.hosts[w];
   std::vector<std::string> args = {
       absl::StrCat("--listen=", host.ip, ":0"),

@@ -59,6 +59,16 @@ struct LocalClusterOptions {
   // The coordinator's listen address host; with `hosts`, one that every
   // namespace reaches (e.g. the bridge's address here).
   std::string coordinator_host = "127.0.0.1";
+  // A job on several nodes: the coordinator's "host:port" for the workers.
+  // Started here, listening on that port of every interface, when
+  // start_coordinator; else one that runs there already (another node's).
+  std::string coordinator_address;
+  bool start_coordinator = true;
+  // Without `hosts`: the address the workers serve their peers on.
+  std::string worker_ip = "127.0.0.1";
+  // Put before each worker's node id ("worker-ww"): the ids sort as the
+  // ranks go, so that "node001-" comes after every "node000-" worker.
+  std::string node_prefix;
 };
 
 // The path of gradmesh binary `name`: in `bin_dir` if given; else next to

@@ -26,6 +26,7 @@
 #include "common/cli.h"
 #include "common/grpc/health_server.h"
 #include "common/grpc/tls_flags.h"
+#include "common/status_macros.h"
 #include "tools/gradmesh/local.h"
 #include "tools/gradmesh/replay.h"
 #include "tools/gradmesh/run.h"
@@ -106,6 +107,25 @@ ABSL_FLAG(std::string, service, "",
           "is ready (a worker: a member of the current view)");
 ABSL_FLAG(int, probe_timeout_ms, 3000,
           "health: how long to wait for the answer");
+ABSL_FLAG(int, nnodes, 1,
+          "run: the nodes of the job, each running `gradmesh run` with its "
+          "--node_rank (as torchrun's --nnodes)");
+ABSL_FLAG(int, node_rank, 0, "run: this node's rank, 0..nnodes-1");
+ABSL_FLAG(int, nproc_per_node, 0,
+          "run: workers and copies on this node (0: --workers)");
+ABSL_FLAG(std::string, coordinator, "",
+          "run with --nnodes > 1: HOST:PORT of the job's coordinator, on "
+          "node 0 (which starts it unless one answers there); node 0's "
+          "launcher also uses PORT+1, and MASTER_PORT is PORT+2");
+ABSL_FLAG(std::string, host, "",
+          "run with --nnodes > 1: this node's address for peer traffic "
+          "(empty: the interface toward the coordinator)");
+ABSL_FLAG(int, master_port, 0,
+          "run with --nnodes > 1: MASTER_PORT for torch.distributed (0: the "
+          "coordinator's port + 2)");
+ABSL_FLAG(int, start_timeout_s, 30,
+          "run: how long the workers (every node's) may take to form the "
+          "job's first view");
 ABSL_FLAG(std::string, job, "",
           "run: the job name the commands get as GRADMESH_JOB (empty: "
           "run-<pid>-<unix seconds>)");
@@ -387,6 +407,40 @@ int Local(int argc, char** argv) {
   return interrupted ? 130 : 0;
 }
 
+// The launcher's options from the flags; InvalidArgument naming a bad one.
+absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
+  gradmesh::tools::RunOptions options;
+  GM_ASSIGN_OR_RETURN(options.cluster,
+                      ClusterOptionsFromFlags(/*exact_below=*/""));
+  if (const int g = absl::GetFlag(FLAGS_nproc_per_node); g != 0) {
+    options.cluster.workers = g;
+  }
+  if (options.cluster.workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers (--nproc_per_node)=", options.cluster.workers,
+                     " is not positive"));
+  }
+  options.nodes = absl::GetFlag(FLAGS_nnodes);
+  options.node_rank = absl::GetFlag(FLAGS_node_rank);
+  if (options.nodes < 1 || options.node_rank < 0 ||
+      options.node_rank >= options.nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--node_rank=", options.node_rank, " is not in 0..",
+                     options.nodes - 1, " (--nnodes=", options.nodes, ")"));
+  }
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (options.nodes > 1 && options.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "--nnodes > 1 needs --coordinator=HOST:PORT (an address of node 0 "
+        "that every node reaches)");
+  }
+  options.host = absl::GetFlag(FLAGS_host);
+  options.master_port = absl::GetFlag(FLAGS_master_port);
+  options.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
+  options.job = absl::GetFlag(FLAGS_job);
+  return options;
+}
+
 // `gradmesh run [flags] -- CMD [ARGS...]`: argv[0] is "gradmesh run".
 int Run(int argc, char** argv) {
   // Everything after the first "--" is the command, verbatim.
@@ -407,8 +461,16 @@ int Run(int argc, char** argv) {
           "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
           "and MASTER_PORT. When one fails,\n"
           "or on Ctrl-C, the others get SIGTERM; exits with the first\n"
-          "failure's status.",
-          Plus(kClusterFlags, {"job"})));
+          "failure's status.\n\n"
+          "On several nodes, as torchrun: on each node\n"
+          "  gradmesh run --nnodes=N --node_rank=I --nproc_per_node=G \\\n"
+          "      --coordinator=NODE0:7700 -- CMD [ARGS...]\n"
+          "node 0 starts the coordinator, every node G workers and G\n"
+          "copies (ranks I*G..I*G+G-1); a failure anywhere stops every\n"
+          "node's copies, and every launcher exits with its status.",
+          Plus(kClusterFlags,
+               {"job", "nnodes", "node_rank", "nproc_per_node", "coordinator",
+                "host", "master_port", "start_timeout_s"})));
   if (positional.size() > 1) {
     std::fprintf(stderr,
                  "gradmesh run: unexpected argument '%s' (the command goes "
@@ -422,23 +484,14 @@ int Run(int argc, char** argv) {
                  "--workers=P [flags] -- CMD [ARGS...]\n");
     return 2;
   }
-  if (absl::GetFlag(FLAGS_workers) < 1) {
-    std::fprintf(stderr, "gradmesh run: --workers=%d is not positive\n",
-                 absl::GetFlag(FLAGS_workers));
-    return 2;
-  }
-  absl::StatusOr<gradmesh::tools::LocalClusterOptions> cluster =
-      ClusterOptionsFromFlags(/*exact_below=*/"");
-  if (!cluster.ok()) {
+  absl::StatusOr<gradmesh::tools::RunOptions> options = RunOptionsFromFlags();
+  if (!options.ok()) {
     std::fprintf(stderr, "gradmesh run: %s\n",
-                 std::string(cluster.status().message()).c_str());
+                 std::string(options.status().message()).c_str());
     return 2;
   }
-  gradmesh::tools::RunOptions options;
-  options.cluster = *std::move(cluster);
-  options.job = absl::GetFlag(FLAGS_job);
-  options.command = std::move(command);
-  return gradmesh::tools::RunCommand(options);
+  options->command = std::move(command);
+  return gradmesh::tools::RunCommand(*options);
 }
 
 // `gradmesh health [--address=HOST:PORT] [--service=NAME]`.

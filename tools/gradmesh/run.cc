@@ -1,34 +1,31 @@
 #include "tools/gradmesh/run.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/cli.h"
 #include "common/status_macros.h"
+#include "tools/gradmesh/node_link.h"
+#include "tools/gradmesh/supervisor.h"
 
 extern char** environ;
 
@@ -38,91 +35,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr size_t kMaxLine = 64 << 10;  // longer lines are cut
-constexpr absl::Duration kKillAfter = absl::Seconds(10);
-constexpr absl::Duration kTick = absl::Milliseconds(100);
-// How long a copy that failed waits for its worker to be seen gone (it may
-// refuse connections a moment before it can be reaped) before it counts as
-// failed.
-constexpr absl::Duration kWorkerGoneGrace = absl::Seconds(3);
-
 using Variables = std::vector<std::pair<std::string, std::string>>;
-
-// One pipe from a copy, forwarded line by line with the copy's prefix.
-struct Stream {
-  int fd = -1;  // the pipe's read end (non-blocking); -1 once closed
-  int target = STDOUT_FILENO;
-  std::string prefix;   // "[r] "
-  std::string pending;  // output not forwarded yet: the start of a line
-};
-
-struct Copy {
-  int rank = 0;
-  pid_t pid = -1;  // also its process group; -1 before start and once reaped
-  Stream out;
-  Stream err;
-};
-
-void WriteAll(int fd, absl::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // our own output is gone; nothing better to do
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-}
-
-// Writes the complete lines of `stream.pending` to its target in one write,
-// each prefixed; with `all`, the unterminated rest too (given a newline).
-void EmitLines(Stream& stream, bool all) {
-  std::string out;
-  absl::string_view rest = stream.pending;
-  while (!rest.empty()) {
-    size_t take = rest.find('\n');
-    if (take != absl::string_view::npos) {
-      ++take;
-    } else if (all || rest.size() >= kMaxLine) {
-      take = std::min(rest.size(), kMaxLine);
-    } else {
-      break;
-    }
-    absl::StrAppend(&out, stream.prefix, rest.substr(0, take));
-    if (out.back() != '\n') out.push_back('\n');
-    rest.remove_prefix(take);
-  }
-  stream.pending.erase(0, stream.pending.size() - rest.size());
-  WriteAll(stream.target, out);
-}
-
-// Reads from `stream` once, or until its pipe is empty with `until_empty`,
-// forwarding complete lines; at end of file forwards the rest and closes it.
-void Pump(Stream& stream, bool until_empty) {
-  char buffer[1 << 16];
-  while (stream.fd >= 0) {
-    const ssize_t n = read(stream.fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) return;
-    if (n > 0) {
-      stream.pending.append(buffer, static_cast<size_t>(n));
-      EmitLines(stream, /*all=*/false);
-      if (!until_empty) return;
-      continue;
-    }
-    EmitLines(stream, /*all=*/true);
-    close(stream.fd);
-    stream.fd = -1;
-  }
-}
-
-// Forwards what is left in `stream` and closes it, even if some grandchild
-// still holds the pipe's write end.
-void Close(Stream& stream) {
-  Pump(stream, /*until_empty=*/true);
-  if (stream.fd < 0) return;
-  EmitLines(stream, /*all=*/true);
-  close(stream.fd);
-  stream.fd = -1;
-}
 
 bool ExecutableFile(const std::string& path) {
   std::error_code error;
@@ -154,6 +67,16 @@ std::string Absolute(const std::string& path) {
   return path.empty() || error ? path : absolute.string();
 }
 
+// Where a copy runs in the job: the numbers of its variables.
+struct Placement {
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+};
+
 // A TCP port free on 127.0.0.1 now, for torch.distributed's own rendezvous
 // (as torchrun's MASTER_PORT); 0 if none could be found.
 int FreePort() {
@@ -172,22 +95,25 @@ int FreePort() {
   return port;
 }
 
-// What copy `rank` finds in its environment besides this process's: the
-// SDK's variables and torchrun's (for torch.distributed's env:// beside it).
+// What copy `at` finds in its environment besides this process's: the SDK's
+// variables and torchrun's (for torch.distributed's env:// beside it).
 Variables RankVariables(const RunOptions& options, const LocalCluster& cluster,
-                        const std::string& job, int rank, int master_port) {
-  const std::string size = absl::StrCat(cluster.size());
-  Variables variables = {{"GRADMESH_WORKER", cluster.sdk_address(rank)},
-                         {"GRADMESH_JOB", job},
-                         {"GRADMESH_RANK", absl::StrCat(rank)},
-                         {"GRADMESH_LOCAL_RANK", absl::StrCat(rank)},
-                         {"GRADMESH_WORLD_SIZE", size},
-                         {"RANK", absl::StrCat(rank)},
-                         {"LOCAL_RANK", absl::StrCat(rank)},
-                         {"WORLD_SIZE", size},
-                         {"LOCAL_WORLD_SIZE", size},
-                         {"MASTER_ADDR", "127.0.0.1"},
-                         {"MASTER_PORT", absl::StrCat(master_port)}};
+                        const std::string& job, const Placement& at) {
+  const std::string rank = absl::StrCat(at.rank);
+  const std::string local_rank = absl::StrCat(at.local_rank);
+  const std::string size = absl::StrCat(at.world_size);
+  Variables variables = {
+      {"GRADMESH_WORKER", cluster.sdk_address(at.local_rank)},
+      {"GRADMESH_JOB", job},
+      {"GRADMESH_RANK", rank},
+      {"GRADMESH_LOCAL_RANK", local_rank},
+      {"GRADMESH_WORLD_SIZE", size},
+      {"RANK", rank},
+      {"LOCAL_RANK", local_rank},
+      {"WORLD_SIZE", size},
+      {"LOCAL_WORLD_SIZE", absl::StrCat(at.local_world_size)},
+      {"MASTER_ADDR", at.master_addr},
+      {"MASTER_PORT", absl::StrCat(at.master_port)}};
   const TlsFiles& tls = options.cluster.tls;
   if (tls.enabled()) {
     variables.push_back({"GRADMESH_TLS_CA", Absolute(tls.ca)});
@@ -214,333 +140,16 @@ std::vector<std::string> Environment(const Variables& variables) {
   return environment;
 }
 
-// A null-terminated array pointing into `strings`, for execve.
-std::vector<char*> Pointers(std::vector<std::string>& strings) {
-  std::vector<char*> pointers;
-  for (std::string& s : strings) pointers.push_back(s.data());
-  pointers.push_back(nullptr);
-  return pointers;
-}
-
-// The forked child, up to execve: only async-signal-safe calls from here.
-[[noreturn]] void ExecCopy(pid_t parent, int out, int err, const char* program,
-                           char** argv, char** envp) {
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (getppid() != parent) _exit(128 + SIGTERM);
-  setpgid(0, 0);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
-  const int null = open("/dev/null", O_RDONLY);
-  if (null >= 0 && null != STDIN_FILENO) {
-    dup2(null, STDIN_FILENO);
-    close(null);
-  }
-  dup2(out, STDOUT_FILENO);  // the pipes close on exec; their copies don't
-  dup2(err, STDERR_FILENO);
-  execve(program, argv, envp);
-  const char* reason = strerrordesc_np(errno);
-  for (const char* part : {"gradmesh run: cannot execute ", program, ": ",
-                           reason != nullptr ? reason : "error", "\n"}) {
-    if (write(STDERR_FILENO, part, std::strlen(part)) < 0) break;
-  }
-  _exit(127);
-}
-
-// Starts `program` with `args` (args[0] first) and `environment` as copy
-// `copy->rank`, its output into two pipes.
-absl::Status Spawn(const std::string& program, std::vector<std::string> args,
-                   std::vector<std::string> environment, Copy* copy) {
-  int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
-  if (pipe2(err, O_CLOEXEC) != 0) {
-    close(out[0]);
-    close(out[1]);
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
-  std::vector<char*> argv = Pointers(args);
-  std::vector<char*> envp = Pointers(environment);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    ExecCopy(parent, out[1], err[1], program.c_str(), argv.data(), envp.data());
-  }
-  const int fork_errno = errno;
-  close(out[1]);
-  close(err[1]);
-  if (pid < 0) {
-    close(out[0]);
-    close(err[0]);
-    return absl::InternalError(
-        absl::StrCat("fork: ", std::strerror(fork_errno)));
-  }
-  setpgid(pid, pid);  // as the child does, so that no signal can miss it
-  fcntl(out[0], F_SETFL, O_NONBLOCK);
-  fcntl(err[0], F_SETFL, O_NONBLOCK);
-  const std::string prefix = absl::StrCat("[", copy->rank, "] ");
-  copy->pid = pid;
-  copy->out = {.fd = out[0], .target = STDOUT_FILENO, .prefix = prefix};
-  copy->err = {.fd = err[0], .target = STDERR_FILENO, .prefix = prefix};
-  return absl::OkStatus();
-}
-
-// How a process ended, from its wait status.
-std::string Describe(int status) {
-  if (WIFSIGNALED(status)) {
-    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
-                        strsignal(WTERMSIG(status)), ")");
-  }
-  return absl::StrCat("exited with status ", WEXITSTATUS(status));
-}
-
-int ExitCode(int status) {
-  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-}
-
-// SIGINT and SIGTERM as a readable file; they must be blocked.
-int TerminationSignalFd() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  return signalfd(-1, &signals, SFD_NONBLOCK | SFD_CLOEXEC);
-}
-
-// Whether a termination signal came (consuming it).
-bool SignalPending(int signal_fd) {
-  signalfd_siginfo info;
-  return read(signal_fd, &info, sizeof(info)) == sizeof(info);
-}
-
-// The copies, from their start until the last one has ended: forwards their
-// output, and stops them all when one fails or a termination signal comes.
-// A copy that fails after its worker is gone (`worker_gone(rank)`, within
-// kWorkerGoneGrace of the copy's end) is lost, not failed: the others go on
-// without it, unless none is left.
-class Supervisor {
- public:
-  Supervisor(int signal_fd, int copies, std::function<bool(int)> worker_gone)
-      : signal_fd_(signal_fd), worker_gone_(std::move(worker_gone)) {
-    copies_.resize(copies);
-    for (int r = 0; r < copies; ++r) copies_[r].rank = r;
-  }
-  ~Supervisor() {
-    for (Copy& copy : copies_) {
-      Close(copy.out);
-      Close(copy.err);
-    }
-  }
-
-  // Starts copy r with environment `environments[r]`, unless a termination
-  // signal is already pending or a start fails.
-  void StartAll(const std::string& program,
-                const std::vector<std::string>& args,
-                std::vector<std::vector<std::string>> environments);
-  // Returns once every started copy has ended and its output is forwarded.
-  void Wait();
-
-  bool failed() const { return failed_; }
-  const std::vector<int>& lost() const { return lost_; }
-  bool interrupted() const { return interrupted_; }
-  const std::string& failure() const { return failure_; }
-  int exit_code() const {
-    return failed_ ? failure_code_ : interrupted_ ? 130 : 0;
-  }
-
- private:
-  bool Running() const;
-  void PollOnce();
-  void ReadSignals();
-  void Reap();
-  // Lost or failed, for each undecided copy whose worker is gone or whose
-  // grace is over (`at_end`: waits for that).
-  void Decide(bool at_end);
-  void Fail(std::string failure, int code);
-  void StopAll();
-  void KillLate();
-
-  const int signal_fd_;
-  const std::function<bool(int)> worker_gone_;
-  std::vector<Copy> copies_;
-  std::vector<int> lost_;  // ranks
-  // Copies that failed while their worker still ran: rank, wait status and
-  // until when its worker may still be seen gone.
-  struct Undecided {
-    int rank;
-    int status;
-    absl::Time until;
-  };
-  std::vector<Undecided> undecided_;
-  bool stopping_ = false;
-  bool interrupted_ = false;
-  bool failed_ = false;
-  int failure_code_ = 0;
-  std::string failure_;
-  absl::Time kill_at_ = absl::InfiniteFuture();
-};
-
-void Supervisor::StartAll(const std::string& program,
-                          const std::vector<std::string>& args,
-                          std::vector<std::vector<std::string>> environments) {
-  ReadSignals();
-  for (Copy& copy : copies_) {
-    if (stopping_) return;
-    const absl::Status started =
-        Spawn(program, args, std::move(environments[copy.rank]), &copy);
-    if (!started.ok()) {
-      Fail(absl::StrCat("rank ", copy.rank,
-                        " did not start: ", started.message()),
-           1);
-    }
-  }
-}
-
-void Supervisor::Wait() {
-  while (Running()) {
-    PollOnce();
-    ReadSignals();  // before Reap: a copy that died of our Ctrl-C is no
-                    // failure
-    Reap();
-    Decide(/*at_end=*/false);
-    KillLate();
-  }
-  Decide(/*at_end=*/true);
-  for (Copy& copy : copies_) {
-    Close(copy.out);
-    Close(copy.err);
-  }
-}
-
-bool Supervisor::Running() const {
-  return std::any_of(copies_.begin(), copies_.end(),
-                     [](const Copy& copy) { return copy.pid > 0; });
-}
-
-void Supervisor::PollOnce() {
-  std::vector<pollfd> fds = {{.fd = signal_fd_, .events = POLLIN}};
-  std::vector<Stream*> streams;
-  for (Copy& copy : copies_) {
-    for (Stream* stream : {&copy.out, &copy.err}) {
-      if (stream->fd < 0) continue;
-      fds.push_back({.fd = stream->fd, .events = POLLIN});
-      streams.push_back(stream);
-    }
-  }
-  // The tick bounds how late an exit (whose pipes a grandchild may keep
-  // open) or the SIGKILL deadline is noticed.
-  if (poll(fds.data(), fds.size(), absl::ToInt64Milliseconds(kTick)) <= 0) {
-    return;
-  }
-  for (size_t i = 1; i < fds.size(); ++i) {
-    if (fds[i].revents != 0) Pump(*streams[i - 1], /*until_empty=*/false);
-  }
-}
-
-void Supervisor::ReadSignals() {
-  signalfd_siginfo info;
-  while (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
-    if (stopping_) {  // a second one: no more patience
-      kill_at_ = absl::Now();
-      continue;
-    }
-    std::fprintf(stderr, "gradmesh run: got %s; stopping the commands\n",
-                 info.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
-    interrupted_ = true;
-    StopAll();
-  }
-}
-
-void Supervisor::Reap() {
-  for (Copy& copy : copies_) {
-    if (copy.pid <= 0) continue;
-    int status = 0;
-    const pid_t reaped = waitpid(copy.pid, &status, WNOHANG);
-    if (reaped == 0 || (reaped < 0 && errno != ECHILD)) continue;
-    copy.pid = -1;  // with ECHILD, reaped elsewhere: its status is unknown
-    if (reaped <= 0 || stopping_ || status == 0) continue;
-    undecided_.push_back({.rank = copy.rank,
-                          .status = status,
-                          .until = absl::Now() + kWorkerGoneGrace});
-  }
-}
-
-void Supervisor::Decide(bool at_end) {
-  while (!undecided_.empty() && !stopping_) {
-    const Undecided u = undecided_.front();
-    if (worker_gone_(u.rank) && lost_.size() + 1 < copies_.size()) {
-      lost_.push_back(u.rank);
-      std::fprintf(stderr,
-                   "gradmesh run: rank %d %s: its worker is gone; the other "
-                   "%zu go on\n",
-                   u.rank, Describe(u.status).c_str(),
-                   copies_.size() - lost_.size());
-    } else if (absl::Now() >= u.until || lost_.size() + 1 >= copies_.size()) {
-      Fail(absl::StrCat("rank ", u.rank, " ", Describe(u.status)),
-           ExitCode(u.status));
-    } else if (at_end) {
-      absl::SleepFor(kTick);
-      continue;
-    } else {
-      return;  // asked again at the next tick
-    }
-    undecided_.erase(undecided_.begin());
-  }
-}
-
-void Supervisor::Fail(std::string failure, int code) {
-  if (failed_) return;
-  failed_ = true;
-  failure_ = std::move(failure);
-  failure_code_ = code;
-  StopAll();
-}
-
-void Supervisor::StopAll() {
-  if (stopping_) return;
-  stopping_ = true;
-  kill_at_ = absl::Now() + kKillAfter;
-  for (const Copy& copy : copies_) {
-    if (copy.pid > 0) kill(-copy.pid, SIGTERM);
-  }
-}
-
-void Supervisor::KillLate() {
-  if (absl::Now() < kill_at_) return;
-  kill_at_ = absl::InfiniteFuture();
-  for (const Copy& copy : copies_) {
-    if (copy.pid <= 0) continue;
-    std::fprintf(stderr, "gradmesh run: rank %d did not stop; sent SIGKILL\n",
-                 copy.rank);
-    kill(-copy.pid, SIGKILL);
-  }
-}
-
-// A started cluster in its first full view.
-absl::StatusOr<std::unique_ptr<LocalCluster>> StartCluster(
-    const RunOptions& options) {
-  std::fprintf(stderr, "gradmesh run: starting a coordinator and %d workers\n",
-               options.cluster.workers);
-  GM_ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster,
-                      LocalCluster::Start(options.cluster));
-  const absl::Status view =
-      cluster->WaitForView(options.cluster.workers, options.start_timeout);
-  if (!view.ok()) {
-    cluster->KeepWorkDir();
-    return absl::Status(view.code(), absl::StrCat(view.message(), "; logs in ",
-                                                  cluster->work_dir()));
-  }
-  return cluster;
-}
-
-// Stops the cluster after the copies, reports, and returns the exit code.
-int Finish(const Supervisor& supervisor, LocalCluster& cluster) {
+// Stops the cluster after the copies, reports, and returns `code`, the
+// job's exit status.
+int Finish(const Supervisor& supervisor, LocalCluster& cluster, int code) {
   if (supervisor.failed() || !supervisor.lost().empty()) cluster.KeepWorkDir();
-  for (int rank : supervisor.lost()) {
-    std::fprintf(stderr, "gradmesh run: worker %d %s (its log: %s)\n", rank,
-                 Describe(cluster.exit_status(rank)).c_str(),
-                 cluster.worker_log(rank).c_str());
+  std::vector<int> lost;
+  for (int index : supervisor.lost()) {
+    lost.push_back(supervisor.rank_of(index));
+    std::fprintf(stderr, "gradmesh run: worker of rank %d %s (its log: %s)\n",
+                 lost.back(), Describe(cluster.exit_status(index)).c_str(),
+                 cluster.worker_log(index).c_str());
   }
   if (const absl::Status stopped = cluster.Stop(); !stopped.ok()) {
     cluster.KeepWorkDir();
@@ -550,52 +159,211 @@ int Finish(const Supervisor& supervisor, LocalCluster& cluster) {
   if (supervisor.failed()) {
     std::fprintf(stderr, "gradmesh run: %s (cluster logs kept in %s)\n",
                  supervisor.failure().c_str(), cluster.work_dir().c_str());
-  } else if (!supervisor.interrupted() && supervisor.lost().empty()) {
+  } else if (!supervisor.interrupted() && lost.empty()) {
     std::fprintf(stderr, "gradmesh run: all %d processes exited 0\n",
                  cluster.size());
   } else if (!supervisor.interrupted()) {
     std::fprintf(stderr,
                  "gradmesh run: the other %zu processes exited 0; lost with "
                  "their workers: rank %s\n",
-                 cluster.size() - supervisor.lost().size(),
-                 absl::StrJoin(supervisor.lost(), ", ").c_str());
+                 cluster.size() - lost.size(),
+                 absl::StrJoin(lost, ", ").c_str());
   }
-  return supervisor.exit_code();
+  if (code != supervisor.exit_code()) {
+    std::fprintf(stderr, "gradmesh run: the job ends with status %d\n", code);
+  }
+  return code;
 }
 
-// Runs the copies on a started cluster; returns the exit code.
+// Runs the copies on a started cluster, copy i at placements[i]; returns
+// the job's exit status.
 int Supervise(const RunOptions& options, const std::string& program,
-              int signal_fd, LocalCluster& cluster) {
-  const int copies = cluster.size();
+              int signal_fd, LocalCluster& cluster, const std::string& job,
+              const std::vector<Placement>& placements, NodeLink* link) {
   std::fprintf(stderr,
-               "gradmesh run: cluster up (logs in %s); starting %d copies "
+               "gradmesh run: cluster up (logs in %s); starting %zu copies "
                "of: %s\n",
-               cluster.work_dir().c_str(), copies,
+               cluster.work_dir().c_str(), placements.size(),
                absl::StrJoin(options.command, " ").c_str());
   std::vector<std::string> workers;
-  for (int w = 0; w < copies; ++w) {
+  for (int w = 0; w < cluster.size(); ++w) {
     workers.push_back(absl::StrCat(cluster.worker_metrics_port(w)));
   }
-  std::fprintf(stderr,
-               "gradmesh run: /metrics at http://127.0.0.1:%d/metrics "
-               "(coordinator), workers on ports %s\n",
-               cluster.coordinator_metrics_port(),
-               absl::StrJoin(workers, ", ").c_str());
+  std::fprintf(
+      stderr, "gradmesh run: /metrics of the workers on ports %s%s\n",
+      absl::StrJoin(workers, ", ").c_str(),
+      cluster.coordinator_metrics_port() == 0
+          ? ""
+          : absl::StrCat(", of the coordinator at http://127.0.0.1:",
+                         cluster.coordinator_metrics_port(), "/metrics")
+                .c_str());
+  std::vector<std::vector<std::string>> environments;
+  std::vector<int> ranks;
+  for (const Placement& at : placements) {
+    environments.push_back(
+        Environment(RankVariables(options, cluster, job, at)));
+    ranks.push_back(at.rank);
+  }
+  Supervisor supervisor(
+      signal_fd, ranks, [&cluster](int index) { return cluster.Exited(index); },
+      link);
+  supervisor.StartAll(program, options.command, std::move(environments));
+  supervisor.Wait();
+  const int code = link == nullptr
+                       ? supervisor.exit_code()
+                       : link->Finish(supervisor.exit_code(), signal_fd);
+  return Finish(supervisor, cluster, code);
+}
+
+// The cluster's start, or why it failed (its logs kept).
+absl::StatusOr<std::unique_ptr<LocalCluster>> StartCluster(
+    const LocalClusterOptions& options) {
+  std::fprintf(stderr, "gradmesh run: starting %s%d workers\n",
+               options.start_coordinator ? "a coordinator and " : "",
+               options.workers);
+  return LocalCluster::Start(options);
+}
+
+// Waits for the job's first full view of `members`.
+absl::Status AwaitView(LocalCluster& cluster, int members,
+                       absl::Duration timeout) {
+  const absl::Status view = cluster.WaitForView(members, timeout);
+  if (view.ok()) return view;
+  cluster.KeepWorkDir();
+  return absl::Status(view.code(), absl::StrCat(view.message(), "; logs in ",
+                                                cluster.work_dir()));
+}
+
+// One host: P workers here and P copies, ranks 0..P-1.
+absl::Status RunHere(const RunOptions& options, const std::string& program,
+                     int signal_fd, int* code) {
+  GM_ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster,
+                      StartCluster(options.cluster));
+  GM_RETURN_IF_ERROR(
+      AwaitView(*cluster, options.cluster.workers, options.start_timeout));
   const std::string job = options.job.empty()
                               ? absl::StrCat("run-", getpid(), "-",
                                              absl::ToUnixSeconds(absl::Now()))
                               : options.job;
-  std::vector<std::vector<std::string>> environments;
+  const int size = cluster->size();
+  std::vector<Placement> placements;
   const int master_port = FreePort();
-  for (int r = 0; r < copies; ++r) {
-    environments.push_back(
-        Environment(RankVariables(options, cluster, job, r, master_port)));
+  for (int r = 0; r < size; ++r) {
+    placements.push_back({.rank = r,
+                          .local_rank = r,
+                          .world_size = size,
+                          .local_world_size = size,
+                          .master_port = master_port});
   }
-  Supervisor supervisor(signal_fd, copies,
-                        [&cluster](int rank) { return cluster.Exited(rank); });
-  supervisor.StartAll(program, options.command, std::move(environments));
-  supervisor.Wait();
-  return Finish(supervisor, cluster);
+  *code = Supervise(options, program, signal_fd, *cluster, job, placements,
+                    nullptr);
+  return absl::OkStatus();
+}
+
+// Whether something accepts TCP connections at host:port (a coordinator
+// that runs already).
+bool Answers(const std::string& host, int port) {
+  addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM};
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), absl::StrCat(port).c_str(), &hints, &found) !=
+      0) {
+    return false;
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool answers =
+      fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0;
+  freeaddrinfo(found);
+  if (fd >= 0) close(fd);
+  return answers;
+}
+
+// The address of this host's interface toward `host` (the route a UDP
+// socket would take), for peers on other nodes to reach.
+absl::StatusOr<std::string> AddressToward(const std::string& host) {
+  addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM};
+  addrinfo* found = nullptr;
+  if (const int error = getaddrinfo(host.c_str(), "9", &hints, &found);
+      error != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve ", host, ": ", gai_strerror(error)));
+  }
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in local = {};
+  socklen_t length = sizeof(local);
+  const bool routed =
+      fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0;
+  freeaddrinfo(found);
+  if (fd >= 0) close(fd);
+  char text[INET_ADDRSTRLEN] = {};
+  if (!routed ||
+      inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "no route to ", host, " found; pass --host=THIS_NODE'S_ADDRESS"));
+  }
+  return std::string(text);
+}
+
+// Node `node_rank` of several: its workers join the coordinator at
+// options.coordinator (node 0 starts it), the launchers link up, and each
+// copy's rank is its worker's in the job's first full view.
+absl::Status RunOnNodes(const RunOptions& options, const std::string& program,
+                        int signal_fd, int* code) {
+  const absl::Time deadline = absl::Now() + options.start_timeout;
+  const size_t colon = options.coordinator.rfind(':');
+  const std::string host = options.coordinator.substr(0, colon);
+  int port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(options.coordinator.substr(colon + 1), &port) ||
+      port <= 0 || port > 65533) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--coordinator=", options.coordinator, " is not HOST:PORT"));
+  }
+  LocalClusterOptions cluster_options = options.cluster;
+  cluster_options.coordinator_address = options.coordinator;
+  cluster_options.node_prefix = absl::StrFormat("node%03d-", options.node_rank);
+  if (options.host.empty()) {
+    GM_ASSIGN_OR_RETURN(cluster_options.worker_ip, AddressToward(host));
+  } else {
+    cluster_options.worker_ip = options.host;
+  }
+  std::unique_ptr<NodeLink> link;
+  std::unique_ptr<LocalCluster> cluster;
+  const std::string job = options.job.empty()
+                              ? absl::StrCat("run-", options.coordinator, "-",
+                                             absl::ToUnixSeconds(absl::Now()))
+                              : options.job;
+  if (options.node_rank == 0) {
+    cluster_options.start_coordinator = !Answers(host, port);
+    GM_ASSIGN_OR_RETURN(cluster, StartCluster(cluster_options));
+    std::fprintf(stderr, "gradmesh run: waiting for %d more nodes on port %d\n",
+                 options.nodes - 1, port + 1);
+    GM_ASSIGN_OR_RETURN(
+        link, NodeLink::Serve(port + 1, options.nodes, job, deadline));
+  } else {
+    GM_ASSIGN_OR_RETURN(
+        link, NodeLink::Join(host, port + 1, options.node_rank, deadline));
+    cluster_options.start_coordinator = false;
+    GM_ASSIGN_OR_RETURN(cluster, StartCluster(cluster_options));
+  }
+  const int local = cluster->size();
+  const int members = options.nodes * local;
+  GM_RETURN_IF_ERROR(AwaitView(*cluster, members, deadline - absl::Now()));
+  std::vector<Placement> placements;
+  for (int w = 0; w < local; ++w) {
+    GM_ASSIGN_OR_RETURN(const gradmesh::Plan plan, cluster->GetPlan(w));
+    placements.push_back({.rank = plan.rank,
+                          .local_rank = w,
+                          .world_size = members,
+                          .local_world_size = local,
+                          .master_addr = host,
+                          .master_port = options.master_port != 0
+                                             ? options.master_port
+                                             : port + 2});
+  }
+  *code = Supervise(options, program, signal_fd, *cluster, link->job(),
+                    placements, link.get());
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -619,16 +387,15 @@ int RunCommand(const RunOptions& options) {
     return 1;
   }
   int code = 1;
-  if (absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
-          StartCluster(options);
-      cluster.ok()) {
-    code = Supervise(options, *program, signal_fd, **cluster);
-  } else if (SignalPending(signal_fd)) {  // Ctrl-C also stops the daemons
+  const absl::Status ran = options.nodes > 1
+                               ? RunOnNodes(options, *program, signal_fd, &code)
+                               : RunHere(options, *program, signal_fd, &code);
+  if (!ran.ok() && SignalPending(signal_fd)) {  // Ctrl-C stops the daemons
     std::fprintf(stderr, "gradmesh run: interrupted while starting\n");
     code = 130;
-  } else {
+  } else if (!ran.ok()) {
     std::fprintf(stderr, "gradmesh run: %s\n",
-                 std::string(cluster.status().message()).c_str());
+                 std::string(ran.message()).c_str());
   }
   close(signal_fd);
   return code;

@@ -1,19 +1,27 @@
 // `gradmesh run`: the launcher (like torchrun or horovodrun). Starts a
 // coordinator and P workers on 127.0.0.1 (LocalCluster), waits for their
 // first full view, then runs P copies of a command, copy r with an
-// environment that points the SDK at worker r:
+// environment that points the SDK at worker r. On several nodes
+// (RunOptions::nodes), each node's launcher starts its P workers and copies,
+// node 0 the coordinator too; ranks go by node (node i's copies have ranks
+// iP..iP+P-1), and the launchers end the job alike (NodeLink): one failed
+// copy anywhere stops every node's, and every launcher exits with the first
+// failure's status. The environment:
 //
 //   GRADMESH_WORKER       worker r's SDK address ("unix:/.../worker-03.sock")
 //   GRADMESH_JOB          the job name, the same for every copy
-//   GRADMESH_RANK         r (worker r has rank r: node ids sort in launch
-//   GRADMESH_LOCAL_RANK   r  order)
-//   GRADMESH_WORLD_SIZE   P
+//   GRADMESH_RANK         r (its worker's rank: node ids sort in launch
+//                         order, node by node)
+//   GRADMESH_LOCAL_RANK   its worker's index on this node
+//   GRADMESH_WORLD_SIZE   P (every node's together)
 //   GRADMESH_TLS_CA, GRADMESH_TLS_CERT, GRADMESH_TLS_KEY
 //                         the cluster's TLS files (absolute), when it has them
-//   RANK, LOCAL_RANK      r, and WORLD_SIZE, LOCAL_WORLD_SIZE P, as torchrun
-//   MASTER_ADDR           sets them, so that torch.distributed's env://
-//   MASTER_PORT           rendezvous works beside gradmesh: 127.0.0.1 and a
-//                         port free when the copies start
+//   RANK, LOCAL_RANK,     the same numbers (LOCAL_WORLD_SIZE: this node's
+//   WORLD_SIZE,           copies), as torchrun sets them, so that
+//   LOCAL_WORLD_SIZE      torch.distributed's env:// rendezvous works
+//   MASTER_ADDR           beside gradmesh: 127.0.0.1 and a port free when
+//   MASTER_PORT           the copies start; on several nodes the
+//                         coordinator's host and RunOptions::master_port
 //
 // Each line a copy writes to stdout goes to this process's stdout as
 // "[r] line", stderr likewise; lines are never interleaved, a final line
@@ -44,8 +52,19 @@ struct RunOptions {
   std::string job;              // GRADMESH_JOB; empty: "run-<pid>-<seconds>"
   std::vector<std::string> command;  // the program (found on PATH unless it
                                      // has a '/') and its arguments
-  // How long the started workers may take to form their first full view.
+  // How long the started workers may take to form their first full view
+  // (with several nodes: every node's).
   absl::Duration start_timeout = absl::Seconds(30);
+  // A job on several nodes, as torchrun's --nnodes: this launcher is node
+  // `node_rank` of `nodes`, with cluster.workers workers and copies here.
+  int nodes = 1;
+  int node_rank = 0;
+  // "host:port" of the job's coordinator (nodes > 1): node 0 starts it
+  // there unless something answers already; every node's workers join it.
+  // Node 0's launcher serves the others on port + 1 (NodeLink).
+  std::string coordinator;
+  std::string host;     // this node's address for peer traffic
+  int master_port = 0;  // MASTER_PORT on node 0's host; 0: port + 2
 };
 
 // Runs the command as described above, printing progress to stderr, and

@@ -1,0 +1,357 @@
+#include "tools/gradmesh/supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+
+namespace gradmesh::tools {
+
+using supervisor_internal::Copy;
+using supervisor_internal::Stream;
+
+namespace {
+
+constexpr size_t kMaxLine = 64 << 10;  // longer lines are cut
+constexpr absl::Duration kKillAfter = absl::Seconds(10);
+constexpr absl::Duration kTick = absl::Milliseconds(100);
+// How long a copy that failed waits for its worker to be seen gone (it may
+// refuse connections a moment before it can be reaped) before it counts as
+// failed.
+constexpr absl::Duration kWorkerGoneGrace = absl::Seconds(3);
+
+void WriteAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // our own output is gone; nothing better to do
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+// Writes the complete lines of `stream.pending` to its target in one write,
+// each prefixed; with `all`, the unterminated rest too (given a newline).
+void EmitLines(Stream& stream, bool all) {
+  std::string out;
+  absl::string_view rest = stream.pending;
+  while (!rest.empty()) {
+    size_t take = rest.find('\n');
+    if (take != absl::string_view::npos) {
+      ++take;
+    } else if (all || rest.size() >= kMaxLine) {
+      take = std::min(rest.size(), kMaxLine);
+    } else {
+      break;
+    }
+    absl::StrAppend(&out, stream.prefix, rest.substr(0, take));
+    if (out.back() != '\n') out.push_back('\n');
+    rest.remove_prefix(take);
+  }
+  stream.pending.erase(0, stream.pending.size() - rest.size());
+  WriteAll(stream.target, out);
+}
+
+// Reads from `stream` once, or until its pipe is empty with `until_empty`,
+// forwarding complete lines; at end of file forwards the rest and closes it.
+void Pump(Stream& stream, bool until_empty) {
+  char buffer[1 << 16];
+  while (stream.fd >= 0) {
+    const ssize_t n = read(stream.fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n > 0) {
+      stream.pending.append(buffer, static_cast<size_t>(n));
+      EmitLines(stream, /*all=*/false);
+      if (!until_empty) return;
+      continue;
+    }
+    EmitLines(stream, /*all=*/true);
+    close(stream.fd);
+    stream.fd = -1;
+  }
+}
+
+// Forwards what is left in `stream` and closes it, even if some grandchild
+// still holds the pipe's write end.
+void Close(Stream& stream) {
+  Pump(stream, /*until_empty=*/true);
+  if (stream.fd < 0) return;
+  EmitLines(stream, /*all=*/true);
+  close(stream.fd);
+  stream.fd = -1;
+}
+
+// A null-terminated array pointing into `strings`, for execve.
+std::vector<char*> Pointers(std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (std::string& s : strings) pointers.push_back(s.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+// The forked child, up to execve: only async-signal-safe calls from here.
+[[noreturn]] void ExecCopy(pid_t parent, int out, int err, const char* program,
+                           char** argv, char** envp) {
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) _exit(128 + SIGTERM);
+  setpgid(0, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  const int null = open("/dev/null", O_RDONLY);
+  if (null >= 0 && null != STDIN_FILENO) {
+    dup2(null, STDIN_FILENO);
+    close(null);
+  }
+  dup2(out, STDOUT_FILENO);  // the pipes close on exec; their copies don't
+  dup2(err, STDERR_FILENO);
+  execve(program, argv, envp);
+  const char* reason = strerrordesc_np(errno);
+  for (const char* part : {"gradmesh run: cannot execute ", program, ": ",
+                           reason != nullptr ? reason : "error", "\n"}) {
+    if (write(STDERR_FILENO, part, std::strlen(part)) < 0) break;
+  }
+  _exit(127);
+}
+
+// Starts `program` with `args` (args[0] first) and `environment` as copy
+// `copy->rank`, its output into two pipes.
+absl::Status Spawn(const std::string& program, std::vector<std::string> args,
+                   std::vector<std::string> environment, Copy* copy) {
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(out[0]);
+    close(out[1]);
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  std::vector<char*> argv = Pointers(args);
+  std::vector<char*> envp = Pointers(environment);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    ExecCopy(parent, out[1], err[1], program.c_str(), argv.data(), envp.data());
+  }
+  const int fork_errno = errno;
+  close(out[1]);
+  close(err[1]);
+  if (pid < 0) {
+    close(out[0]);
+    close(err[0]);
+    return absl::InternalError(
+        absl::StrCat("fork: ", std::strerror(fork_errno)));
+  }
+  setpgid(pid, pid);  // as the child does, so that no signal can miss it
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  fcntl(err[0], F_SETFL, O_NONBLOCK);
+  const std::string prefix = absl::StrCat("[", copy->rank, "] ");
+  copy->pid = pid;
+  copy->out = {.fd = out[0], .target = STDOUT_FILENO, .prefix = prefix};
+  copy->err = {.fd = err[0], .target = STDERR_FILENO, .prefix = prefix};
+  return absl::OkStatus();
+}
+
+int ExitCode(int status) {
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+}  // namespace
+
+std::string Describe(int status) {
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                        strsignal(WTERMSIG(status)), ")");
+  }
+  return absl::StrCat("exited with status ", WEXITSTATUS(status));
+}
+
+int TerminationSignalFd() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  return signalfd(-1, &signals, SFD_NONBLOCK | SFD_CLOEXEC);
+}
+
+bool SignalPending(int signal_fd) {
+  signalfd_siginfo info;
+  return read(signal_fd, &info, sizeof(info)) == sizeof(info);
+}
+
+Supervisor::Supervisor(int signal_fd, const std::vector<int>& ranks,
+                       std::function<bool(int)> worker_gone, NodeLink* link)
+    : signal_fd_(signal_fd), worker_gone_(std::move(worker_gone)), link_(link) {
+  copies_.resize(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    copies_[i].index = static_cast<int>(i);
+    copies_[i].rank = ranks[i];
+  }
+}
+
+Supervisor::~Supervisor() {
+  for (Copy& copy : copies_) {
+    Close(copy.out);
+    Close(copy.err);
+  }
+}
+
+void Supervisor::StartAll(const std::string& program,
+                          const std::vector<std::string>& args,
+                          std::vector<std::vector<std::string>> environments) {
+  ReadSignals();
+  for (Copy& copy : copies_) {
+    if (stopping_) return;
+    const absl::Status started =
+        Spawn(program, args, std::move(environments[copy.index]), &copy);
+    if (!started.ok()) {
+      Fail(absl::StrCat("rank ", copy.rank,
+                        " did not start: ", started.message()),
+           1);
+    }
+  }
+}
+
+void Supervisor::Wait() {
+  while (Running()) {
+    PollOnce();
+    ReadSignals();  // before Reap: a copy that died of our Ctrl-C is no
+                    // failure
+    Reap();
+    Decide(/*at_end=*/false);
+    if (link_ != nullptr) {
+      if (std::optional<NodeLink::Stop> stop = link_->Poll()) {
+        Fail(stop->why, stop->code, /*here=*/false);
+      }
+    }
+    KillLate();
+  }
+  Decide(/*at_end=*/true);
+  for (Copy& copy : copies_) {
+    Close(copy.out);
+    Close(copy.err);
+  }
+}
+
+bool Supervisor::Running() const {
+  return std::any_of(copies_.begin(), copies_.end(),
+                     [](const Copy& copy) { return copy.pid > 0; });
+}
+
+void Supervisor::PollOnce() {
+  std::vector<pollfd> fds = {{.fd = signal_fd_, .events = POLLIN}};
+  std::vector<Stream*> streams;
+  for (Copy& copy : copies_) {
+    for (Stream* stream : {&copy.out, &copy.err}) {
+      if (stream->fd < 0) continue;
+      fds.push_back({.fd = stream->fd, .events = POLLIN});
+      streams.push_back(stream);
+    }
+  }
+  // The tick bounds how late an exit (whose pipes a grandchild may keep
+  // open) or the SIGKILL deadline is noticed.
+  if (poll(fds.data(), fds.size(), absl::ToInt64Milliseconds(kTick)) <= 0) {
+    return;
+  }
+  for (size_t i = 1; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) Pump(*streams[i - 1], /*until_empty=*/false);
+  }
+}
+
+void Supervisor::ReadSignals() {
+  signalfd_siginfo info;
+  while (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
+    if (stopping_) {  // a second one: no more patience
+      kill_at_ = absl::Now();
+      continue;
+    }
+    std::fprintf(stderr, "gradmesh run: got %s; stopping the commands\n",
+                 info.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
+    interrupted_ = true;
+    StopAll();
+  }
+}
+
+void Supervisor::Reap() {
+  for (Copy& copy : copies_) {
+    if (copy.pid <= 0) continue;
+    int status = 0;
+    const pid_t reaped = waitpid(copy.pid, &status, WNOHANG);
+    if (reaped == 0 || (reaped < 0 && errno != ECHILD)) continue;
+    copy.pid = -1;  // with ECHILD, reaped elsewhere: its status is unknown
+    if (reaped <= 0 || stopping_ || status == 0) continue;
+    undecided_.push_back({.index = copy.index,
+                          .status = status,
+                          .until = absl::Now() + kWorkerGoneGrace});
+  }
+}
+
+void Supervisor::Decide(bool at_end) {
+  while (!undecided_.empty() && !stopping_) {
+    const Undecided u = undecided_.front();
+    const int rank = copies_[u.index].rank;
+    if (worker_gone_(u.index) && lost_.size() + 1 < copies_.size()) {
+      lost_.push_back(u.index);
+      std::fprintf(stderr,
+                   "gradmesh run: rank %d %s: its worker is gone; the other "
+                   "%zu go on\n",
+                   rank, Describe(u.status).c_str(),
+                   copies_.size() - lost_.size());
+    } else if (absl::Now() >= u.until || lost_.size() + 1 >= copies_.size()) {
+      Fail(absl::StrCat("rank ", rank, " ", Describe(u.status)),
+           ExitCode(u.status));
+    } else if (at_end) {
+      absl::SleepFor(kTick);
+      continue;
+    } else {
+      return;  // asked again at the next tick
+    }
+    undecided_.erase(undecided_.begin());
+  }
+}
+
+void Supervisor::Fail(std::string failure, int code, bool here) {
+  if (failed_) return;
+  failed_ = true;
+  failure_ = std::move(failure);
+  failure_code_ = code;
+  if (here && link_ != nullptr) link_->Failed(code);
+  StopAll();
+}
+
+void Supervisor::StopAll() {
+  if (stopping_) return;
+  stopping_ = true;
+  kill_at_ = absl::Now() + kKillAfter;
+  for (const Copy& copy : copies_) {
+    if (copy.pid > 0) kill(-copy.pid, SIGTERM);
+  }
+}
+
+void Supervisor::KillLate() {
+  if (absl::Now() < kill_at_) return;
+  kill_at_ = absl::InfiniteFuture();
+  for (const Copy& copy : copies_) {
+    if (copy.pid <= 0) continue;
+    std::fprintf(stderr, "gradmesh run: rank %d did not stop; sent SIGKILL\n",
+                 copy.rank);
+    kill(-copy.pid, SIGKILL);
+  }
+}
+
+}  // namespace gradmesh::tools

@@ -1,0 +1,116 @@
+// Supervisor: the copies of `gradmesh run`'s command on this node, from
+// their start until the last one has ended (run.h describes the behaviour:
+// output forwarding, signals, lost and failed copies).
+#ifndef GRADMESH_TOOLS_GRADMESH_SUPERVISOR_H_
+#define GRADMESH_TOOLS_GRADMESH_SUPERVISOR_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "tools/gradmesh/node_link.h"
+
+namespace gradmesh::tools {
+namespace supervisor_internal {
+
+// One pipe from a copy, forwarded line by line with the copy's prefix.
+struct Stream {
+  int fd = -1;  // the pipe's read end (non-blocking); -1 once closed
+  int target = STDOUT_FILENO;
+  std::string prefix;   // "[r] "
+  std::string pending;  // output not forwarded yet: the start of a line
+};
+
+struct Copy {
+  int index = 0;   // among this launcher's copies: its worker's
+  int rank = 0;    // in the job
+  pid_t pid = -1;  // also its process group; -1 before start and once reaped
+  Stream out;
+  Stream err;
+};
+
+}  // namespace supervisor_internal
+
+// The copies, from their start until the last one has ended: forwards their
+// output, and stops them all when one fails or a termination signal comes.
+// A copy that fails after its worker is gone (`worker_gone(index)`, within
+// kWorkerGoneGrace of the copy's end) is lost, not failed: the others go on
+// without it, unless none is left.
+class Supervisor {
+ public:
+  // Copy i has rank ranks[i] in the job; `link` (may be null) joins the
+  // other nodes' launchers: a failure there stops these copies, and theirs
+  // is told there.
+  Supervisor(int signal_fd, const std::vector<int>& ranks,
+             std::function<bool(int)> worker_gone, NodeLink* link);
+  ~Supervisor();  // forwards what is left of the copies' output
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Starts copy r with environment `environments[r]`, unless a termination
+  // signal is already pending or a start fails.
+  void StartAll(const std::string& program,
+                const std::vector<std::string>& args,
+                std::vector<std::vector<std::string>> environments);
+  // Returns once every started copy has ended and its output is forwarded.
+  void Wait();
+
+  bool failed() const { return failed_; }
+  // The copies lost with their workers (indices).
+  const std::vector<int>& lost() const { return lost_; }
+  int rank_of(int index) const { return copies_[index].rank; }
+  bool interrupted() const { return interrupted_; }
+  const std::string& failure() const { return failure_; }
+  int exit_code() const {
+    return failed_ ? failure_code_ : interrupted_ ? 130 : 0;
+  }
+
+ private:
+  bool Running() const;
+  void PollOnce();
+  void ReadSignals();
+  void Reap();
+  // Lost or failed, for each undecided copy whose worker is gone or whose
+  // grace is over (`at_end`: waits for that).
+  void Decide(bool at_end);
+  // `here`: a copy of this launcher's failed (else another node's).
+  void Fail(std::string failure, int code, bool here = true);
+  void StopAll();
+  void KillLate();
+
+  const int signal_fd_;
+  const std::function<bool(int)> worker_gone_;
+  NodeLink* const link_;
+  std::vector<supervisor_internal::Copy> copies_;
+  std::vector<int> lost_;  // indices
+  // Copies that failed while their worker still ran: index, wait status and
+  // until when its worker may still be seen gone.
+  struct Undecided {
+    int index;
+    int status;
+    absl::Time until;
+  };
+  std::vector<Undecided> undecided_;
+  bool stopping_ = false;
+  bool interrupted_ = false;
+  bool failed_ = false;
+  int failure_code_ = 0;
+  std::string failure_;
+  absl::Time kill_at_ = absl::InfiniteFuture();
+};
+
+// How a process ended, from its wait status ("exited with status 3").
+std::string Describe(int status);
+
+// SIGINT and SIGTERM as a readable file; they must be blocked.
+int TerminationSignalFd();
+
+// Whether a termination signal came (consuming it).
+bool SignalPending(int signal_fd);
+
+}  // namespace gradmesh::tools
+
+#endif  // GRADMESH_TOOLS_GRADMESH_SUPERVISOR_H_
