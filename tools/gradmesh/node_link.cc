@@ -99,7 +99,7 @@ NodeLink::~NodeLink() {
   }
 }
 
-std::optional<std::vector<std::string>> NodeLink::Read(Peer& peer) {
+std::vector<std::string> NodeLink::Read(Peer& peer) {
   std::vector<std::string> lines;
   char buffer[4096];
   while (peer.fd >= 0) {
@@ -109,7 +109,7 @@ std::optional<std::vector<std::string>> NodeLink::Read(Peer& peer) {
     if (n <= 0 || peer.pending.size() > kMaxLine) {
       close(peer.fd);
       peer.fd = -1;
-      return std::nullopt;
+      break;
     }
     peer.pending.append(buffer, static_cast<size_t>(n));
     size_t end;
@@ -152,9 +152,9 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Serve(
       joining.push_back({.fd = fd});
     }
     for (Peer& p : joining) {
-      const auto lines = link->Read(p);
-      if (!lines || lines->empty() || p.node >= 0) continue;
-      const auto hello = Parse(lines->front());
+      const std::vector<std::string> lines = link->Read(p);
+      if (lines.empty() || p.node >= 0 || p.fd < 0) continue;
+      const auto hello = Parse(lines.front());
       if (!hello || hello->first != "node" || hello->second < 1 ||
           hello->second >= nodes || joined[hello->second]) {
         link->Send(p, "stop 1");  // a stranger, or a node twice
@@ -169,7 +169,12 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Serve(
   }
   close(*listener);
   for (Peer& p : joining) {
-    if (p.node >= 0) link->peers_.push_back(std::move(p));
+    if (p.node >= 0) {
+      link->peers_.push_back(std::move(p));
+    } else if (p.fd >= 0) {  // not a node of this job, or one too many
+      link->Send(p, "stop 1");
+      close(p.fd);
+    }
   }
   std::vector<int> missing;
   for (int n = 1; n < nodes; ++n) {
@@ -206,9 +211,7 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
   link->Send(zero, absl::StrCat("node ", node));
   while (absl::Now() < deadline) {
     PollInput({zero.fd}, kTick);
-    const auto lines = link->Read(zero);
-    if (!lines) break;
-    for (const std::string& line : *lines) {
+    for (const std::string& line : link->Read(zero)) {
       if (absl::StartsWith(line, "job ")) {
         link->job_ = line.substr(4);
         return link;
@@ -216,6 +219,9 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
       return absl::FailedPreconditionError(
           absl::StrCat("node 0's launcher refused node ", node,
                        " (another node has that rank, or the job gave up)"));
+    }
+    if (zero.fd < 0) {
+      return absl::UnavailableError("node 0's launcher closed the link");
     }
   }
   return absl::DeadlineExceededError(
@@ -254,18 +260,16 @@ std::optional<NodeLink::Stop> NodeLink::Poll() {
   std::optional<Stop> first;
   for (Peer& peer : peers_) {
     if (peer.fd < 0) continue;
-    const auto lines = Read(peer);
     std::vector<Stop> stops;
-    if (!lines) {
+    for (const std::string& line : Read(peer)) {
+      if (auto stop = Handle(peer, line)) stops.push_back(*stop);
+    }
+    if (peer.fd < 0) {
       if (!peer.done && !end_) {
         stops.push_back(
             {absl::StrCat("node ", peer.node, "'s launcher is gone"), 1});
       }
       peer.done = true;
-    } else {
-      for (const std::string& line : *lines) {
-        if (auto stop = Handle(peer, line)) stops.push_back(*stop);
-      }
     }
     for (const Stop& stop : stops) {
       if (serving_) StopOthers(stop, &peer);

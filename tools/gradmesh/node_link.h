@@ -78,9 +78,9 @@ class NodeLink {
   };
 
   NodeLink() = default;
-  // The whole lines that arrived from `peer`; an empty optional when its
+  // The whole lines that arrived from `peer`; its fd is -1 once its
   // connection ended.
-  std::optional<std::vector<std::string>> Read(Peer& peer);
+  std::vector<std::string> Read(Peer& peer);
   void Send(Peer& peer, const std::string& line);
   // Handles one line from `peer`; a failure to pass on is returned.
   std::optional<Stop> Handle(Peer& peer, const std::string& line);

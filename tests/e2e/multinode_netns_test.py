@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""`gradmesh run` on two emulated hosts (network namespaces on a bridge), as
+a torchrun user launches a job on two nodes:
+
+    ip netns exec gmn0 gradmesh run --nnodes=2 --node_rank=0 \\
+        --nproc_per_node=2 --coordinator=10.79.0.1:7800 -- python3 job.py
+    ip netns exec gmn1 gradmesh run --nnodes=2 --node_rank=1 ... (the same)
+
+    sudo multinode_netns_test.py --gradmesh=BUILD/tools/gradmesh/gradmesh \\
+        --pythonpath=BUILD/client/python
+
+Checks that
+  - the job trains (SparDL, peer traffic across the bridge) and every rank
+    ends with the same parameters, with torch.distributed's env://
+    rendezvous (MASTER_ADDR on node 0) working beside gradmesh;
+  - a copy failing on node 1 ends both launchers with its status;
+  - node 0 alone names the node that never came, within the start timeout.
+Exits 0 when all hold, 1 with the reason otherwise, 77 (skipped) when not
+root. Removes what it creates (namespaces gmn*, bridge gmnbr0).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from netns_hosts import Hosts  # noqa: E402
+
+SKIPPED = 77
+JOB = os.path.join(HERE, "multinode_job.py")
+
+
+def log(message):
+    print(f"multinode_netns_test: {message}", flush=True)
+
+
+def launch(args, hosts, node, extra=(), job_args=(), nodes=2, port=7800):
+    """Node `node`'s launcher, started in its namespace."""
+    command = [
+        "ip", "netns", "exec", hosts.names[node], args.gradmesh, "run",
+        f"--nnodes={nodes}", f"--node_rank={node}", "--nproc_per_node=2",
+        f"--coordinator={hosts.ips[0]}:{port}", "--algo=spardl",
+        "--density=0.05", "--timeout_s=30", *extra, "--",
+        "/usr/bin/python3", JOB, *job_args]
+    # gloo finds its interface from the host name, which resolves to
+    # loopback in these namespaces: name it, as on such hosts with torchrun.
+    env = dict(os.environ, PYTHONPATH=args.pythonpath,
+               GLOO_SOCKET_IFNAME="eth0")
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def finish(processes, timeout):
+    """Each launcher's exit status and output; kills what outlives
+    `timeout` (a hang is a failure, not a wait)."""
+    results = []
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        try:
+            out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n(killed: still running at the deadline)"
+        results.append((p.returncode, out))
+    return results
+
+
+def check(condition, what, results):
+    if condition:
+        log(f"ok: {what}")
+        return
+    for node, (code, out) in enumerate(results):
+        print(f"--- node {node}: exit {code}\n{out}", flush=True)
+    raise SystemExit(f"multinode_netns_test: FAIL: {what}")
+
+
+def trains(args, hosts):
+    later = launch(args, hosts, 1)  # before node 0: it waits for it
+    results = finish([launch(args, hosts, 0), later], 240)
+    same = [line for _, out in results for line in out.splitlines()
+            if "the same on every rank" in line]
+    check(all(code == 0 for code, _ in results) and len(same) == 4,
+          "two nodes of two processes train to the same parameters", results)
+    check(all(f"on {hosts.ips[0]}" in line for line in same),
+          "MASTER_ADDR is node 0's address", results)
+
+
+def one_failure_ends_both(args, hosts):
+    start = time.monotonic()
+    later = launch(args, hosts, 1, port=7810, job_args=["--fail-rank=3"])
+    results = finish([launch(args, hosts, 0, port=7810,
+                             job_args=["--fail-rank=3"]), later], 120)
+    check([code for code, _ in results] == [3, 3],
+          f"rank 3 failing on node 1 ends both launchers with its status 3 "
+          f"(in {time.monotonic() - start:.0f} s)", results)
+
+
+def a_missing_node_is_named(args, hosts):
+    start = time.monotonic()
+    results = finish([launch(args, hosts, 0, port=7820,
+                             extra=["--start_timeout_s=5"])], 60)
+    elapsed = time.monotonic() - start
+    code, out = results[0]
+    check(code == 1 and "node 1 of 2 did not join" in out and elapsed < 30,
+          f"node 0 alone fails in {elapsed:.0f} s naming node 1", results)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gradmesh", required=True)
+    parser.add_argument("--pythonpath", required=True)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        log("skipped: needs root for network namespaces")
+        return SKIPPED
+    hosts = Hosts(2, prefix="gmn", subnet="10.79.0", bridge="gmnbr0",
+                  veth="gmnv")
+    try:
+        hosts.create()
+        trains(args, hosts)
+        one_failure_ends_both(args, hosts)
+        a_missing_node_is_named(args, hosts)
+    finally:
+        hosts.remove_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

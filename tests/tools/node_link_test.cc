@@ -1,0 +1,183 @@
+// NodeLink over loopback: the launchers of three nodes, each in a thread.
+#include "tools/gradmesh/node_link.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <optional>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace gradmesh::tools {
+namespace {
+
+// A port free now on every interface, for one test's link.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address = {.sin_family = AF_INET};
+  socklen_t length = sizeof(address);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// A signalfd that never fires (nothing is blocked or sent), for Finish.
+class NoSignals {
+ public:
+  NoSignals() {
+    sigset_t none;
+    sigemptyset(&none);
+    fd_ = signalfd(-1, &none, SFD_NONBLOCK | SFD_CLOEXEC);
+  }
+  ~NoSignals() { close(fd_); }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+using Link = std::unique_ptr<NodeLink>;
+
+// Node 0 serving `nodes` on `port`, and nodes 1.. joining, all at once.
+std::vector<Link> Connect(int port, int nodes) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto zero = std::async(std::launch::async, [&] {
+    return NodeLink::Serve(port, nodes, "the-job", deadline);
+  });
+  std::vector<std::future<absl::StatusOr<Link>>> others;
+  for (int n = 1; n < nodes; ++n) {
+    others.push_back(std::async(std::launch::async, [&, n] {
+      return NodeLink::Join("127.0.0.1", port, n, deadline);
+    }));
+  }
+  std::vector<Link> links;
+  absl::StatusOr<Link> served = zero.get();
+  EXPECT_TRUE(served.ok()) << served.status();
+  links.push_back(served.ok() ? *std::move(served) : nullptr);
+  for (auto& other : others) {
+    absl::StatusOr<Link> joined = other.get();
+    EXPECT_TRUE(joined.ok()) << joined.status();
+    links.push_back(joined.ok() ? *std::move(joined) : nullptr);
+  }
+  return links;
+}
+
+// Polls `link` until it reports a stop (or 5 s pass).
+std::optional<NodeLink::Stop> AwaitStop(NodeLink& link) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline) {
+    if (std::optional<NodeLink::Stop> stop = link.Poll()) return stop;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return std::nullopt;
+}
+
+TEST(NodeLinkTest, EveryNodeLearnsTheJobAndAllEndWithZero) {
+  std::vector<Link> links = Connect(FreePort(), 3);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  for (const Link& link : links) EXPECT_EQ(link->job(), "the-job");
+  NoSignals signals;
+  std::vector<std::future<int>> ends;
+  for (Link& link : links) {
+    ends.push_back(std::async(std::launch::async,
+                              [&] { return link->Finish(0, signals.fd()); }));
+  }
+  for (auto& end : ends) EXPECT_EQ(end.get(), 0);
+}
+
+TEST(NodeLinkTest, AFailureOnOneNodeStopsTheOthersWithItsStatus) {
+  std::vector<Link> links = Connect(FreePort(), 3);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  links[2]->Failed(3);
+  for (int n : {0, 1}) {
+    const std::optional<NodeLink::Stop> stop = AwaitStop(*links[n]);
+    ASSERT_TRUE(stop.has_value()) << "node " << n;
+    EXPECT_EQ(stop->code, 3);
+  }
+  EXPECT_EQ(links[2]->Poll(), std::nullopt);  // its own failure: no stop
+  NoSignals signals;
+  std::vector<std::future<int>> ends;
+  for (int n = 0; n < 3; ++n) {
+    // Nodes 0 and 1 stopped their copies (killed: 143); node 2's exited 3.
+    const int code = n == 2 ? 3 : 143;
+    ends.push_back(std::async(std::launch::async, [&, n, code] {
+      return links[n]->Finish(code, signals.fd());
+    }));
+  }
+  for (auto& end : ends) EXPECT_EQ(end.get(), 3);  // the first failure's
+}
+
+TEST(NodeLinkTest, ALauncherThatDiesCountsAsItsNodeFailing) {
+  std::vector<Link> links = Connect(FreePort(), 3);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  links[1].reset();  // its connection closes without "done"
+  const std::optional<NodeLink::Stop> at_zero = AwaitStop(*links[0]);
+  ASSERT_TRUE(at_zero.has_value());
+  EXPECT_NE(at_zero->why.find("node 1"), std::string::npos) << at_zero->why;
+  const std::optional<NodeLink::Stop> stop = AwaitStop(*links[2]);
+  ASSERT_TRUE(stop.has_value());  // passed on by node 0
+  EXPECT_EQ(stop->code, 1);
+}
+
+TEST(NodeLinkTest, NodeZeroGoneEndsTheOthersWithAFailure) {
+  std::vector<Link> links = Connect(FreePort(), 2);
+  ASSERT_TRUE(links[0] && links[1]);
+  links[0].reset();
+  NoSignals signals;
+  EXPECT_EQ(links[1]->Finish(0, signals.fd()), 1);
+}
+
+TEST(NodeLinkTest, ANodeThatNeverJoinsIsNamedByTheDeadline) {
+  const int port = FreePort();
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
+  auto one = std::async(std::launch::async, [&] {
+    return NodeLink::Join("127.0.0.1", port, 1, deadline);
+  });
+  const absl::StatusOr<Link> zero = NodeLink::Serve(port, 3, "job", deadline);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(zero.status())) << zero.status();
+  EXPECT_NE(zero.status().message().find("node 2 of 3"), std::string::npos)
+      << zero.status();
+  EXPECT_FALSE(one.get().ok());  // told to stop, not left waiting
+  EXPECT_LT(absl::Now() - deadline, absl::Seconds(2));
+}
+
+TEST(NodeLinkTest, ARankTakenTwiceIsRefused) {
+  const int port = FreePort();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto join = [&](int node) {
+    return std::async(std::launch::async, [&, node] {
+      return NodeLink::Join("127.0.0.1", port, node, deadline);
+    });
+  };
+  auto zero = std::async(std::launch::async, [&] {
+    return NodeLink::Serve(port, 3, "job", deadline);
+  });
+  auto first = join(1), second = join(1);
+  // The one refused answers at once; the other waits for node 2.
+  auto ready = [](auto& f) {
+    return f.wait_for(std::chrono::milliseconds(10)) ==
+           std::future_status::ready;
+  };
+  while (!ready(first) && !ready(second) && absl::Now() < deadline) {
+  }
+  auto& refused = ready(first) ? first : second;
+  auto& accepted = ready(first) ? second : first;
+  const absl::Status why = refused.get().status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(why)) << why;
+  auto two = join(2);
+  EXPECT_TRUE(zero.get().ok());
+  EXPECT_TRUE(accepted.get().ok());
+  EXPECT_TRUE(two.get().ok());
+}
+
+}  // namespace
+}  // namespace gradmesh::tools
