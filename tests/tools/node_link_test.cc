@@ -46,16 +46,29 @@ class NoSignals {
 
 using Link = std::unique_ptr<NodeLink>;
 
+// Node 0's link on `port`, waiting for the nodes of `shape`.
+absl::StatusOr<Link> Serve(int port, const NodeLink::Shape& shape,
+                           absl::Time deadline) {
+  absl::StatusOr<Link> link = NodeLink::Listen(port);
+  if (!link.ok()) return link.status();
+  if (absl::Status joined = (*link)->AwaitNodes(shape, "the-job", deadline);
+      !joined.ok()) {
+    return joined;
+  }
+  return link;
+}
+
+NodeLink::Shape Nodes(int nodes) { return {.nodes = nodes, .per_node = 2}; }
+
 // Node 0 serving `nodes` on `port`, and nodes 1.. joining, all at once.
 std::vector<Link> Connect(int port, int nodes) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  auto zero = std::async(std::launch::async, [&] {
-    return NodeLink::Serve(port, nodes, "the-job", deadline);
-  });
+  auto zero = std::async(std::launch::async,
+                         [&] { return Serve(port, Nodes(nodes), deadline); });
   std::vector<std::future<absl::StatusOr<Link>>> others;
   for (int n = 1; n < nodes; ++n) {
     others.push_back(std::async(std::launch::async, [&, n] {
-      return NodeLink::Join("127.0.0.1", port, n, deadline);
+      return NodeLink::Join("127.0.0.1", port, n, Nodes(nodes), deadline);
     }));
   }
   std::vector<Link> links;
@@ -139,15 +152,18 @@ TEST(NodeLinkTest, ANodeThatNeverJoinsIsNamedByTheDeadline) {
   const int port = FreePort();
   const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
   auto one = std::async(std::launch::async, [&] {
-    return NodeLink::Join("127.0.0.1", port, 1, deadline);
+    return NodeLink::Join("127.0.0.1", port, 1, Nodes(3),
+                          deadline + absl::Seconds(20));
   });
-  const absl::StatusOr<Link> zero = NodeLink::Serve(port, 3, "job", deadline);
+  const absl::StatusOr<Link> zero = Serve(port, Nodes(3), deadline);
   ASSERT_FALSE(zero.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(zero.status())) << zero.status();
   EXPECT_NE(zero.status().message().find("node 2 of 3"), std::string::npos)
       << zero.status();
-  EXPECT_FALSE(one.get().ok());  // told to stop, not left waiting
-  EXPECT_LT(absl::Now() - deadline, absl::Seconds(2));
+  // Node 1 is told to stop, not left waiting for its own deadline.
+  const absl::StatusOr<Link> joined = one.get();
+  EXPECT_TRUE(absl::IsFailedPrecondition(joined.status())) << joined.status();
+  EXPECT_LT(absl::Now() - deadline, absl::Seconds(3));
 }
 
 TEST(NodeLinkTest, ARankTakenTwiceIsRefused) {
@@ -155,12 +171,11 @@ TEST(NodeLinkTest, ARankTakenTwiceIsRefused) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   auto join = [&](int node) {
     return std::async(std::launch::async, [&, node] {
-      return NodeLink::Join("127.0.0.1", port, node, deadline);
+      return NodeLink::Join("127.0.0.1", port, node, Nodes(3), deadline);
     });
   };
-  auto zero = std::async(std::launch::async, [&] {
-    return NodeLink::Serve(port, 3, "job", deadline);
-  });
+  auto zero = std::async(std::launch::async,
+                         [&] { return Serve(port, Nodes(3), deadline); });
   auto first = join(1), second = join(1);
   // The one refused answers at once; the other waits for node 2.
   auto ready = [](auto& f) {
@@ -177,6 +192,47 @@ TEST(NodeLinkTest, ARankTakenTwiceIsRefused) {
   EXPECT_TRUE(zero.get().ok());
   EXPECT_TRUE(accepted.get().ok());
   EXPECT_TRUE(two.get().ok());
+}
+
+TEST(NodeLinkTest, NodesOfAnotherShapeAreRefusedWithBothShapes) {
+  const int port = FreePort();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto one = std::async(std::launch::async, [&] {
+    return NodeLink::Join("127.0.0.1", port, 1, {.nodes = 2, .per_node = 4},
+                          deadline);
+  });
+  const absl::StatusOr<Link> zero = Serve(port, Nodes(2), deadline);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(zero.status())) << zero.status();
+  EXPECT_NE(zero.status().message().find("--nproc_per_node=4"),
+            std::string::npos)
+      << zero.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(one.get().status()));
+}
+
+TEST(NodeLinkTest, AnInterruptEndsTheWaitAndStopsTheOthers) {
+  std::vector<Link> links = Connect(FreePort(), 2);
+  ASSERT_TRUE(links[0] && links[1]);
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
+  const int fd = signalfd(-1, &usr1, SFD_NONBLOCK | SFD_CLOEXEC);
+  kill(getpid(), SIGUSR1);
+  EXPECT_EQ(links[0]->Finish(0, fd), 130);  // node 1 is still running
+  const std::optional<NodeLink::Stop> stop = AwaitStop(*links[1]);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_EQ(stop->code, 130);
+  close(fd);
+}
+
+TEST(NodeLinkTest, CodesOutOfRangeAndStrayWordsFail) {
+  std::vector<Link> links = Connect(FreePort(), 2);
+  ASSERT_TRUE(links[0] && links[1]);
+  links[1]->Failed(256);  // would exit 0 as a status
+  const std::optional<NodeLink::Stop> stop = AwaitStop(*links[0]);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_EQ(stop->code, 1);
 }
 
 }  // namespace

@@ -434,8 +434,18 @@ absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
         "--nnodes > 1 needs --coordinator=HOST:PORT (an address of node 0 "
         "that every node reaches)");
   }
+  if (options.nodes > 999) {
+    return absl::InvalidArgumentError("--nnodes is at most 999");
+  }
   options.host = absl::GetFlag(FLAGS_host);
   options.master_port = absl::GetFlag(FLAGS_master_port);
+  if (options.master_port < 0 || options.master_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--master_port=", options.master_port, " is not a port"));
+  }
+  if (absl::GetFlag(FLAGS_start_timeout_s) <= 0) {
+    return absl::InvalidArgumentError("--start_timeout_s must be positive");
+  }
   options.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
   options.job = absl::GetFlag(FLAGS_job);
   return options;

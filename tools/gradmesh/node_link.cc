@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -23,42 +24,40 @@ namespace gradmesh::tools {
 namespace {
 
 constexpr absl::Duration kTick = absl::Milliseconds(100);
-constexpr size_t kMaxLine = 4096;  // a longer line breaks the link
+constexpr size_t kMaxLine = 4096;    // a longer line breaks the link
+constexpr size_t kMaxJoining = 256;  // connections not yet a node
 
 absl::Status Errno(absl::string_view what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
-void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, O_NONBLOCK); }
+// Non-blocking, and a silent peer noticed: keepalive probes after 10 s of
+// silence, every 5 s, 4 unanswered end it; unacknowledged data, 30 s.
+void Prepare(int fd) {
+  fcntl(fd, F_SETFL, O_NONBLOCK);
+  const int on = 1, idle = 10, interval = 5, count = 4, unacked_ms = 30000;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &unacked_ms,
+             sizeof(unacked_ms));
+}
 
-// Waits up to `timeout` for input on `fds` (all of them polled for input).
+// Waits up to `timeout` for input on `fds` (a negative fd is skipped).
 void PollInput(const std::vector<int>& fds, absl::Duration timeout) {
   std::vector<pollfd> polled;
   for (int fd : fds) polled.push_back({.fd = fd, .events = POLLIN});
   poll(polled.data(), polled.size(), absl::ToInt64Milliseconds(timeout));
 }
 
-// A socket listening on `port` of every interface.
-absl::StatusOr<int> Listen(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Errno("socket");
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in address = {.sin_family = AF_INET,
-                         .sin_port = htons(static_cast<uint16_t>(port)),
-                         .sin_addr = {.s_addr = htonl(INADDR_ANY)}};
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      listen(fd, 64) != 0) {
-    const absl::Status status =
-        Errno(absl::StrCat("the launchers' link on port ", port));
-    close(fd);
-    return status;
-  }
-  SetNonBlocking(fd);
-  return fd;
+// Whether a termination signal arrived on `signal_fd` (consuming it).
+bool Signalled(int signal_fd) {
+  signalfd_siginfo info;
+  return signal_fd >= 0 && read(signal_fd, &info, sizeof(info)) == sizeof(info);
 }
 
-// A connection to host:port, or an error.
+// A connection to host:port (waiting at most 2 s for it), or an error.
 absl::StatusOr<int> Connect(const std::string& host, int port) {
   addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM};
   addrinfo* found = nullptr;
@@ -69,6 +68,8 @@ absl::StatusOr<int> Connect(const std::string& host, int port) {
         absl::StrCat("cannot resolve ", host, ": ", gai_strerror(error)));
   }
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const timeval limit = {.tv_sec = 2, .tv_usec = 0};  // bounds connect()
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
   const bool connected =
       fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0;
   freeaddrinfo(found);
@@ -77,19 +78,26 @@ absl::StatusOr<int> Connect(const std::string& host, int port) {
     if (fd >= 0) close(fd);
     return status;
   }
-  SetNonBlocking(fd);
+  Prepare(fd);
   return fd;
 }
 
-// "word N" split into its word and number; nullopt if malformed.
-std::optional<std::pair<std::string, int>> Parse(const std::string& line) {
+// The words of a line and its numbers: "node 1 2 4" is {"node", {1, 2, 4}};
+// nullopt if a number is malformed.
+std::optional<std::pair<std::string, std::vector<int>>> Parse(
+    const std::string& line) {
   std::vector<std::string> parts = absl::StrSplit(line, ' ');
-  int number = 0;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &number)) {
-    return std::nullopt;
+  std::vector<int> numbers;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    int number = 0;
+    if (!absl::SimpleAtoi(parts[i], &number)) return std::nullopt;
+    numbers.push_back(number);
   }
-  return std::make_pair(parts[0], number);
+  return std::make_pair(parts[0], numbers);
 }
+
+// A failure's exit status as one: 1..255 (else 1).
+int FailureCode(int code) { return code >= 1 && code <= 255 ? code : 1; }
 
 }  // namespace
 
@@ -97,12 +105,14 @@ NodeLink::~NodeLink() {
   for (Peer& peer : peers_) {
     if (peer.fd >= 0) close(peer.fd);
   }
+  if (listener_ >= 0) close(listener_);
 }
 
 std::vector<std::string> NodeLink::Read(Peer& peer) {
-  std::vector<std::string> lines;
+  std::vector<std::string> lines = std::move(peer.queued);
+  peer.queued.clear();
   char buffer[4096];
-  while (peer.fd >= 0) {
+  while (peer.fd >= 0 && lines.size() < 64) {  // the rest at the next call
     const ssize_t n = read(peer.fd, buffer, sizeof(buffer));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) break;
@@ -132,73 +142,120 @@ void NodeLink::Send(Peer& peer, const std::string& line) {
   }
 }
 
-absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Serve(
-    int port, int nodes, const std::string& job, absl::Time deadline) {
+absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Listen(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("socket");
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in address = {.sin_family = AF_INET,
+                         .sin_port = htons(static_cast<uint16_t>(port)),
+                         .sin_addr = {.s_addr = htonl(INADDR_ANY)}};
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      listen(fd, 64) != 0) {
+    const absl::Status status = Errno(
+        absl::StrCat("the launchers' link on port ", port,
+                     " (is another job's node 0 using this --coordinator?)"));
+    close(fd);
+    return status;
+  }
+  fcntl(fd, F_SETFL, O_NONBLOCK);
   std::unique_ptr<NodeLink> link(new NodeLink());
   link->serving_ = true;
-  link->job_ = job;
-  absl::StatusOr<int> listener = Listen(port);
-  if (!listener.ok()) return listener.status();
-  std::vector<Peer> joining;
-  std::vector<bool> joined(nodes, false);
-  joined[0] = true;
-  while (std::count(joined.begin(), joined.end(), true) < nodes &&
-         absl::Now() < deadline) {
-    std::vector<int> fds = {*listener};
-    for (const Peer& p : joining) fds.push_back(p.fd);
-    PollInput(fds, kTick);
-    for (int fd; (fd = accept4(*listener, nullptr, nullptr,
-                               SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0;) {
-      joining.push_back({.fd = fd});
-    }
-    for (Peer& p : joining) {
-      const std::vector<std::string> lines = link->Read(p);
-      if (lines.empty() || p.node >= 0 || p.fd < 0) continue;
-      const auto hello = Parse(lines.front());
-      if (!hello || hello->first != "node" || hello->second < 1 ||
-          hello->second >= nodes || joined[hello->second]) {
-        link->Send(p, "stop 1");  // a stranger, or a node twice
-        close(p.fd);
-        p.fd = -1;
-        continue;
-      }
-      p.node = hello->second;
-      joined[p.node] = true;
-    }
-    std::erase_if(joining, [](const Peer& p) { return p.fd < 0; });
-  }
-  close(*listener);
-  for (Peer& p : joining) {
-    if (p.node >= 0) {
-      link->peers_.push_back(std::move(p));
-    } else if (p.fd >= 0) {  // not a node of this job, or one too many
-      link->Send(p, "stop 1");
-      close(p.fd);
-    }
-  }
-  std::vector<int> missing;
-  for (int n = 1; n < nodes; ++n) {
-    if (!joined[n]) missing.push_back(n);
-  }
-  if (!missing.empty()) {
-    for (Peer& p : link->peers_) link->Send(p, "stop 1");
-    return absl::DeadlineExceededError(absl::StrCat(
-        "node ", absl::StrJoin(missing, ", "), " of ", nodes,
-        " did not join in time (its `gradmesh run --node_rank=...` never "
-        "reached port ",
-        port, " here)"));
-  }
-  for (Peer& p : link->peers_) link->Send(p, absl::StrCat("job ", job));
+  link->listener_ = fd;
   return link;
 }
 
+absl::Status NodeLink::Admit(std::vector<Peer>& joining,
+                             std::vector<bool>& joined, const Shape& shape) {
+  for (Peer& p : joining) {
+    const std::vector<std::string> lines = Read(p);
+    if (p.fd < 0 && p.node >= 0) joined[p.node] = false;  // left again
+    if (lines.empty() || p.node >= 0 || p.fd < 0) continue;
+    const auto hello = Parse(lines.front());
+    const int node =
+        hello && hello->second.size() == 3 && hello->first == "node"
+            ? hello->second[0]
+            : -1;
+    if (node < 1 || node >= shape.nodes || joined[node]) {
+      Send(p, "stop 1");  // a stranger, or a node twice
+      close(p.fd);
+      p.fd = -1;
+      continue;
+    }
+    if (hello->second[1] != shape.nodes || hello->second[2] != shape.per_node) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "node ", node, " runs with --nnodes=", hello->second[1],
+          " --nproc_per_node=", hello->second[2], ", node 0 with --nnodes=",
+          shape.nodes, " --nproc_per_node=", shape.per_node,
+          ": every node must give the same"));
+    }
+    p.node = node;
+    joined[node] = true;
+  }
+  std::erase_if(joining, [](const Peer& p) { return p.fd < 0; });
+  return absl::OkStatus();
+}
+
+absl::Status NodeLink::AwaitNodes(const Shape& shape, const std::string& job,
+                                  absl::Time deadline, int signal_fd) {
+  job_ = job;
+  std::vector<Peer> joining;
+  std::vector<bool> joined(shape.nodes, false);
+  joined[0] = true;
+  absl::Status status;
+  while (status.ok() &&
+         std::count(joined.begin(), joined.end(), true) < shape.nodes) {
+    if (absl::Now() >= deadline) {
+      std::vector<int> missing;
+      for (int n = 1; n < shape.nodes; ++n) {
+        if (!joined[n]) missing.push_back(n);
+      }
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "node ", absl::StrJoin(missing, ", "), " of ", shape.nodes,
+          " did not join in time (its `gradmesh run --node_rank=...` never "
+          "reached this node's launcher)"));
+      break;
+    }
+    std::vector<int> fds = {listener_, signal_fd};
+    for (const Peer& p : joining) fds.push_back(p.fd);
+    PollInput(fds, kTick);
+    if (Signalled(signal_fd)) {
+      status = absl::CancelledError("interrupted while the nodes joined");
+      break;
+    }
+    for (int fd;
+         joining.size() < kMaxJoining &&
+         (fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
+      Prepare(fd);
+      joining.push_back({.fd = fd});
+    }
+    status = Admit(joining, joined, shape);
+  }
+  close(listener_);
+  listener_ = -1;
+  for (Peer& p : joining) {
+    if (status.ok() && p.node >= 0) {
+      peers_.push_back(std::move(p));
+      continue;
+    }
+    Send(p, "stop 1");  // not a node of this job, or the job gave up
+    if (p.fd >= 0) close(p.fd);
+  }
+  for (Peer& p : peers_) Send(p, absl::StrCat("job ", job));
+  return status;
+}
+
 absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
-    const std::string& host, int port, int node, absl::Time deadline) {
+    const std::string& host, int port, int node, const Shape& shape,
+    absl::Time deadline, int signal_fd) {
   std::unique_ptr<NodeLink> link(new NodeLink());
   absl::StatusOr<int> fd = Connect(host, port);
   while (!fd.ok() && absl::IsUnavailable(fd.status()) &&
          absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(200));
+    PollInput({signal_fd}, absl::Milliseconds(200));
+    if (Signalled(signal_fd)) {
+      return absl::CancelledError("interrupted while joining node 0");
+    }
     fd = Connect(host, port);
   }
   if (!fd.ok()) {
@@ -208,17 +265,24 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
   }
   link->peers_.push_back({.fd = *fd, .node = 0});
   Peer& zero = link->peers_.front();
-  link->Send(zero, absl::StrCat("node ", node));
+  link->Send(
+      zero, absl::StrCat("node ", node, " ", shape.nodes, " ", shape.per_node));
   while (absl::Now() < deadline) {
-    PollInput({zero.fd}, kTick);
-    for (const std::string& line : link->Read(zero)) {
-      if (absl::StartsWith(line, "job ")) {
-        link->job_ = line.substr(4);
-        return link;
+    PollInput({zero.fd, signal_fd}, kTick);
+    if (Signalled(signal_fd)) {
+      return absl::CancelledError("interrupted while joining node 0");
+    }
+    std::vector<std::string> lines = link->Read(zero);
+    if (!lines.empty()) {
+      if (!absl::StartsWith(lines.front(), "job ")) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "node 0's launcher refused node ", node,
+            " (another node has that rank, the nodes disagree on --nnodes "
+            "or --nproc_per_node, or the job gave up: see node 0)"));
       }
-      return absl::FailedPreconditionError(
-          absl::StrCat("node 0's launcher refused node ", node,
-                       " (another node has that rank, or the job gave up)"));
+      link->job_ = lines.front().substr(4);
+      zero.queued.assign(lines.begin() + 1, lines.end());
+      return link;
     }
     if (zero.fd < 0) {
       return absl::UnavailableError("node 0's launcher closed the link");
@@ -232,19 +296,20 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
 std::optional<NodeLink::Stop> NodeLink::Handle(Peer& peer,
                                                const std::string& line) {
   const auto parsed = Parse(line);
-  if (!parsed) return std::nullopt;
-  const auto& [word, code] = *parsed;
-  if (word == "done") {
+  if (!parsed || parsed->second.size() != 1) return std::nullopt;
+  const std::string& word = parsed->first;
+  const int code = parsed->second[0];
+  if (serving_ && word == "done") {
     peer.done = true;
     if (code == 0) return std::nullopt;
     return Stop{absl::StrCat("node ", peer.node, "'s processes failed (",
                              "its exit status ", code, ")"),
-                code};
+                FailureCode(code)};
   }
-  if (word == "stop") {
-    return Stop{"node 0 stops the job: another node failed", code};
+  if (!serving_ && word == "stop") {
+    return Stop{"node 0 stops the job: another node failed", FailureCode(code)};
   }
-  if (word == "end") end_ = code;
+  if (!serving_ && word == "end") end_ = code >= 0 && code <= 255 ? code : 1;
   return std::nullopt;
 }
 
@@ -259,12 +324,12 @@ void NodeLink::StopOthers(const Stop& stop, const Peer* from) {
 std::optional<NodeLink::Stop> NodeLink::Poll() {
   std::optional<Stop> first;
   for (Peer& peer : peers_) {
-    if (peer.fd < 0) continue;
     std::vector<Stop> stops;
     for (const std::string& line : Read(peer)) {
       if (auto stop = Handle(peer, line)) stops.push_back(*stop);
     }
-    if (peer.fd < 0) {
+    if (peer.fd < 0 && !peer.reported) {
+      peer.reported = true;
       if (!peer.done && !end_) {
         stops.push_back(
             {absl::StrCat("node ", peer.node, "'s launcher is gone"), 1});
@@ -283,12 +348,13 @@ std::optional<NodeLink::Stop> NodeLink::Poll() {
 }
 
 void NodeLink::Failed(int code) {
+  code = FailureCode(code);
   if (serving_) {
     StopOthers({"node 0's processes failed", code}, nullptr);
     return;
   }
   if (!verdict_) verdict_ = code;
-  Send(peers_.front(), absl::StrCat("done ", code));
+  if (!peers_.front().done) Send(peers_.front(), absl::StrCat("done ", code));
   peers_.front().done = true;
 }
 
@@ -309,12 +375,15 @@ int NodeLink::Finish(int code, int signal_fd) {
   };
   while (waiting()) {
     std::vector<int> fds = {signal_fd};
-    for (const Peer& p : peers_) {
-      if (p.fd >= 0) fds.push_back(p.fd);
-    }
+    for (const Peer& p : peers_) fds.push_back(p.fd);
     PollInput(fds, kTick);
-    signalfd_siginfo info;
-    if (read(signal_fd, &info, sizeof(info)) == sizeof(info)) return 130;
+    if (Signalled(signal_fd)) {
+      if (!verdict_) Failed(130);
+      if (serving_) {
+        for (Peer& p : peers_) Send(p, absl::StrCat("end ", *verdict_));
+      }
+      return *verdict_;
+    }
     Poll();
   }
   const int verdict = verdict_.value_or(0);

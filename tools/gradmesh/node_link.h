@@ -2,17 +2,20 @@
 // --nnodes=N`), joined by TCP so that the job ends alike everywhere, as
 // torchrun's agents do.
 //
-// Node 0's launcher serves the link (Serve); every other node's joins it
-// (Join) and learns the job's name. Lines, both ways:
-//   node -> 0:  "node I"     on joining
-//   0 -> node:  "job NAME"   once every node joined
+// Node 0's launcher serves the link (Listen, then AwaitNodes); every other
+// node's joins it (Join) and learns the job's name. Lines, both ways:
+//   node -> 0:  "node I N G" on joining: its rank, --nnodes, and copies
+//   0 -> node:  "job NAME"   once every node joined, all with the same N, G
 //   node -> 0:  "done CODE"  its copies ended (CODE: its exit status)
 //   0 -> node:  "stop CODE"  another node failed: stop, exit with CODE
 //   0 -> node:  "end CODE"   every node is done: the job's exit status
-// A link that breaks counts as its node failing (exit status 1).
+// A link that breaks counts as its node failing (exit status 1); TCP
+// keepalive notices a host that went silent within about 30 s. A failure's
+// code outside 1..255 counts as 1. The link trusts whoever reaches the port
+// (the job's own network).
 //
 //   GM_ASSIGN_OR_RETURN(auto link, NodeLink::Join("10.0.0.1", 7701, 1,
-//                                                 deadline));
+//                                                 shape, deadline));
 //   while (running) { if (auto stop = link->Poll()) StopCopies(*stop); }
 //   const int code = link->Finish(my_code, signal_fd);
 //
@@ -37,18 +40,30 @@ class NodeLink {
     std::string why;
     int code = 1;
   };
+  // What every node's launcher must agree on.
+  struct Shape {
+    int nodes = 1;
+    int per_node = 1;  // copies on each node
+  };
 
-  // Node 0: listens on port `port` of every interface and waits until nodes
-  // 1..nodes-1 have joined, then gives them `job`. DeadlineExceeded naming
-  // the nodes that did not join by `deadline`.
-  static absl::StatusOr<std::unique_ptr<NodeLink>> Serve(int port, int nodes,
-                                                         const std::string& job,
-                                                         absl::Time deadline);
+  // Node 0: listens on port `port` of every interface (Unavailable when it
+  // is taken, e.g. by another job's launcher).
+  static absl::StatusOr<std::unique_ptr<NodeLink>> Listen(int port);
+  // Node 0: waits until nodes 1..nodes-1 have joined with `shape`, then
+  // gives them `job`. DeadlineExceeded naming the nodes that did not join
+  // by `deadline`; InvalidArgument for a node of another shape; Cancelled on
+  // a termination signal on `signal_fd` (-1: none). On an error the nodes
+  // that joined are told to stop.
+  absl::Status AwaitNodes(const Shape& shape, const std::string& job,
+                          absl::Time deadline, int signal_fd = -1);
   // Node `node` (> 0): connects to node 0 at host:port (trying again until
-  // `deadline`) and waits for the job's name.
+  // `deadline`) and waits for the job's name. FailedPrecondition when node
+  // 0 refuses it; Cancelled on a termination signal on `signal_fd`.
   static absl::StatusOr<std::unique_ptr<NodeLink>> Join(const std::string& host,
                                                         int port, int node,
-                                                        absl::Time deadline);
+                                                        const Shape& shape,
+                                                        absl::Time deadline,
+                                                        int signal_fd = -1);
 
   ~NodeLink();
   NodeLink(const NodeLink&) = delete;
@@ -57,31 +72,39 @@ class NodeLink {
   const std::string& job() const { return job_; }
 
   // Reads what arrived, without blocking: another node's failure once
-  // known (each reported once). On node 0 a failing node's "stop" goes on
-  // to the others.
+  // known (reported once). On node 0 a failing node's stop goes on to the
+  // others.
   std::optional<Stop> Poll();
-  // This node's copies failed with `code`: tells the others (node 0: stops
-  // them; another node: tells node 0, which stops the rest).
+  // This node's copies failed with `code` (or were interrupted: 130): tells
+  // the others (node 0: stops them; another node: tells node 0, which stops
+  // the rest).
   void Failed(int code);
   // This node's copies ended with `code` (0 or a failure's status). Waits
-  // until every node is done (node 0) or for node 0's verdict, until a
-  // termination signal arrives on `signal_fd`, and returns the job's exit
-  // status: the first failure's, else 0.
+  // until every node is done (node 0) or for node 0's verdict, and returns
+  // the job's exit status: the first failure's, else 0. A termination
+  // signal on `signal_fd` ends the wait at once as a failure of 130, told to
+  // the others, unless a failure came before.
   int Finish(int code, int signal_fd);
 
  private:
   struct Peer {
     int fd = -1;
     int node = -1;
-    std::string pending;  // bytes read, not yet a whole line
+    std::string pending;              // bytes read, not yet a whole line
+    std::vector<std::string> queued;  // lines read, not yet handled
     bool done = false;
+    bool reported = false;  // its link's end, reported as a failure
   };
 
   NodeLink() = default;
-  // The whole lines that arrived from `peer`; its fd is -1 once its
-  // connection ended.
+  // The queued lines and the whole lines that arrived from `peer`; its fd
+  // is -1 once its connection ended.
   std::vector<std::string> Read(Peer& peer);
   void Send(Peer& peer, const std::string& line);
+  // Node 0: reads the joining connections' hellos into `joined`; an error
+  // for a node of another shape.
+  absl::Status Admit(std::vector<Peer>& joining, std::vector<bool>& joined,
+                     const Shape& shape);
   // Handles one line from `peer`; a failure to pass on is returned.
   std::optional<Stop> Handle(Peer& peer, const std::string& line);
   // Node 0: the first failure becomes everyone's stop.
@@ -89,6 +112,7 @@ class NodeLink {
   bool AllDone() const;
 
   bool serving_ = false;  // node 0
+  int listener_ = -1;     // node 0, until every node joined
   std::string job_;
   std::vector<Peer> peers_;     // node 0: the others; else: node 0
   std::optional<int> verdict_;  // the first failure's status, once known

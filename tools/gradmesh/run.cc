@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -147,7 +148,7 @@ int Finish(const Supervisor& supervisor, LocalCluster& cluster, int code) {
   std::vector<int> lost;
   for (int index : supervisor.lost()) {
     lost.push_back(supervisor.rank_of(index));
-    std::fprintf(stderr, "gradmesh run: worker of rank %d %s (its log: %s)\n",
+    std::fprintf(stderr, "gradmesh run: worker %d %s (its log: %s)\n",
                  lost.back(), Describe(cluster.exit_status(index)).c_str(),
                  cluster.worker_log(index).c_str());
   }
@@ -189,14 +190,16 @@ int Supervise(const RunOptions& options, const std::string& program,
   for (int w = 0; w < cluster.size(); ++w) {
     workers.push_back(absl::StrCat(cluster.worker_metrics_port(w)));
   }
-  std::fprintf(
-      stderr, "gradmesh run: /metrics of the workers on ports %s%s\n",
-      absl::StrJoin(workers, ", ").c_str(),
-      cluster.coordinator_metrics_port() == 0
-          ? ""
-          : absl::StrCat(", of the coordinator at http://127.0.0.1:",
-                         cluster.coordinator_metrics_port(), "/metrics")
-                .c_str());
+  if (cluster.coordinator_metrics_port() != 0) {
+    std::fprintf(stderr,
+                 "gradmesh run: /metrics at http://127.0.0.1:%d/metrics "
+                 "(coordinator), workers on ports %s\n",
+                 cluster.coordinator_metrics_port(),
+                 absl::StrJoin(workers, ", ").c_str());
+  } else {  // another node's coordinator
+    std::fprintf(stderr, "gradmesh run: /metrics of the workers on ports %s\n",
+                 absl::StrJoin(workers, ", ").c_str());
+  }
   std::vector<std::vector<std::string>> environments;
   std::vector<int> ranks;
   for (const Placement& at : placements) {
@@ -304,6 +307,74 @@ absl::StatusOr<std::string> AddressToward(const std::string& host) {
   return std::string(text);
 }
 
+// This node's cluster for a job on several nodes whose coordinator is at
+// host:port.
+absl::StatusOr<LocalClusterOptions> NodeCluster(const RunOptions& options,
+                                                const std::string& host) {
+  LocalClusterOptions cluster = options.cluster;
+  cluster.coordinator_address = options.coordinator;
+  cluster.node_prefix = absl::StrFormat("node%03d-", options.node_rank);
+  if (options.host.empty()) {
+    GM_ASSIGN_OR_RETURN(cluster.worker_ip, AddressToward(host));
+  } else {
+    cluster.worker_ip = options.host;
+  }
+  // A host name that resolves to loopback here would hide node 0's
+  // workers from the other nodes.
+  if (absl::StartsWith(cluster.worker_ip, "127.") &&
+      !absl::StartsWith(host, "127.") && host != "localhost") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the coordinator ", host,
+        " is reached through loopback here, so the other nodes could not "
+        "reach this one's workers: give --coordinator an address the other "
+        "nodes reach, or --host"));
+  }
+  return cluster;
+}
+
+// The launchers linked and this node's cluster started (into *cluster):
+// node 0 takes the link's port first (a second job on this coordinator
+// stops there, before its workers could take the first one's names), then
+// starts its cluster and waits for the others; another node joins node 0
+// first, then starts its workers.
+absl::StatusOr<std::unique_ptr<NodeLink>> LinkUp(
+    const RunOptions& options, const std::string& host, int port,
+    LocalClusterOptions cluster_options, absl::Time deadline, int signal_fd,
+    std::unique_ptr<LocalCluster>* cluster) {
+  const NodeLink::Shape shape = {.nodes = options.nodes,
+                                 .per_node = cluster_options.workers};
+  if (options.node_rank != 0) {
+    GM_ASSIGN_OR_RETURN(auto link,
+                        NodeLink::Join(host, port + 1, options.node_rank, shape,
+                                       deadline, signal_fd));
+    if (!options.job.empty() && options.job != link->job()) {
+      std::fprintf(stderr,
+                   "gradmesh run: --job=%s is not node 0's; the job is %s\n",
+                   options.job.c_str(), link->job().c_str());
+    }
+    cluster_options.start_coordinator = false;
+    GM_ASSIGN_OR_RETURN(*cluster, StartCluster(cluster_options));
+    return link;
+  }
+  GM_ASSIGN_OR_RETURN(auto link, NodeLink::Listen(port + 1));
+  cluster_options.start_coordinator = !Answers(host, port);
+  GM_ASSIGN_OR_RETURN(*cluster, StartCluster(cluster_options));
+  std::fprintf(stderr, "gradmesh run: waiting for %d more nodes on port %d\n",
+               options.nodes - 1, port + 1);
+  const std::string job = options.job.empty()
+                              ? absl::StrCat("run-", options.coordinator, "-",
+                                             absl::ToUnixSeconds(absl::Now()))
+                              : options.job;
+  if (absl::Status joined = link->AwaitNodes(shape, job, deadline, signal_fd);
+      !joined.ok()) {
+    (*cluster)->KeepWorkDir();
+    return absl::Status(
+        joined.code(),
+        absl::StrCat(joined.message(), "; logs in ", (*cluster)->work_dir()));
+  }
+  return link;
+}
+
 // Node `node_rank` of several: its workers join the coordinator at
 // options.coordinator (node 0 starts it), the launchers link up, and each
 // copy's rank is its worker's in the job's first full view.
@@ -316,36 +387,17 @@ absl::Status RunOnNodes(const RunOptions& options, const std::string& program,
   if (colon == std::string::npos ||
       !absl::SimpleAtoi(options.coordinator.substr(colon + 1), &port) ||
       port <= 0 || port > 65533) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--coordinator=", options.coordinator, " is not HOST:PORT"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--coordinator=", options.coordinator,
+                     " is not HOST:PORT (PORT at most 65533: the next two "
+                     "are the launchers' and MASTER_PORT)"));
   }
-  LocalClusterOptions cluster_options = options.cluster;
-  cluster_options.coordinator_address = options.coordinator;
-  cluster_options.node_prefix = absl::StrFormat("node%03d-", options.node_rank);
-  if (options.host.empty()) {
-    GM_ASSIGN_OR_RETURN(cluster_options.worker_ip, AddressToward(host));
-  } else {
-    cluster_options.worker_ip = options.host;
-  }
-  std::unique_ptr<NodeLink> link;
+  GM_ASSIGN_OR_RETURN(const LocalClusterOptions cluster_options,
+                      NodeCluster(options, host));
   std::unique_ptr<LocalCluster> cluster;
-  const std::string job = options.job.empty()
-                              ? absl::StrCat("run-", options.coordinator, "-",
-                                             absl::ToUnixSeconds(absl::Now()))
-                              : options.job;
-  if (options.node_rank == 0) {
-    cluster_options.start_coordinator = !Answers(host, port);
-    GM_ASSIGN_OR_RETURN(cluster, StartCluster(cluster_options));
-    std::fprintf(stderr, "gradmesh run: waiting for %d more nodes on port %d\n",
-                 options.nodes - 1, port + 1);
-    GM_ASSIGN_OR_RETURN(
-        link, NodeLink::Serve(port + 1, options.nodes, job, deadline));
-  } else {
-    GM_ASSIGN_OR_RETURN(
-        link, NodeLink::Join(host, port + 1, options.node_rank, deadline));
-    cluster_options.start_coordinator = false;
-    GM_ASSIGN_OR_RETURN(cluster, StartCluster(cluster_options));
-  }
+  GM_ASSIGN_OR_RETURN(const std::unique_ptr<NodeLink> link,
+                      LinkUp(options, host, port, cluster_options, deadline,
+                             signal_fd, &cluster));
   const int local = cluster->size();
   const int members = options.nodes * local;
   GM_RETURN_IF_ERROR(AwaitView(*cluster, members, deadline - absl::Now()));

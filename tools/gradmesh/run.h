@@ -6,7 +6,8 @@
 // node 0 the coordinator too; ranks go by node (node i's copies have ranks
 // iP..iP+P-1), and the launchers end the job alike (NodeLink): one failed
 // copy anywhere stops every node's, and every launcher exits with the first
-// failure's status. The environment:
+// failure's status (a copy lost with its worker, below, is lost only while
+// its node has another copy left). The environment:
 //
 //   GRADMESH_WORKER       worker r's SDK address ("unix:/.../worker-03.sock")
 //   GRADMESH_JOB          the job name, the same for every copy

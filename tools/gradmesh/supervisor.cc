@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -283,6 +284,7 @@ void Supervisor::ReadSignals() {
     std::fprintf(stderr, "gradmesh run: got %s; stopping the commands\n",
                  info.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
     interrupted_ = true;
+    if (link_ != nullptr) link_->Failed(130);  // every node stops
     StopAll();
   }
 }

@@ -5,6 +5,7 @@
 #define GRADMESH_TOOLS_GRADMESH_SUPERVISOR_H_
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <functional>
 #include <string>
