@@ -600,6 +600,17 @@ def test_a_malformed_checkpoint_is_refused_and_changes_nothing():
     finish(optimizer, model)
 
 
+def test_state_dict_between_backward_and_step_is_refused():
+    model = Net()
+    optimizer = wrap(model)
+    optimizer.zero_grad()
+    loss_of(model, 0, gradmesh.rank()).backward()
+    with pytest.raises(gradmesh.GradmeshError, match="in flight"):
+        optimizer.state_dict()  # refused here, before anything is sent
+    optimizer.step()
+    finish(optimizer, model)
+
+
 def test_a_checkpoint_of_one_process_in_the_earlier_format_loads():
     model = Net()
     optimizer = corrected(model, "sgd")

@@ -13,7 +13,7 @@ new size; a correction's own state (Adam's moments) takes the mean.
 
 The gather runs through one bucket per optimizer (Gather), registered with
 the optimizer, so that a failed gather leaves every process's registrations
-paired, and unregistered with it.
+paired, and unregistered with it: up to 2^22 values (16 MiB) per process.
 """
 
 import zlib
@@ -37,22 +37,15 @@ def _chunk(total):
 
 
 class Gather:
-    """The bucket through which an optimizer's state is gathered: registered
-    on construction (on every process at the same point, for `total` values
-    per process), again if the job's size changed since."""
+    """The bucket through which an optimizer's state is gathered, registered
+    once, on construction (on every process at the same point), for `total`
+    values per process; a job grown or shrunk since sends smaller or larger
+    chunks through it."""
 
     def __init__(self, name, total):
-        self._name = name
-        self._bucket = None
-        self._bucket = self.bucket(total)
-
-    def bucket(self, total):
         size = gradmesh.size() * _chunk(total)
-        if self._bucket is None or self._bucket.set.size != size:
-            self._bucket = None  # unregistered before the new registration
-            self._bucket = gradmesh._Bucket(gradmesh.register(
-                self._name, [(self._name, size)], exact=True), exact=True)
-        return self._bucket
+        self.bucket = gradmesh._Bucket(
+            gradmesh.register(name, [(name, size)], exact=True), exact=True)
 
 
 def _header(tensors):
@@ -66,25 +59,32 @@ def _gather_rows(bucket, flat):
     """Every process's float32 vector `flat`, as rows in rank order: in
     chunks, each process writes its part into zeros and an exact sum joins
     them. `flat` starts with the header: different headers raise alike on
-    every process after the first chunk."""
+    every process after the first chunk. ABORTED if the job's membership
+    changes meanwhile."""
     p, r = gradmesh.size(), gradmesh.rank()
+    chunk = bucket.set.size // p
+    if chunk == 0:
+        raise gradmesh._error("FAILED_PRECONDITION", "state_dict(): the job "
+                              "outgrew the optimizer's gather bucket")
     total = flat.size
-    chunk = _chunk(total - _HEADER)
     rows = np.empty((p, total), np.float32)
-    padded = np.zeros((p, chunk), np.float32)
+    padded = np.zeros(bucket.set.size, np.float32)
+    mine = padded[r * chunk:(r + 1) * chunk]
     for start in range(0, total, chunk):
         part = flat[start:start + chunk]
-        padded[r, :] = 0.0
-        padded[r, :part.size] = part
-        summed = gradmesh._sum_exactly(bucket, padded).reshape(p, chunk)
-        rows[:, start:start + part.size] = summed[:, :part.size]
+        mine[:] = 0.0
+        mine[:part.size] = part
+        summed = gradmesh._sum_exactly(bucket, padded)[:p * chunk]
+        if (gradmesh.size(), gradmesh.rank()) != (p, r):
+            raise gradmesh._error(
+                "ABORTED", "state_dict(): the job's membership changed "
+                "during the gather; call it again")
+        rows[:, start:start + part.size] = summed.reshape(p, chunk)[
+            :, :part.size]
         if start == 0 and not (rows[:, :_HEADER] == rows[0, :_HEADER]).all():
             raise gradmesh._invalid(
                 "state_dict(): the processes' optimizers hold different "
                 "state (other parameters, buckets or correction)")
-    if (gradmesh.size(), gradmesh.rank()) != (p, r):
-        raise gradmesh._error("ABORTED", "state_dict(): the job's membership "
-                              "changed during the gather; call it again")
     return rows[:, _HEADER:]
 
 
@@ -98,7 +98,7 @@ def gather(through, tensors):
         [t.detach().to("cpu", torch.float32).reshape(-1).numpy()
          for _, t in tensors])
     try:
-        rows = _gather_rows(through.bucket(flat.size - _HEADER), flat)
+        rows = _gather_rows(through.bucket, flat)
     except gradmesh.GradmeshError as e:
         if e.code == "DEADLINE_EXCEEDED":
             e.add_note("state_dict() gathers every process's residuals: "
@@ -117,8 +117,12 @@ def _checked_rows(table, keys, sizes):
             table.get("rows"), torch.Tensor):
         raise gradmesh._invalid("the checkpoint's 'gradmesh' entry is not a "
                                 "table of rows")
-    if list(table.get("keys", ())) != keys or [
-            int(n) for n in table.get("sizes", ())] != sizes:
+    try:
+        same = list(table.get("keys", ())) == keys and [
+            int(n) for n in table.get("sizes", ())] == sizes
+    except (TypeError, ValueError):
+        same = False
+    if not same:
         raise gradmesh._invalid(
             "the checkpoint's per-process state does not match this "
             "optimizer (other parameters, buckets or correction)")
@@ -160,7 +164,8 @@ def _row_for(columns, key, op):
 def own_table(tensors, values):
     """A table holding this process's `values` (one array per tensor) as its
     row: how an earlier per-process checkpoint is loaded."""
-    rows = torch.zeros(gradmesh.size(), sum(t.numel() for _, t in tensors))
+    rows = torch.zeros(gradmesh.size(), sum(t.numel() for _, t in tensors),
+                       dtype=torch.float32)
     rows[gradmesh.rank()] = torch.cat(
         [torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in values])
     return {"world_size": gradmesh.size(), "keys": [k for k, _ in tensors],

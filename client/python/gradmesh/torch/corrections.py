@@ -31,6 +31,18 @@ import torch
 import gradmesh
 
 
+def _refused(slot):
+    """Whether `slot` holds a non-finite value (the worker refuses the
+    step); if so only those are left, so that the residual, which keeps a
+    refused step's finite values, gets no raw gradient among its
+    directions."""
+    finite = torch.isfinite(slot)
+    if finite.all():
+        return False
+    slot.masked_fill_(finite, 0.0)
+    return True
+
+
 class MomentumCorrection:
     """Deep Gradient Compression's momentum correction, for SGD with
     momentum: the direction is the local velocity u = m u + (g + wd p); the
@@ -53,7 +65,7 @@ class MomentumCorrection:
 
     def transform(self, p, group, slot, exact):
         del exact  # the sum of velocities is the velocity of the sum
-        if not torch.isfinite(slot).all():
+        if _refused(slot):
             return
         if group["weight_decay"]:
             slot.add_(p.detach().to(slot.device), alpha=group["weight_decay"])
@@ -108,7 +120,7 @@ class AdamCorrection:
             for _, p in named}
 
     def transform(self, p, group, slot, exact):
-        if exact or not torch.isfinite(slot).all():
+        if exact or _refused(slot):
             return  # plain Adam on the exact sum; or a refused step
         beta1, beta2 = group["betas"]
         if group["weight_decay"] and not self._decoupled:

@@ -95,9 +95,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for i, run in enumerate(_bucket_plan(list(reversed(named)),
                                                  num_buckets))
         ]
+        correction = self._gradmesh_correction
         self._gradmesh_gather = checkpoint.Gather(
             f"{self._gradmesh_name}.checkpoint",
-            sum(t.numel() for _, t in self._gradmesh_own_tensors(read=False)))
+            sum(b.set.size for b in self._gradmesh_buckets) + (
+                0 if correction is None else
+                sum(t.numel() for _, t in correction.tensors())))
         self._gradmesh_where = {}
         for b in self._gradmesh_buckets:
             for i, p in enumerate(b.params):
@@ -452,18 +455,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  for p in b.params}
         return self._gradmesh_correction.step(inner, exact)
 
-    def _gradmesh_own_tensors(self, read=True):
+    def _gradmesh_own_tensors(self):
         """This process's own state, [(key, tensor)] in one order on every
-        process: each bucket's residual (read from the worker unless not
-        `read`: zeros) and the correction's."""
+        process: each bucket's residual (read from the worker) and the
+        correction's."""
         client = gradmesh._the_client()
         tensors = []
         for i, b in enumerate(self._gradmesh_buckets):
-            if read:
-                client.save_residual(b.set)
-            residual = b.set.residual().copy() if read else np.zeros(
-                b.set.size, np.float32)
-            tensors.append((f"residual/{i}", torch.from_numpy(residual)))
+            client.save_residual(b.set)
+            tensors.append((f"residual/{i}",
+                            torch.from_numpy(b.set.residual().copy())))
         if self._gradmesh_correction is not None:
             tensors += self._gradmesh_correction.tensors()
         return tensors
@@ -501,12 +502,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         leaves them as they are."""
         self._gradmesh_check_idle("load_state_dict()")
         state = dict(state_dict)
-        tensors = self._gradmesh_own_tensors()
         table = state.pop("gradmesh", None)
+        if table is None and "gradmesh_residuals" not in state:
+            return super(self.__class__, self).load_state_dict(state)
+        tensors = self._gradmesh_own_tensors()
         if "gradmesh_residuals" in state:  # an earlier per-process format
             table = self._gradmesh_own_table(state, tensors)
-        if table is None:
-            return super(self.__class__, self).load_state_dict(state)
         values = checkpoint.mine(table, tensors, self._gradmesh_op)
         before = super(self.__class__, self).state_dict()
         super(self.__class__, self).load_state_dict(state)
