@@ -281,3 +281,30 @@ def test_synchronize_then_step_applies_the_gradient_once():
     reference_step(reference, 0.1, batches)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_under_torchrun_init_finds_the_worker_of_its_local_rank(
+        monkeypatch, tmp_path):
+    # torchrun sets LOCAL_RANK and MASTER_*, not GRADMESH_WORKER; the node's
+    # workers serve at worker-<LOCAL_RANK>.sock in the socket folder.
+    real = os.environ["GRADMESH_WORKER"][len("unix:"):]
+    local = gradmesh.local_rank()
+    os.symlink(real, tmp_path / f"worker-{local}.sock")
+    for name in ("GRADMESH_WORKER", "GRADMESH_JOB"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GRADMESH_SOCKET_DIR", str(tmp_path))
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    worker, job = gradmesh._default_worker()
+    assert worker == f"unix:{tmp_path}/worker-{local}.sock"
+    assert job == "torchrun-10.0.0.1-29500"
+    client = gradmesh.Client.connect(worker, "probe", 30.0)
+    assert client.plan().world_size == gradmesh.size()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert gradmesh._default_worker()[1] == "torchrun-abc"
+    monkeypatch.setenv("LOCAL_RANK", "7")
+    os.remove(tmp_path / f"worker-{local}.sock")
+    with pytest.raises(gradmesh.GradmeshError, match="worker-7.sock") as e:
+        gradmesh._default_worker()
+    assert e.value.code == "FAILED_PRECONDITION"

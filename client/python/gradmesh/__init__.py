@@ -109,22 +109,57 @@ class _Bucket:
         return step
 
 
+# Where a node's workers serve the SDK when nothing names one: torchrun
+# sets LOCAL_RANK, and its copy r talks to worker-r.sock; a pod with one
+# worker (deploy/k8s) has worker.sock.
+SOCKET_DIR = "/run/gradmesh"
+
+
+def _default_worker():
+    """The worker and job for a process that `gradmesh run` did not start
+    (torchrun, a pod): $GRADMESH_WORKER and $GRADMESH_JOB if set, else the
+    socket of $LOCAL_RANK in $GRADMESH_SOCKET_DIR (default SOCKET_DIR), and
+    a job named after torchrun's run (the same in every process)."""
+    worker = os.environ.get("GRADMESH_WORKER", "")
+    job = os.environ.get("GRADMESH_JOB", "")
+    if not job and "MASTER_ADDR" in os.environ:
+        run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+        job = (f"torchrun-{run}" if run != "none" else
+               f"torchrun-{os.environ['MASTER_ADDR']}-"
+               f"{os.environ.get('MASTER_PORT', '')}")
+    if worker:
+        return worker, job
+    folder = os.environ.get("GRADMESH_SOCKET_DIR", SOCKET_DIR)
+    names = ([f"worker-{int(os.environ['LOCAL_RANK'])}.sock"]
+             if os.environ.get("LOCAL_RANK", "").isdigit() else [])
+    names.append("worker.sock")
+    tried = [os.path.join(folder, name) for name in names]
+    for path in tried:
+        if os.path.exists(path):
+            return f"unix:{path}", job
+    raise _error("FAILED_PRECONDITION",
+                 "init() found no worker: run under `gradmesh run`, start "
+                 f"this node's workers with --sdk_socket={tried[0]} (tried "
+                 f"{', '.join(tried)}), pass worker= ('unix:/path' or "
+                 "'host:port') or set $GRADMESH_WORKER")
+
+
 def init(worker=None, job=None, timeout=300.0):
     """Connects to this node's worker and waits until it is in a view.
 
     worker and job default to $GRADMESH_WORKER and $GRADMESH_JOB, which
-    `gradmesh run` sets. A worker reached over TCP (host:port) wants its SDK
-    token in $GRADMESH_TOKEN. Calling init again is a no-op.
+    `gradmesh run` sets; under torchrun (no $GRADMESH_WORKER) to the socket
+    of $LOCAL_RANK in /run/gradmesh (worker-<LOCAL_RANK>.sock, else
+    worker.sock) and a job named after torchrun's run. A worker reached over
+    TCP (host:port) wants its SDK token in $GRADMESH_TOKEN. Calling init
+    again is a no-op.
     """
     global _client
     if _client is not None:
         return _client
-    worker = worker or os.environ.get("GRADMESH_WORKER", "")
     if not worker:
-        raise _error("FAILED_PRECONDITION",
-                     "init() found no worker: run under `gradmesh run`, or "
-                     "pass worker= ('unix:/path' or 'host:port') or set "
-                     "$GRADMESH_WORKER")
+        worker, default_job = _default_worker()
+        job = job or default_job
     with _lock:
         if _client is None:
             _client = Client.connect(worker, job or "", timeout)
