@@ -14,7 +14,8 @@ Checks that
     ends with the same parameters, with torch.distributed's env://
     rendezvous (MASTER_ADDR on node 0) working beside gradmesh;
   - a copy failing on node 1 ends both launchers with its status;
-  - node 0 alone names the node that never came, within the start timeout.
+  - node 0 alone names the node that never came, within the start timeout,
+    and another node alone says that node 0 never answered.
 Exits 0 when all hold, 1 with the reason otherwise, 77 (skipped) when not
 root. Removes what it creates (namespaces gmn*, bridge gmnbr0).
 """
@@ -110,6 +111,17 @@ def a_missing_node_is_named(args, hosts):
           f"node 0 alone fails in {elapsed:.0f} s naming node 1", results)
 
 
+def another_node_alone_gives_up(args, hosts):
+    start = time.monotonic()
+    results = finish([launch(args, hosts, 1, port=7830,
+                             extra=["--start_timeout_s=5"])], 60)
+    elapsed = time.monotonic() - start
+    code, out = results[0]
+    check(code == 1 and "node 0's launcher did not answer" in out
+          and elapsed < 30,
+          f"node 1 without node 0 fails in {elapsed:.0f} s saying so", results)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gradmesh", required=True)
@@ -125,6 +137,7 @@ def main():
         trains(args, hosts)
         one_failure_ends_both(args, hosts)
         a_missing_node_is_named(args, hosts)
+        another_node_alone_gives_up(args, hosts)
     finally:
         hosts.remove_all()
     return 0
