@@ -11,6 +11,7 @@ packages=(
   clang clang-format libclang-rt-14-dev python3 openssl curl
   python3-dev pybind11-dev python3-numpy python3-torch python3-matplotlib
   python3-pytest dataset-fashion-mnist
+  python3-pip python3-venv python3-setuptools python3-wheel
   libgloo-dev libopenmpi-dev openmpi-bin iproute2 procps
   prometheus yamllint python3-yaml universal-ctags
 )
