@@ -6,18 +6,18 @@ version), from this source tree with CMake and Debian's build dependencies
     python3 -m venv --system-site-packages venv
     venv/bin/pip install --no-build-isolation ./client/python
 
-$GRADMESH_BUILD_DIR names the CMake build tree to use (default:
-build-python<major><minor> at the top of the source tree, configured for
-this Python); $GRADMESH_CUDA=ON builds the CUDA kernels into a new one.
-An existing tree must have been configured for this Python.
+$GRADMESH_BUILD_DIR names the CMake build tree to use (absolute, or
+relative to the top of the source tree; default: build-python<major><minor>
+there, made for this Python). An existing tree must have been configured
+for this Python. Needs pip 21.3 or later (it builds in place).
 """
 
-import glob
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
@@ -32,15 +32,33 @@ def _version():
 
 
 def _check_python(cache):
-    """Exits unless the build tree of `cache` builds for this Python."""
+    """Exits unless the build tree of `cache` builds for this Python (the
+    interpreter CMake found, as its cache records it)."""
     with open(cache) as f:
-        found = re.search(r"^Python3_EXECUTABLE:[A-Z]+=(.*)$", f.read(), re.M)
+        text = f.read()
+    found = (re.search(r"^_Python3_EXECUTABLE:INTERNAL=(.*)$", text, re.M) or
+             re.search(r"^Python3_EXECUTABLE:[A-Z]+=(.*)$", text, re.M))
     if found is None or (os.path.realpath(found[1]) !=
                          os.path.realpath(sys.executable)):
         sys.exit(f"gradmesh: {os.path.dirname(cache)} builds for "
                  f"{found[1] if found else 'no Python'}, not "
-                 f"{sys.executable}: set GRADMESH_BUILD_DIR to another "
-                 "build tree (or leave it unset)")
+                 f"{sys.executable}: set GRADMESH_BUILD_DIR to a build tree "
+                 "made for this Python, or leave it unset")
+
+
+def _configure(build_dir):
+    """A new build tree for this Python (the extension has no CUDA code)."""
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    try:
+        subprocess.check_call(
+            ["cmake", "-S", ROOT, "-B", build_dir, *generator,
+             "-DCMAKE_BUILD_TYPE=Release", "-DGRADMESH_CUDA=OFF",
+             "-DGRADMESH_WERROR=OFF",
+             f"-DPython3_EXECUTABLE={os.path.realpath(sys.executable)}"])
+    except subprocess.CalledProcessError:
+        shutil.rmtree(build_dir, ignore_errors=True)  # the next try anew
+        sys.exit("gradmesh: configuring the build failed (above); "
+                 "scripts/setup.sh installs what it needs")
 
 
 class _BuildWithCMake(build_py):
@@ -48,28 +66,27 @@ class _BuildWithCMake(build_py):
     beside the package's Python files."""
 
     def run(self):
-        build_dir = os.environ.get("GRADMESH_BUILD_DIR") or os.path.join(
-            ROOT, f"build-python{sys.version_info[0]}{sys.version_info[1]}")
+        build_dir = os.path.join(ROOT, os.environ.get("GRADMESH_BUILD_DIR") or
+                                 f"build-python{sys.version_info[0]}"
+                                 f"{sys.version_info[1]}")
         cache = os.path.join(build_dir, "CMakeCache.txt")
         if os.path.exists(cache):
             _check_python(cache)
         else:
-            subprocess.check_call([
-                "cmake", "-S", ROOT, "-B", build_dir, "-G", "Ninja",
-                "-DCMAKE_BUILD_TYPE=Release",
-                f"-DPython3_EXECUTABLE={sys.executable}",
-                f"-DGRADMESH_CUDA={os.environ.get('GRADMESH_CUDA', 'OFF')}"])
-        subprocess.check_call(["cmake", "--build", build_dir, "--target",
-                               "gradmesh_python"])
+            _configure(build_dir)
+        if subprocess.call(["cmake", "--build", build_dir, "--target",
+                            "gradmesh_python"]) != 0:
+            sys.exit(f"gradmesh: building the extension in {build_dir} "
+                     "failed (above); without pybind11-dev and python3-dev "
+                     "(scripts/setup.sh) CMake leaves it out")
         super().run()
-        built = glob.glob(os.path.join(build_dir, "client", "python",
-                                       "gradmesh", "_gradmesh*.so"))
-        if len(built) != 1:
-            sys.exit(f"gradmesh: expected one built extension in {build_dir},"
-                     f" found {built}")
+        name = "_gradmesh" + sysconfig.get_config_var("EXT_SUFFIX")
+        built = os.path.join(build_dir, "client", "python", "gradmesh", name)
+        if not os.path.exists(built):
+            sys.exit(f"gradmesh: {built} was not built")
         target = os.path.join(self.build_lib, "gradmesh")
         os.makedirs(target, exist_ok=True)
-        shutil.copy2(built[0], target)
+        shutil.copy2(built, target)
 
 
 class _WithExtension(Distribution):

@@ -7,6 +7,8 @@ plan makes sums exact and the results checkable against plain arithmetic.
 """
 
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -289,22 +291,28 @@ def test_under_torchrun_init_finds_the_worker_of_its_local_rank(
     # workers serve at worker-<LOCAL_RANK>.sock in the socket folder.
     real = os.environ["GRADMESH_WORKER"][len("unix:"):]
     local = gradmesh.local_rank()
-    os.symlink(real, tmp_path / f"worker-{local}.sock")
-    for name in ("GRADMESH_WORKER", "GRADMESH_JOB"):
-        monkeypatch.delenv(name)
+    for name in ("GRADMESH_WORKER", "GRADMESH_JOB", "GRADMESH_LOCAL_RANK",
+                 "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", str(local))
     monkeypatch.setenv("GRADMESH_SOCKET_DIR", str(tmp_path))
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    worker, job = gradmesh._default_worker()
-    assert worker == f"unix:{tmp_path}/worker-{local}.sock"
-    assert job == "torchrun-10.0.0.1-29500"
+    assert gradmesh.local_rank() == local
+    socket = tmp_path / f"worker-{local}.sock"
+    # A worker that comes up late is waited for.
+    threading.Timer(0.5, os.symlink, (real, socket)).start()
+    worker = gradmesh._default_worker(deadline=time.monotonic() + 10)
+    assert worker == f"unix:{socket}"
+    assert gradmesh._default_job() == "torchrun-10.0.0.1-29500"
     client = gradmesh.Client.connect(worker, "probe", 30.0)
     assert client.plan().world_size == gradmesh.size()
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
-    assert gradmesh._default_worker()[1] == "torchrun-abc"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "a/b")
+    assert gradmesh._default_job() == "torchrun-a-b"
     monkeypatch.setenv("LOCAL_RANK", "7")
-    os.remove(tmp_path / f"worker-{local}.sock")
     with pytest.raises(gradmesh.GradmeshError, match="worker-7.sock") as e:
-        gradmesh._default_worker()
+        gradmesh._default_worker(deadline=time.monotonic() + 0.3)
     assert e.value.code == "FAILED_PRECONDITION"
+    monkeypatch.setenv("LOCAL_RANK", " 1")
+    with pytest.raises(gradmesh.GradmeshError, match="not a number"):
+        gradmesh._default_worker()

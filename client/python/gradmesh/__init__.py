@@ -39,7 +39,9 @@ GradmeshError): stop; the other processes go on without this one, and
 
 import os
 import pickle
+import re
 import threading
+import time
 
 import numpy as np
 
@@ -115,33 +117,45 @@ class _Bucket:
 SOCKET_DIR = "/run/gradmesh"
 
 
-def _default_worker():
-    """The worker and job for a process that `gradmesh run` did not start
-    (torchrun, a pod): $GRADMESH_WORKER and $GRADMESH_JOB if set, else the
-    socket of $LOCAL_RANK in $GRADMESH_SOCKET_DIR (default SOCKET_DIR), and
-    a job named after torchrun's run (the same in every process)."""
-    worker = os.environ.get("GRADMESH_WORKER", "")
+def _default_job():
+    """$GRADMESH_JOB, else under torchrun a name of its run, the same in
+    every process: TORCHELASTIC_RUN_ID (--rdzv_id), else MASTER_ADDR and
+    MASTER_PORT."""
     job = os.environ.get("GRADMESH_JOB", "")
-    if not job and "MASTER_ADDR" in os.environ:
-        run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-        job = (f"torchrun-{run}" if run != "none" else
-               f"torchrun-{os.environ['MASTER_ADDR']}-"
-               f"{os.environ.get('MASTER_PORT', '')}")
+    if job or "MASTER_ADDR" not in os.environ:
+        return job
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    name = (f"torchrun-{run}" if run != "none" else
+            f"torchrun-{os.environ['MASTER_ADDR']}-"
+            f"{os.environ.get('MASTER_PORT', '')}")
+    return name.replace("/", "-")
+
+
+def _default_worker(deadline=None):
+    """$GRADMESH_WORKER, else the socket of $LOCAL_RANK in
+    $GRADMESH_SOCKET_DIR (default SOCKET_DIR): worker-<LOCAL_RANK>.sock, or
+    worker.sock where LOCAL_RANK is unset. Waits for it to appear until
+    `deadline` (time.monotonic(); None: looks once)."""
+    worker = os.environ.get("GRADMESH_WORKER", "")
     if worker:
-        return worker, job
-    folder = os.environ.get("GRADMESH_SOCKET_DIR", SOCKET_DIR)
-    names = ([f"worker-{int(os.environ['LOCAL_RANK'])}.sock"]
-             if os.environ.get("LOCAL_RANK", "").isdigit() else [])
-    names.append("worker.sock")
-    tried = [os.path.join(folder, name) for name in names]
-    for path in tried:
-        if os.path.exists(path):
-            return f"unix:{path}", job
-    raise _error("FAILED_PRECONDITION",
-                 "init() found no worker: run under `gradmesh run`, start "
-                 f"this node's workers with --sdk_socket={tried[0]} (tried "
-                 f"{', '.join(tried)}), pass worker= ('unix:/path' or "
-                 "'host:port') or set $GRADMESH_WORKER")
+        return worker
+    folder = os.environ.get("GRADMESH_SOCKET_DIR") or SOCKET_DIR
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and not re.fullmatch(r"[0-9]+", local):
+        raise _error("FAILED_PRECONDITION",
+                     f"LOCAL_RANK={local!r} is not a number")
+    path = os.path.join(folder, "worker.sock" if local is None else
+                        f"worker-{int(local)}.sock")
+    while not os.path.exists(path):
+        if deadline is None or time.monotonic() >= deadline:
+            raise _error(
+                "FAILED_PRECONDITION",
+                f"init() found no worker: no {path} (start this node's "
+                f"workers with --sdk_socket={path}, as the user running "
+                "this), no $GRADMESH_WORKER, not under `gradmesh run`; or "
+                "pass worker= ('unix:/path' or 'host:port')")
+        time.sleep(0.1)
+    return f"unix:{path}"
 
 
 def init(worker=None, job=None, timeout=300.0):
@@ -149,20 +163,21 @@ def init(worker=None, job=None, timeout=300.0):
 
     worker and job default to $GRADMESH_WORKER and $GRADMESH_JOB, which
     `gradmesh run` sets; under torchrun (no $GRADMESH_WORKER) to the socket
-    of $LOCAL_RANK in /run/gradmesh (worker-<LOCAL_RANK>.sock, else
-    worker.sock) and a job named after torchrun's run. A worker reached over
-    TCP (host:port) wants its SDK token in $GRADMESH_TOKEN. Calling init
-    again is a no-op.
+    of $LOCAL_RANK in /run/gradmesh (worker-<LOCAL_RANK>.sock; worker.sock
+    without LOCAL_RANK), waited for within `timeout`, and a job named after
+    torchrun's run. A worker reached over TCP (host:port) wants its SDK
+    token in $GRADMESH_TOKEN. Calling init again is a no-op.
     """
     global _client
     if _client is not None:
         return _client
-    if not worker:
-        worker, default_job = _default_worker()
-        job = job or default_job
+    start = time.monotonic()
+    worker = worker or _default_worker(deadline=start + timeout)
+    job = job or _default_job()
+    timeout = max(1.0, timeout - (time.monotonic() - start))
     with _lock:
         if _client is None:
-            _client = Client.connect(worker, job or "", timeout)
+            _client = Client.connect(worker, job, timeout)
     return _client
 
 
@@ -196,8 +211,10 @@ def size():
 
 
 def local_rank():
-    """The rank among this node's processes ($GRADMESH_LOCAL_RANK)."""
-    return int(os.environ.get("GRADMESH_LOCAL_RANK", "0"))
+    """The rank among this node's processes ($GRADMESH_LOCAL_RANK, else
+    torchrun's $LOCAL_RANK)."""
+    return int(os.environ.get("GRADMESH_LOCAL_RANK",
+                              os.environ.get("LOCAL_RANK", "0")))
 
 
 def plan():
