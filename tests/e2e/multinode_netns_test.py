@@ -101,25 +101,16 @@ def one_failure_ends_both(args, hosts):
           f"(in {time.monotonic() - start:.0f} s)", results)
 
 
-def a_missing_node_is_named(args, hosts):
+def alone(args, hosts, node, port, says, what):
+    """Node `node` launched alone fails within the start timeout with an
+    error that `says` so."""
     start = time.monotonic()
-    results = finish([launch(args, hosts, 0, port=7820,
+    results = finish([launch(args, hosts, node, port=port,
                              extra=["--start_timeout_s=5"])], 60)
     elapsed = time.monotonic() - start
     code, out = results[0]
-    check(code == 1 and "node 1 of 2 did not join" in out and elapsed < 30,
-          f"node 0 alone fails in {elapsed:.0f} s naming node 1", results)
-
-
-def another_node_alone_gives_up(args, hosts):
-    start = time.monotonic()
-    results = finish([launch(args, hosts, 1, port=7830,
-                             extra=["--start_timeout_s=5"])], 60)
-    elapsed = time.monotonic() - start
-    code, out = results[0]
-    check(code == 1 and "node 0's launcher did not answer" in out
-          and elapsed < 30,
-          f"node 1 without node 0 fails in {elapsed:.0f} s saying so", results)
+    check(code == 1 and says in out and elapsed < 30,
+          f"{what} in {elapsed:.0f} s", results)
 
 
 def main():
@@ -136,8 +127,10 @@ def main():
         hosts.create()
         trains(args, hosts)
         one_failure_ends_both(args, hosts)
-        a_missing_node_is_named(args, hosts)
-        another_node_alone_gives_up(args, hosts)
+        alone(args, hosts, 0, 7820, "node 1 of 2 did not join",
+              "node 0 alone fails naming node 1")
+        alone(args, hosts, 1, 7830, "node 0's launcher did not answer",
+              "node 1 without node 0 fails saying so")
     finally:
         hosts.remove_all()
     return 0

@@ -57,8 +57,26 @@ bool Signalled(int signal_fd) {
   return signal_fd >= 0 && read(signal_fd, &info, sizeof(info)) == sizeof(info);
 }
 
-// A connection to host:port (waiting at most 2 s for it), or an error.
-absl::StatusOr<int> Connect(const std::string& host, int port) {
+// The words of a line and its numbers: "node 1 2 4" is {"node", {1, 2, 4}};
+// nullopt if a number is malformed.
+std::optional<std::pair<std::string, std::vector<int>>> Parse(
+    const std::string& line) {
+  std::vector<std::string> parts = absl::StrSplit(line, ' ');
+  std::vector<int> numbers;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    int number = 0;
+    if (!absl::SimpleAtoi(parts[i], &number)) return std::nullopt;
+    numbers.push_back(number);
+  }
+  return std::make_pair(parts[0], numbers);
+}
+
+// A failure's exit status as one: 1..255 (else 1).
+int FailureCode(int code) { return code >= 1 && code <= 255 ? code : 1; }
+
+}  // namespace
+
+absl::StatusOr<int> ConnectTcp(const std::string& host, int port) {
   addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM};
   addrinfo* found = nullptr;
   if (const int error =
@@ -81,25 +99,6 @@ absl::StatusOr<int> Connect(const std::string& host, int port) {
   Prepare(fd);
   return fd;
 }
-
-// The words of a line and its numbers: "node 1 2 4" is {"node", {1, 2, 4}};
-// nullopt if a number is malformed.
-std::optional<std::pair<std::string, std::vector<int>>> Parse(
-    const std::string& line) {
-  std::vector<std::string> parts = absl::StrSplit(line, ' ');
-  std::vector<int> numbers;
-  for (size_t i = 1; i < parts.size(); ++i) {
-    int number = 0;
-    if (!absl::SimpleAtoi(parts[i], &number)) return std::nullopt;
-    numbers.push_back(number);
-  }
-  return std::make_pair(parts[0], numbers);
-}
-
-// A failure's exit status as one: 1..255 (else 1).
-int FailureCode(int code) { return code >= 1 && code <= 255 ? code : 1; }
-
-}  // namespace
 
 NodeLink::~NodeLink() {
   for (Peer& peer : peers_) {
@@ -249,14 +248,14 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
     const std::string& host, int port, int node, const Shape& shape,
     absl::Time deadline, int signal_fd) {
   std::unique_ptr<NodeLink> link(new NodeLink());
-  absl::StatusOr<int> fd = Connect(host, port);
+  absl::StatusOr<int> fd = ConnectTcp(host, port);
   while (!fd.ok() && absl::IsUnavailable(fd.status()) &&
          absl::Now() < deadline) {
     PollInput({signal_fd}, absl::Milliseconds(200));
     if (Signalled(signal_fd)) {
       return absl::CancelledError("interrupted while joining node 0");
     }
-    fd = Connect(host, port);
+    fd = ConnectTcp(host, port);
   }
   if (!fd.ok()) {
     return absl::Status(fd.status().code(),

@@ -33,6 +33,11 @@
 
 namespace gradmesh::tools {
 
+// A TCP connection to host:port (IPv4), waiting at most 2 s for it:
+// non-blocking, with keepalive. InvalidArgument for a host that does not
+// resolve, Unavailable when nothing answers.
+absl::StatusOr<int> ConnectTcp(const std::string& host, int port);
+
 class NodeLink {
  public:
   // Another node's failure: what to report and the exit status to take.

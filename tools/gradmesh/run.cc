@@ -266,18 +266,9 @@ absl::Status RunHere(const RunOptions& options, const std::string& program,
 // Whether something accepts TCP connections at host:port (a coordinator
 // that runs already).
 bool Answers(const std::string& host, int port) {
-  addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM};
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), absl::StrCat(port).c_str(), &hints, &found) !=
-      0) {
-    return false;
-  }
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const bool answers =
-      fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0;
-  freeaddrinfo(found);
-  if (fd >= 0) close(fd);
-  return answers;
+  const absl::StatusOr<int> fd = ConnectTcp(host, port);
+  if (fd.ok()) close(*fd);
+  return fd.ok();
 }
 
 // The address of this host's interface toward `host` (the route a UDP
