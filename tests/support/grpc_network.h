@@ -56,6 +56,9 @@ class GrpcNetwork {
   transport::GrpcTransport* endpoint(int rank) const {
     return transports_[rank].get();
   }
+  // Destroys rank `rank`'s transport (its epoch closes at its service).
+  void DropTransport(int rank) { transports_[rank].reset(); }
+
   transport::PeerService* service(int rank) const {
     return services_[rank].get();
   }

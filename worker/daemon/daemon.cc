@@ -167,16 +167,13 @@ absl::Status Daemon::Init() {
       [this](const ViewInfo& view) { return MakeGroup(view); }, RealClock());
   plane_ = std::make_unique<DataPlane>(
       views_.get(),
-      DataPlaneHooks{
-          .retire = [this](uint64_t epoch,
-                           uint64_t op) { peers_.RetireOperation(epoch, op); },
-          .on_success = [this](const ReduceResult& r) { Report(r); },
-          .metrics = metrics_.get(),
-          .ask_outcome =
-              [this](const std::string& address, const OutcomeKey& key,
-                     absl::Time deadline) {
-                return AskOutcome(Channel(address), key, deadline);
-              }},
+      DataPlaneHooks{.on_success = [this](const ReduceResult& r) { Report(r); },
+                     .metrics = metrics_.get(),
+                     .ask_outcome =
+                         [this](const std::string& address,
+                                const OutcomeKey& key, absl::Time deadline) {
+                           return AskOutcome(Channel(address), key, deadline);
+                         }},
       DataPlaneOptions{.view_wait = options_.view_wait});
   GM_RETURN_IF_ERROR(StartServer());
   if (!options_.health_listen.empty()) {
@@ -373,9 +370,6 @@ void Daemon::InstallView(const v1::View& view) {
   if (change->replaced != nullptr && change->replaced->transport != nullptr) {
     change->replaced->transport->Abort(absl::AbortedError(absl::StrCat(
         "the view changed to epoch ", view.epoch(), " during the operation")));
-  }
-  if (change->replaced != nullptr) {
-    peers_.RetireEpochsBelow(change->replaced->view.epoch + 1);
   }
   absl::MutexLock lock(&mu_);
   recent_members_.emplace_back(group.view.epoch, group.view.addresses);

@@ -128,14 +128,8 @@ absl::Status DataPlane::Unregister(const BucketName& name) {
 absl::StatusOr<std::vector<std::string>> DataPlane::GatherSmall(
     const Group& group, uint64_t operation, std::string mine,
     absl::Time deadline, bool same_size, double* waited) {
-  auto all = engine::GatherSmall(PlaceOf(group), operation, std::move(mine),
-                                 deadline, same_size, waited);
-  Retire(group, operation);
-  return all;
-}
-
-void DataPlane::Retire(const Group& group, uint64_t operation) {
-  if (hooks_.retire) hooks_.retire(group.view.epoch, operation);
+  return engine::GatherSmall(PlaceOf(group), operation, std::move(mine),
+                             deadline, same_size, waited);
 }
 
 absl::StatusOr<std::shared_ptr<Bucket>> DataPlane::Find(

@@ -89,9 +89,6 @@ struct DataPlaneOptions {
 };
 
 struct DataPlaneHooks {
-  // Frees what the transport keeps for an operation that has ended here,
-  // failed or not (may be empty).
-  std::function<void(uint64_t epoch, uint64_t operation)> retire;
   // After every successful all-reduce.
   std::function<void(const ReduceResult&)> on_success;
   WorkerMetrics* metrics = nullptr;  // may be null
@@ -168,12 +165,10 @@ class DataPlane {
       absl::FunctionRef<absl::StatusOr<T>(Bucket&)> body);
   // Waits for an operation in flight on `bucket`, then drops its residual.
   void Forget(Bucket& bucket);
-  // engine::GatherSmall on `group`, its operation then retired.
+  // engine::GatherSmall on `group`.
   absl::StatusOr<std::vector<std::string>> GatherSmall(
       const Group& group, uint64_t operation, std::string mine,
       absl::Time deadline, bool same_size = false, double* waited = nullptr);
-  // Frees what the transport keeps for an operation that has ended here.
-  void Retire(const Group& group, uint64_t operation);
   absl::Status Agree(const Group& group, const Bucket& bucket, uint64_t op,
                      const AgreeRecord& mine, absl::Time deadline,
                      double* waited = nullptr);

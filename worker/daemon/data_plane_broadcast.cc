@@ -45,10 +45,8 @@ absl::StatusOr<Membership> DataPlane::BroadcastHeld(Bucket& bucket,
                            deadline));
   // Flat: the root sends its values to every member directly.
   const uint64_t op = OperationId("broadcast", scope, number);
-  const absl::Status status = engine::BroadcastValues(
-      PlaceOf(*group), op, root, bucket.values(), deadline);
-  Retire(*group, op);
-  GM_RETURN_IF_ERROR(status);
+  GM_RETURN_IF_ERROR(engine::BroadcastValues(PlaceOf(*group), op, root,
+                                             bucket.values(), deadline));
   return MembershipOf(*group);
 }
 

@@ -128,7 +128,6 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
       engine_.AllReduce(exact ? engine::ExactConfig(g.config()) : g.config(),
                         request, &state.out.stats);
   state.out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  Retire(g, request.operation);
   if (!result.ok()) {
     const absl::Status& why = result.status();
     *retriable = (absl::IsAborted(why) || absl::IsUnavailable(why)) &&

@@ -62,6 +62,8 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
     const GroupConfig& group, const Request& request,
     collectives::OpStats* stats) {
   GM_CHECK(group.transport != nullptr && stats != nullptr);
+  const transport::OperationScope scope(group.transport, group.options.epoch,
+                                        request.operation);
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
                       FindOrCreate(request.buffer, request.gradient.size()));
   absl::MutexLock lock(&buffer->mu);

@@ -110,9 +110,10 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Sums the request's gradient across `group` (see collective.h for the
-  // semantics). The first call for a buffer fixes its size; a call with
-  // another size is InvalidArgument and changes nothing. On any other error
-  // the buffer's residual holds residual + (finite) gradient.
+  // semantics), and ends the operation on the transport when it returns. The
+  // first call for a buffer fixes its size; a call with another size is
+  // InvalidArgument and changes nothing. On any other error the buffer's
+  // residual holds residual + (finite) gradient.
   absl::StatusOr<sparse::SparseBlock> AllReduce(const GroupConfig& group,
                                                 const Request& request,
                                                 collectives::OpStats* stats);

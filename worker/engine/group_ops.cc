@@ -23,6 +23,8 @@ collectives::OpContext ContextOf(const GroupPlace& place, uint64_t operation,
 absl::StatusOr<std::vector<std::string>> GatherSmall(
     const GroupPlace& place, uint64_t operation, std::string mine,
     absl::Time deadline, bool same_size, double* waited) {
+  const transport::OperationScope scope(place.transport, place.epoch,
+                                        operation);
   collectives::OpStats stats;
   const collectives::OpContext context = ContextOf(place, operation, deadline);
   collectives::StepRunner runner(context, &stats);
@@ -45,6 +47,8 @@ absl::StatusOr<std::vector<std::string>> GatherSmall(
 absl::Status BroadcastValues(const GroupPlace& place, uint64_t operation,
                              int root, absl::Span<float> values,
                              absl::Time deadline) {
+  const transport::OperationScope scope(place.transport, place.epoch,
+                                        operation);
   collectives::OpStats stats;
   const collectives::OpContext context = ContextOf(place, operation, deadline);
   collectives::StepRunner runner(context, &stats);

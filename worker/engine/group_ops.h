@@ -2,7 +2,7 @@
 // protocol: the gather of small records (registration, the agreement before
 // a step, the vote after it) and the flat broadcast of a bucket's values.
 // Each runs under its own operation id, so it never mixes with others, over
-// any Transport.
+// any Transport, and ends it there when it returns (EndOperation).
 //
 // Thread-safe as the transport is; blocking until `deadline` at most.
 #ifndef GRADMESH_WORKER_ENGINE_GROUP_OPS_H_

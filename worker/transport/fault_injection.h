@@ -54,6 +54,9 @@ class FaultInjectingTransport : public Transport {
   absl::StatusOr<std::string> Recv(int peer, const Tag& tag,
                                    absl::Time deadline) override;
   void Abort(const absl::Status& status) override { base_->Abort(status); }
+  void EndOperation(uint64_t epoch, uint64_t operation) override {
+    base_->EndOperation(epoch, operation);
+  }
   Counters counters() const override { return base_->counters(); }
 
  private:

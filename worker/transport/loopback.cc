@@ -25,27 +25,30 @@ class LoopbackNetwork::Endpoint : public Transport {
     ++mine.messages_sent;
     mine.bytes_sent += payload.size();
     mine.bytes_sent_to[peer] += payload.size();
-    net_->mailboxes_[MailboxKey{rank_, peer, tag}].push_back(
-        std::move(payload));
+    Inbox& theirs = net_->inboxes_[peer];
+    if (!theirs.ended.contains(std::pair(tag.epoch, tag.operation))) {
+      theirs.mailboxes[MessageKey{rank_, tag}].push_back(std::move(payload));
+    }
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::string> Recv(int peer, const Tag& tag,
                                    absl::Time deadline) override {
     GM_CHECK(peer >= 0 && peer < size() && peer != rank_) << "peer " << peer;
-    const MailboxKey key{peer, rank_, tag};
+    const MessageKey key{peer, tag};
     absl::MutexLock lock(&net_->mu_);
+    auto& mailboxes = net_->inboxes_[rank_].mailboxes;
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(net_->mu_) {
       if (!net_->aborted_[rank_].ok() || !net_->aborted_[peer].ok()) {
         return true;
       }
-      auto it = net_->mailboxes_.find(key);
-      return it != net_->mailboxes_.end() && !it->second.empty();
+      auto it = mailboxes.find(key);
+      return it != mailboxes.end() && !it->second.empty();
     };
     net_->mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
     GM_RETURN_IF_ERROR(net_->aborted_[rank_]);
-    auto it = net_->mailboxes_.find(key);
-    if (it == net_->mailboxes_.end() || it->second.empty()) {
+    auto it = mailboxes.find(key);
+    if (it == mailboxes.end() || it->second.empty()) {
       if (!net_->aborted_[peer].ok()) {
         return absl::UnavailableError(
             absl::StrCat("rank ", rank_, ": peer ", peer, " is gone (",
@@ -58,7 +61,7 @@ class LoopbackNetwork::Endpoint : public Transport {
     }
     std::string payload = std::move(it->second.front());
     it->second.pop_front();
-    if (it->second.empty()) net_->mailboxes_.erase(it);
+    if (it->second.empty()) mailboxes.erase(it);
     Counters& mine = net_->counters_[rank_];
     ++mine.messages_received;
     mine.bytes_received += payload.size();
@@ -70,6 +73,20 @@ class LoopbackNetwork::Endpoint : public Transport {
     GM_CHECK(!status.ok());
     absl::MutexLock lock(&net_->mu_);
     if (net_->aborted_[rank_].ok()) net_->aborted_[rank_] = status;
+  }
+
+  void EndOperation(uint64_t epoch, uint64_t operation) override {
+    absl::MutexLock lock(&net_->mu_);
+    Inbox& mine = net_->inboxes_[rank_];
+    if (!mine.ended.insert(std::pair(epoch, operation)).second) return;
+    mine.ended_order.emplace_back(epoch, operation);
+    if (mine.ended_order.size() > kEndedOperationsKept) {
+      mine.ended.erase(mine.ended_order.front());
+      mine.ended_order.pop_front();
+    }
+    absl::erase_if(mine.mailboxes, [&](const auto& m) {
+      return m.first.tag.epoch == epoch && m.first.tag.operation == operation;
+    });
   }
 
   Counters counters() const override {
@@ -85,6 +102,7 @@ class LoopbackNetwork::Endpoint : public Transport {
 LoopbackNetwork::LoopbackNetwork(int size) {
   GM_CHECK(size >= 1) << "size " << size;
   aborted_.assign(size, absl::OkStatus());
+  inboxes_.resize(size);
   counters_.resize(size);
   for (Counters& c : counters_) {
     c.bytes_sent_to.assign(size, 0);

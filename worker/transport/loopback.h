@@ -14,9 +14,11 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/transport/transport.h"
 
@@ -35,20 +37,15 @@ class LoopbackNetwork {
  private:
   class Endpoint;
 
-  struct MailboxKey {
-    int from;
-    int to;
-    Tag tag;
-    friend bool operator==(const MailboxKey&, const MailboxKey&) = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const MailboxKey& key) {
-      return H::combine(std::move(h), key.from, key.to, key.tag);
-    }
+  // One rank's messages waiting, and the operations it ended.
+  struct Inbox {
+    absl::flat_hash_map<MessageKey, std::deque<std::string>> mailboxes;
+    absl::flat_hash_set<std::pair<uint64_t, uint64_t>> ended;  // epoch, op
+    std::deque<std::pair<uint64_t, uint64_t>> ended_order;     // oldest first
   };
 
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<MailboxKey, std::deque<std::string>> mailboxes_
-      ABSL_GUARDED_BY(mu_);
+  std::vector<Inbox> inboxes_ ABSL_GUARDED_BY(mu_);         // by receiver
   std::vector<absl::Status> aborted_ ABSL_GUARDED_BY(mu_);  // OK = alive
   std::vector<Counters> counters_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Endpoint>> endpoints_;

@@ -18,10 +18,10 @@ class SimulatedNetwork::Endpoint : public Transport {
 
   absl::Status Send(int peer, const Tag& tag, std::string payload) override {
     net_->Charge(rank_);
-    const Key key{rank_, peer, tag};
-    net_->PushArrival(key, net_->Depart(rank_, payload.size()));
+    const MessageKey key{rank_, tag};
+    net_->PushArrival(peer, key, net_->Depart(rank_, payload.size()));
     absl::Status status = inner_->Send(peer, tag, std::move(payload));
-    if (!status.ok()) net_->DropLastArrival(key);  // never delivered
+    if (!status.ok()) net_->DropLastArrival(peer, key);  // never delivered
     return status;
   }
 
@@ -31,12 +31,17 @@ class SimulatedNetwork::Endpoint : public Transport {
     absl::StatusOr<std::string> payload = inner_->Recv(peer, tag, deadline);
     if (payload.ok()) {
       Clock& clock = net_->clocks_[rank_];
-      clock.now = std::max(clock.now, net_->PopArrival({peer, rank_, tag}));
+      clock.now = std::max(clock.now, net_->PopArrival(rank_, {peer, tag}));
     }
     return payload;
   }
 
   void Abort(const absl::Status& status) override { inner_->Abort(status); }
+
+  void EndOperation(uint64_t epoch, uint64_t operation) override {
+    inner_->EndOperation(epoch, operation);
+    net_->DropArrivals(rank_, epoch, operation);
+  }
 
   Counters counters() const override { return inner_->counters(); }
 
@@ -47,7 +52,7 @@ class SimulatedNetwork::Endpoint : public Transport {
 };
 
 SimulatedNetwork::SimulatedNetwork(int size, const SimOptions& options)
-    : options_(options), loopback_(size), clocks_(size) {
+    : options_(options), loopback_(size), clocks_(size), arrivals_(size) {
   GM_CHECK(options.scale >= 1) << "scale " << options.scale;
   for (int r = 0; r < size; ++r) {
     endpoints_.push_back(std::make_unique<Endpoint>(this, r));
@@ -97,28 +102,37 @@ double SimulatedNetwork::Depart(int from, uint64_t bytes) {
   return clock.link_free + options_.link.alpha_s;
 }
 
-void SimulatedNetwork::PushArrival(const Key& key, double arrival) {
+void SimulatedNetwork::PushArrival(int to, const MessageKey& key,
+                                   double arrival) {
   absl::MutexLock lock(&mu_);
-  arrivals_[key].push_back(arrival);
+  arrivals_[to][key].push_back(arrival);
 }
 
-void SimulatedNetwork::DropLastArrival(const Key& key) {
+void SimulatedNetwork::DropLastArrival(int to, const MessageKey& key) {
   absl::MutexLock lock(&mu_);
-  auto it = arrivals_.find(key);
-  GM_CHECK(it != arrivals_.end() && !it->second.empty());
+  auto it = arrivals_[to].find(key);
+  GM_CHECK(it != arrivals_[to].end() && !it->second.empty());
   it->second.pop_back();
-  if (it->second.empty()) arrivals_.erase(it);
+  if (it->second.empty()) arrivals_[to].erase(it);
 }
 
-double SimulatedNetwork::PopArrival(const Key& key) {
+double SimulatedNetwork::PopArrival(int to, const MessageKey& key) {
   absl::MutexLock lock(&mu_);
-  auto it = arrivals_.find(key);
-  GM_CHECK(it != arrivals_.end() && !it->second.empty())
+  auto it = arrivals_[to].find(key);
+  GM_CHECK(it != arrivals_[to].end() && !it->second.empty())
       << "a message without its arrival time";
   const double arrival = it->second.front();
   it->second.pop_front();
-  if (it->second.empty()) arrivals_.erase(it);
+  if (it->second.empty()) arrivals_[to].erase(it);
   return arrival;
+}
+
+void SimulatedNetwork::DropArrivals(int to, uint64_t epoch,
+                                    uint64_t operation) {
+  absl::MutexLock lock(&mu_);
+  absl::erase_if(arrivals_[to], [&](const auto& a) {
+    return a.first.tag.epoch == epoch && a.first.tag.operation == operation;
+  });
 }
 
 }  // namespace gradmesh::transport

@@ -103,17 +103,6 @@ class SimulatedNetwork {
  private:
   class Endpoint;
 
-  struct Key {
-    int from;
-    int to;
-    Tag tag;
-    friend bool operator==(const Key&, const Key&) = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const Key& key) {
-      return H::combine(std::move(h), key.from, key.to, key.tag);
-    }
-  };
-
   // The clock of one rank, touched only on its own thread (a cache line
   // each, so that ranks' threads do not share one).
   struct alignas(64) Clock {
@@ -127,18 +116,21 @@ class SimulatedNetwork {
   void Charge(int rank);
   // The arrival time of a message from `from` leaving now.
   double Depart(int from, uint64_t bytes);
-  void PushArrival(const Key& key, double arrival);
-  double PopArrival(const Key& key);
+  void PushArrival(int to, const MessageKey& key, double arrival);
+  double PopArrival(int to, const MessageKey& key);
   // Forgets the arrival PushArrival queued last for `key` (its Send failed).
-  void DropLastArrival(const Key& key);
+  void DropLastArrival(int to, const MessageKey& key);
+  // Forgets the arrivals of an operation `to` ended.
+  void DropArrivals(int to, uint64_t epoch, uint64_t operation);
 
   const SimOptions options_;
   LoopbackNetwork loopback_;
   std::vector<Clock> clocks_;  // by rank
   absl::Mutex mu_;
-  // Arrival times of the messages in flight, in the loopback mailboxes'
-  // order (both are FIFO per sender, receiver and tag).
-  absl::flat_hash_map<Key, std::deque<double>> arrivals_ ABSL_GUARDED_BY(mu_);
+  // Arrival times of the messages in flight by receiver, in the loopback
+  // mailboxes' order (both are FIFO per sender, receiver and tag).
+  std::vector<absl::flat_hash_map<MessageKey, std::deque<double>>> arrivals_
+      ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
 };
 

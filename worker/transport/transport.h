@@ -19,6 +19,9 @@
 //     peer is known to be gone (Unavailable).
 //   - Abort(status) fails this endpoint's pending and future calls with
 //     `status` and makes peers waiting on it fail with Unavailable.
+//   - EndOperation(op) ends an operation at this endpoint, finished or not:
+//     what is kept for it is freed and its late messages are dropped (an
+//     OperationScope does it on every path).
 //   - Counters count payload bytes only (tags and framing are not counted), so
 //     they compare directly with the papers' volume formulas.
 // All methods are thread-safe.
@@ -27,6 +30,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -48,6 +52,18 @@ struct Tag {
 };
 
 std::string ToString(const Tag& tag);
+
+// Where a message waits at its receiver: its sender and its tag.
+struct MessageKey {
+  int from = 0;
+  Tag tag;
+
+  friend bool operator==(const MessageKey&, const MessageKey&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const MessageKey& key) {
+    return H::combine(std::move(h), key.from, key.tag);
+  }
+};
 
 // Network transports cut messages into chunks of at most this many bytes
 // (settable, so that tests cross chunk boundaries), below gRPC's 4 MiB
@@ -81,7 +97,31 @@ class Transport {
 
   virtual void Abort(const absl::Status& status) = 0;
 
+  // Ends `operation` here: messages of it waiting or arriving later are
+  // dropped (an endpoint remembers at least kEndedOperationsKept ended ids
+  // per epoch). Call it once no Recv of the operation runs.
+  virtual void EndOperation(uint64_t epoch, uint64_t operation) = 0;
+  static constexpr size_t kEndedOperationsKept = 4096;
+
   virtual Counters counters() const = 0;
+};
+
+// Ends an operation on a transport when it goes out of scope, however the
+// operation ended.
+//
+//   OperationScope scope(transport, tag.epoch, tag.operation);
+class OperationScope {
+ public:
+  OperationScope(Transport* transport, uint64_t epoch, uint64_t operation)
+      : transport_(transport), epoch_(epoch), operation_(operation) {}
+  ~OperationScope() { transport_->EndOperation(epoch_, operation_); }
+  OperationScope(const OperationScope&) = delete;
+  OperationScope& operator=(const OperationScope&) = delete;
+
+ private:
+  Transport* const transport_;
+  const uint64_t epoch_;
+  const uint64_t operation_;
 };
 
 }  // namespace gradmesh::transport

@@ -117,7 +117,7 @@ TEST(GrpcTransportTest, DropsAndCountsFramesOfRetiredEpochsAndOperations) {
   ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 3, 0}, Bytes(10, 'y')).ok());
   ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 2, 0}, Bytes(10, 'x')).ok());
   ASSERT_EQ(*net.endpoint(1)->Recv(0, {1, 2, 0}, Soon()), Bytes(10, 'x'));
-  net.service(1)->RetireOperation(1, 3);
+  net.endpoint(1)->EndOperation(1, 3);
   ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 3, 0}, Bytes(10, 'a')).ok());
   ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 5, 0}, Bytes(10, 'b')).ok());
   EXPECT_EQ(*net.endpoint(1)->Recv(0, {1, 5, 0}, Soon()), Bytes(10, 'b'));
@@ -125,17 +125,17 @@ TEST(GrpcTransportTest, DropsAndCountsFramesOfRetiredEpochsAndOperations) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(
       net.endpoint(1)->Recv(0, {1, 3, 0}, absl::Now()).status()));
 
-  // Rank 1 moves to epoch 2; late frames of epoch 1 are dropped.
-  net.service(1)->RetireEpochsBelow(2);
+  // Rank 1's transport of epoch 1 goes: late frames of epoch 1 are dropped.
+  net.DropTransport(1);
   ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 6, 0}, Bytes(10, 'c')).ok());
-  auto m = net.endpoint(1)->Recv(0, {1, 6, 0}, Soon());
-  EXPECT_TRUE(absl::IsAborted(m.status())) << m.status();
   // The frame is counted once it arrives.
   for (int i = 0;
        i < 100 && net.service(1)->stats().frames_dropped_old_epoch == 0; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(net.service(1)->stats().frames_dropped_old_epoch, 1u);
+  auto m = net.service(1)->Receive(1, 0, {1, 6, 0}, absl::Now());
+  EXPECT_TRUE(absl::IsAborted(m.status())) << m.status();
 }
 
 TEST(GrpcTransportTest, KeepsFramesOfAnEpochNotYetStarted) {
@@ -460,9 +460,9 @@ TEST(GrpcTransportTest, BoundsHowManyEpochsNotStartedAreHeld) {
   EXPECT_EQ(send(PeerService::kMaxUnopenedEpochs + 1),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(net.service(1)->stats().streams_refused_unopened_epochs, 1u);
-  // Retiring them makes room again; far-future epochs stay refused.
+  // Opening a newer epoch frees them (they will never open): room again.
+  // Far-future epochs stay refused.
   const uint64_t open = PeerService::kMaxUnopenedEpochs + 1;
-  net.service(1)->RetireEpochsBelow(open);
   net.StartEpoch(open);
   EXPECT_EQ(send(open + 1), grpc::StatusCode::OK);
   EXPECT_EQ(send(open + 1 + PeerService::kMaxEpochsAhead),

@@ -70,6 +70,25 @@ TEST(LoopbackTest, AbortFailsOwnCallsAndWakesWaitingPeers) {
   EXPECT_EQ(*net.endpoint(0)->Recv(2, {}, Soon()), "ok");
 }
 
+TEST(LoopbackTest, AnEndedOperationsMessagesAreDroppedLateOnesToo) {
+  LoopbackNetwork net(2);
+  const Tag ended{.epoch = 1, .operation = 3, .step = 0};
+  const Tag other{.epoch = 1, .operation = 4, .step = 0};
+  const Tag same_op_other_epoch{.epoch = 2, .operation = 3, .step = 0};
+  ASSERT_TRUE(net.endpoint(0)->Send(1, ended, "waiting").ok());
+  ASSERT_TRUE(net.endpoint(0)->Send(1, other, "kept").ok());
+  { const OperationScope scope(net.endpoint(1), 1, 3); }
+  ASSERT_TRUE(net.endpoint(0)->Send(1, ended, "late").ok());
+  ASSERT_TRUE(net.endpoint(0)->Send(1, same_op_other_epoch, "new").ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      net.endpoint(1)->Recv(0, ended, absl::Now()).status()));
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, other, Soon()), "kept");
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, same_op_other_epoch, Soon()), "new");
+  // Only the receiver ended it: rank 0 still receives operation 3.
+  ASSERT_TRUE(net.endpoint(1)->Send(0, ended, "back").ok());
+  EXPECT_EQ(*net.endpoint(0)->Recv(1, ended, Soon()), "back");
+}
+
 TEST(FaultInjectionTest, CrashesAfterNSends) {
   LoopbackNetwork net(2);
   FaultInjectingTransport faulty(net.endpoint(0));

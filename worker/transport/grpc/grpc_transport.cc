@@ -245,6 +245,7 @@ GrpcTransport::~GrpcTransport() {
       s->WaitDone(absl::InfiniteFuture());
     }
   }
+  options_.service->CloseEpoch(options_.epoch);
   // The streams, and with them perhaps the channels, are destroyed here.
 }
 
@@ -331,6 +332,12 @@ void GrpcTransport::Abort(const absl::Status& status) {
   }
   options_.service->AbortEpoch(options_.epoch, status);
   for (auto& s : streams) s->Cancel();
+}
+
+void GrpcTransport::EndOperation(uint64_t epoch, uint64_t operation) {
+  GM_CHECK(epoch == options_.epoch)
+      << "operation of epoch " << epoch << " on epoch " << options_.epoch;
+  options_.service->RetireOperation(epoch, operation);
 }
 
 Counters GrpcTransport::counters() const {

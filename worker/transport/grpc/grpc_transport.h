@@ -16,8 +16,9 @@
 //   auto t = GrpcTransport::Create({.service = &peers, .epoch = 3, .rank = 1,
 //                                   .peers = addresses, .channels = factory});
 //
-// Thread-safe. Destruction closes the streams cleanly (bounded wait, then
-// cancel); the PeerService must outlive the transport.
+// Thread-safe. A PeerService runs one transport per epoch, and must outlive
+// it. Destruction closes the streams cleanly (bounded wait, then cancel) and
+// the epoch at the PeerService (PeerService::CloseEpoch).
 #ifndef GRADMESH_WORKER_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 #define GRADMESH_WORKER_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 
@@ -62,6 +63,7 @@ class GrpcTransport final : public Transport {
   absl::StatusOr<std::string> Recv(int peer, const Tag& tag,
                                    absl::Time deadline) override;
   void Abort(const absl::Status& status) override;
+  void EndOperation(uint64_t epoch, uint64_t operation) override;
   Counters counters() const override;
 
  private:

@@ -183,7 +183,7 @@ PeerService::EpochState& PeerService::StateLocked(uint64_t epoch) {
 void PeerService::OpenEpoch(uint64_t epoch, int rank,
                             std::vector<std::string> peers) {
   absl::MutexLock lock(&mu_);
-  if (epoch < min_epoch_) return;
+  if (RetiredLocked(epoch)) return;
   EpochState& state = StateLocked(epoch);
   max_opened_ = std::max(max_opened_, epoch);
   state.open = true;
@@ -192,6 +192,35 @@ void PeerService::OpenEpoch(uint64_t epoch, int rank,
   unopened_bytes_ -= state.unopened_bytes;
   state.unopened_bytes = 0;
   VerifyHeldLocked(epoch, state);
+  // Epochs below that were never opened never will be.
+  for (auto& [e, other] : epochs_) {
+    if (e < epoch && !other.open && !other.closed) CloseLocked(e, other);
+  }
+}
+
+void PeerService::CloseEpoch(uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  if (RetiredLocked(epoch)) return;
+  CloseLocked(epoch, StateLocked(epoch));
+  // Below the oldest epoch still open, nothing will be received again.
+  uint64_t oldest = max_opened_ + 1;
+  for (const auto& [e, state] : epochs_) {
+    if (state.open) oldest = std::min(oldest, e);
+  }
+  RetireEpochsBelowLocked(oldest);
+}
+
+void PeerService::CloseLocked(uint64_t epoch, EpochState& state) {
+  unopened_bytes_ -= state.unopened_bytes;
+  state = EpochState{.closed = true};
+  absl::erase_if(mailboxes_,
+                 [&](const auto& m) { return m.first.tag.epoch == epoch; });
+}
+
+bool PeerService::RetiredLocked(uint64_t epoch) const {
+  if (epoch < min_epoch_) return true;
+  auto it = epochs_.find(epoch);
+  return it != epochs_.end() && it->second.closed;
 }
 
 absl::Status PeerService::CheckSenderLocked(
@@ -234,8 +263,7 @@ void PeerService::VerifyHeldLocked(uint64_t epoch, EpochState& state) {
     for (auto& [tag, message] : held.messages) {
       if (state.retired.contains(tag.operation)) continue;
       NoteOperationLocked(state, tag.operation);
-      mailboxes_[MailboxKey{epoch, held.from, tag}].push_back(
-          std::move(message));
+      mailboxes_[MessageKey{held.from, tag}].push_back(std::move(message));
     }
     if (held.ended.has_value()) {
       auto& [clean, why] = *held.ended;
@@ -253,7 +281,7 @@ void PeerService::VerifyHeldLocked(uint64_t epoch, EpochState& state) {
 absl::StatusOr<uint64_t> PeerService::IncomingStreamOpened(
     uint64_t epoch, int from, const std::vector<std::string>* names) {
   absl::MutexLock lock(&mu_);
-  if (epoch < min_epoch_) return 0;  // its frames are dropped
+  if (RetiredLocked(epoch)) return 0;  // its frames are dropped
   if (!epochs_.contains(epoch)) {
     const size_t holding =
         std::count_if(epochs_.begin(), epochs_.end(), [](const auto& e) {
@@ -301,7 +329,7 @@ absl::Status PeerService::Deliver(uint64_t epoch, int from, uint64_t stream,
                                   const Tag& tag, std::string message,
                                   uint64_t frames) {
   absl::MutexLock lock(&mu_);
-  if (epoch < min_epoch_) {
+  if (RetiredLocked(epoch)) {
     stats_.frames_dropped_old_epoch += frames;
     return absl::OkStatus();
   }
@@ -335,14 +363,14 @@ absl::Status PeerService::Deliver(uint64_t epoch, int from, uint64_t stream,
     return absl::OkStatus();
   }
   NoteOperationLocked(state, tag.operation);
-  mailboxes_[MailboxKey{epoch, from, tag}].push_back(std::move(message));
+  mailboxes_[MessageKey{from, tag}].push_back(std::move(message));
   return absl::OkStatus();
 }
 
 void PeerService::StreamEnded(uint64_t epoch, int from, uint64_t stream,
                               bool clean, absl::Status why) {
   absl::MutexLock lock(&mu_);
-  if (epoch < min_epoch_) return;
+  if (RetiredLocked(epoch)) return;
   EpochState& state = StateLocked(epoch);
   if (state.refused_streams.erase(stream) > 0) return;  // spoke for no one
   if (auto held = state.unverified.find(stream);
@@ -374,7 +402,7 @@ void PeerService::CountRefused() {
 absl::Status PeerService::NoteIncoming(uint64_t epoch, uint64_t stream,
                                        uint64_t operation) {
   absl::MutexLock lock(&mu_);
-  if (epoch < min_epoch_) return absl::OkStatus();
+  if (RetiredLocked(epoch)) return absl::OkStatus();
   EpochState& state = StateLocked(epoch);
   if (auto refused = state.refused_streams.find(stream);
       refused != state.refused_streams.end()) {
@@ -388,7 +416,7 @@ absl::Status PeerService::NoteIncoming(uint64_t epoch, uint64_t stream,
 
 void PeerService::NoteOperation(uint64_t epoch, uint64_t operation) {
   absl::MutexLock lock(&mu_);
-  if (epoch < min_epoch_) return;
+  if (RetiredLocked(epoch)) return;
   NoteOperationLocked(StateLocked(epoch), operation);
 }
 
@@ -408,7 +436,7 @@ void PeerService::NoteOperationLocked(EpochState& state, uint64_t operation) {
 
 uint64_t PeerService::OutgoingStreamOpened(uint64_t epoch, int peer) {
   absl::MutexLock lock(&mu_);
-  if (epoch < min_epoch_) return 0;
+  if (RetiredLocked(epoch)) return 0;
   EpochState& state = StateLocked(epoch);
   const uint64_t number = state.next_number++;
   state.newest_out[peer] = number;
@@ -419,7 +447,7 @@ void PeerService::PeerBroke(uint64_t epoch, int peer, uint64_t stream,
                             const absl::Status& status) {
   GM_CHECK(!status.ok());
   absl::MutexLock lock(&mu_);
-  if (epoch < min_epoch_) return;
+  if (RetiredLocked(epoch)) return;
   EpochState& state = StateLocked(epoch);
   BreakLocked(state, peer, stream, state.newest_out[peer], status);
 }
@@ -437,12 +465,12 @@ void PeerService::BreakLocked(EpochState& state, int peer, uint64_t stream,
 void PeerService::AbortEpoch(uint64_t epoch, const absl::Status& status) {
   GM_CHECK(!status.ok());
   absl::MutexLock lock(&mu_);
+  if (RetiredLocked(epoch)) return;
   EpochState& state = StateLocked(epoch);
   if (state.aborted.ok()) state.aborted = status;
 }
 
-void PeerService::RetireEpochsBelow(uint64_t epoch) {
-  absl::MutexLock lock(&mu_);
+void PeerService::RetireEpochsBelowLocked(uint64_t epoch) {
   if (epoch <= min_epoch_) return;
   min_epoch_ = epoch;
   absl::erase_if(epochs_, [&](const auto& e) {
@@ -451,12 +479,12 @@ void PeerService::RetireEpochsBelow(uint64_t epoch) {
     return true;
   });
   absl::erase_if(mailboxes_,
-                 [&](const auto& m) { return m.first.epoch < epoch; });
+                 [&](const auto& m) { return m.first.tag.epoch < epoch; });
 }
 
 void PeerService::RetireOperation(uint64_t epoch, uint64_t operation) {
   absl::MutexLock lock(&mu_);
-  if (epoch < min_epoch_) return;
+  if (RetiredLocked(epoch)) return;
   EpochState& state = StateLocked(epoch);
   if (state.active.erase(operation) > 0) {
     // Usually among the newest.
@@ -472,14 +500,14 @@ void PeerService::RetireOperation(uint64_t epoch, uint64_t operation) {
     state.retired_order.pop_front();
   }
   absl::erase_if(mailboxes_, [&](const auto& m) {
-    return m.first.epoch == epoch && m.first.tag.operation == operation;
+    return m.first.tag.epoch == epoch && m.first.tag.operation == operation;
   });
 }
 
 absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
                                                  const Tag& tag,
                                                  absl::Time deadline) {
-  const MailboxKey key{epoch, from, tag};
+  const MessageKey key{from, tag};
   absl::MutexLock lock(&mu_);
   if (epoch >= min_epoch_)
     NoteOperationLocked(StateLocked(epoch), tag.operation);
@@ -496,13 +524,13 @@ absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
     return why == broken->second.end() ? nullptr : &why->second;
   };
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (epoch < min_epoch_) return true;
+    if (RetiredLocked(epoch)) return true;
     if (!StateLocked(epoch).aborted.ok() || failed() != nullptr) return true;
     auto it = mailboxes_.find(key);
     return it != mailboxes_.end() && !it->second.empty();
   };
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  if (epoch < min_epoch_) {
+  if (RetiredLocked(epoch)) {
     return absl::AbortedError(absl::StrCat("epoch ", epoch,
                                            " was retired while waiting for ",
                                            ToString(tag), " from peer ", from));

@@ -67,8 +67,15 @@ class PeerService final : public grpc::CallbackGenericService {
   // members serve at `peers` (index = rank): its frames are no longer held
   // against kMaxUnopenedBytes, and streams claiming a rank outside the group
   // (or this one), or whose certificate does not name that rank's host, are
-  // refused, those already admitted included.
+  // refused, those already admitted included. Epochs open in increasing
+  // order: what epochs below it that were never opened hold is freed, and
+  // their later frames are dropped.
   void OpenEpoch(uint64_t epoch, int rank, std::vector<std::string> peers);
+
+  // Frees what is kept for `epoch` (its transport is gone); its later
+  // frames are dropped, and so are those of every epoch below the oldest
+  // one still open.
+  void CloseEpoch(uint64_t epoch);
   static constexpr uint64_t kMaxUnopenedBytes = uint64_t{256} << 20;
   // Epochs not opened here that may hold frames at once, and how far past
   // the newest opened one a stream's epoch may be; each message counts
@@ -106,16 +113,13 @@ class PeerService final : public grpc::CallbackGenericService {
   void PeerBroke(uint64_t epoch, int peer, uint64_t stream,
                  const absl::Status& status);
 
-  // Frees what is kept for epochs below `epoch`; their later frames are
-  // dropped.
-  void RetireEpochsBelow(uint64_t epoch);
-
   // Frees what is kept for `operation` of `epoch` (it has finished or
   // failed here); its later frames are dropped. The last
   // kRetiredOperationsKept retired ids of an epoch are remembered, and at
   // most as many operations are tracked in flight.
   void RetireOperation(uint64_t epoch, uint64_t operation);
-  static constexpr size_t kRetiredOperationsKept = 4096;
+  static constexpr size_t kRetiredOperationsKept =
+      Transport::kEndedOperationsKept;
 
   struct Stats {
     uint64_t messages_delivered = 0;
@@ -143,6 +147,7 @@ class PeerService final : public grpc::CallbackGenericService {
   struct EpochState {
     absl::Status aborted;  // OK unless aborted
     bool open = false;     // OpenEpoch was called
+    bool closed = false;   // CloseEpoch was called: its frames are dropped
     int rank = -1;
     std::vector<std::string> peers;  // addresses, index = rank (once open)
     uint64_t unopened_bytes = 0;     // held while not open
@@ -167,17 +172,6 @@ class PeerService final : public grpc::CallbackGenericService {
     // Streams that failed that check and still run: why.
     absl::flat_hash_map<uint64_t, absl::Status> refused_streams;
   };
-  struct MailboxKey {
-    uint64_t epoch;
-    int from;
-    Tag tag;
-    friend bool operator==(const MailboxKey&, const MailboxKey&) = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const MailboxKey& key) {
-      return H::combine(std::move(h), key.epoch, key.from, key.tag);
-    }
-  };
-
   // Called by reactors. Deliver counts a drop when the message is stale;
   // it refuses (an error ends the stream) a message past the unopened bytes.
   absl::Status Deliver(uint64_t epoch, int from, uint64_t stream,
@@ -211,6 +205,15 @@ class PeerService final : public grpc::CallbackGenericService {
   void VerifyHeldLocked(uint64_t epoch, EpochState& state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Whether `epoch`'s frames are dropped: below min_epoch_, or closed.
+  bool RetiredLocked(uint64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees what `state` of `epoch` keeps and marks it closed.
+  void CloseLocked(uint64_t epoch, EpochState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees what is kept for epochs below `epoch`; their later frames are
+  // dropped.
+  void RetireEpochsBelowLocked(uint64_t epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteOperationLocked(EpochState& state, uint64_t operation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   EpochState& StateLocked(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -220,7 +223,8 @@ class PeerService final : public grpc::CallbackGenericService {
   uint64_t unopened_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // over all epochs
   uint64_t max_opened_ ABSL_GUARDED_BY(mu_) = 0;      // newest OpenEpoch
   absl::flat_hash_map<uint64_t, EpochState> epochs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<MailboxKey, std::deque<std::string>> mailboxes_
+  // Messages waiting, by sender and tag (whose epoch is the stream's).
+  absl::flat_hash_map<MessageKey, std::deque<std::string>> mailboxes_
       ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
