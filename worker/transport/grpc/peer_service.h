@@ -32,6 +32,11 @@
 //   ... GrpcTransport::Create({.service = &peers, ...});
 //
 // Thread-safe. Reactions never block: delivery takes one mutex briefly.
+//
+// One class, a file per concern: peer_stream.cc (an incoming stream's frames
+// into messages), peer_admission.cc (who may speak in an epoch),
+// peer_liveness.cc (what a broken stream fails) and peer_service.cc (the
+// mailboxes, and what ends them).
 #ifndef GRADMESH_WORKER_TRANSPORT_GRPC_PEER_SERVICE_H_
 #define GRADMESH_WORKER_TRANSPORT_GRPC_PEER_SERVICE_H_
 

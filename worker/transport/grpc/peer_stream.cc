@@ -1,0 +1,184 @@
+// PeerService, one incoming stream: reads frames, checks them against the
+// stream and the message being assembled, and delivers whole messages.
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc/grpc_util.h"
+#include "common/status_macros.h"
+#include "worker/transport/grpc/frame_codec.h"
+#include "worker/transport/grpc/peer_service.h"
+
+namespace gradmesh::transport {
+
+namespace {
+// Larger messages than any gradient block set could need are refused.
+constexpr uint64_t kMaxMessageBytes = uint64_t{16} << 30;
+// Ranks above this are refused at once (a world is far smaller).
+constexpr uint32_t kMaxRank = 1 << 20;
+// Room reserved for a message when its first frame arrives (untouched until
+// data comes), so that assembling it never moves what has arrived; larger
+// messages grow past this as their data comes.
+constexpr uint64_t kReservedMessageBytes = uint64_t{256} << 20;
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+}  // namespace
+
+// One incoming stream: reads frames, checks them, reassembles messages.
+class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  Reactor(PeerService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context) {
+    StartRead(&buffer_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    absl::Status accepted =
+        DecodeFrame(&buffer_, [this](const FrameHeader& header, uint64_t size) {
+          return Place(header, size);
+        });
+    buffer_.Clear();
+    if (accepted.ok()) {
+      ++frames_;
+      if (received_ == message_bytes_) {
+        accepted = service_->Deliver(epoch_, from_, stream_, tag_,
+                                     std::move(message_), frames_);
+        message_ = std::string();
+        frames_ = 0;
+      }
+    }
+    if (accepted.ok()) {
+      StartRead(&buffer_);
+      return;
+    }
+    // Over the limits and impostors are counted apart.
+    if (!absl::IsResourceExhausted(accepted) &&
+        !absl::IsPermissionDenied(accepted)) {
+      service_->CountRefused();
+    }
+    refused_ = accepted;
+    Finish(ToGrpcStatus(accepted));
+  }
+
+  void OnDone() override {
+    if (identified_) {
+      const bool clean = refused_.ok() && !context_->IsCancelled();
+      absl::Status why =
+          !refused_.ok() ? absl::UnavailableError(absl::StrCat(
+                               "the stream from peer ", from_,
+                               " was refused: ", refused_.message()))
+          : clean        ? absl::UnavailableError(
+                               absl::StrCat("peer ", from_, " closed its stream"))
+                  : absl::UnavailableError(
+                        absl::StrCat("the stream from peer ", from_, " broke"));
+      service_->StreamEnded(epoch_, from_, stream_, clean, std::move(why));
+    }
+    delete this;
+  }
+
+ private:
+  // Checks a frame against the stream and the message being assembled, and
+  // says where its data goes.
+  absl::StatusOr<std::string*> Place(const FrameHeader& header, uint64_t size) {
+    if (!identified_) {
+      if (header.from_rank > kMaxRank) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("a stream claims rank ", header.from_rank));
+      }
+      const std::shared_ptr<const grpc::AuthContext> auth =
+          context_->auth_context();
+      std::optional<std::vector<std::string>> names;
+      if (auth != nullptr && OverTls(*auth)) {
+        names = CertificateNames(*auth);
+      }
+      GM_ASSIGN_OR_RETURN(stream_,
+                          service_->IncomingStreamOpened(
+                              header.epoch, static_cast<int>(header.from_rank),
+                              names ? &*names : nullptr));
+      identified_ = true;
+      epoch_ = header.epoch;
+      from_ = static_cast<int>(header.from_rank);
+    } else if (header.epoch != epoch_ ||
+               static_cast<int>(header.from_rank) != from_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a stream of epoch ", epoch_, " from rank ", from_,
+                       " carried a frame of epoch ", header.epoch,
+                       " from rank ", header.from_rank));
+    }
+    const Tag tag{header.epoch, header.operation, header.step};
+    if (frames_ == 0) {
+      if (header.message_bytes > kMaxMessageBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("peer ", from_, " announced a message of ",
+                         header.message_bytes, " bytes"));
+      }
+      tag_ = tag;
+      GM_RETURN_IF_ERROR(
+          service_->NoteIncoming(epoch_, stream_, tag.operation));
+      message_bytes_ = header.message_bytes;
+      received_ = 0;
+      try {
+        message_.reserve(std::min(message_bytes_, kReservedMessageBytes));
+      } catch (const std::bad_alloc&) {
+        // Not now (memory limits): the message grows as its data comes.
+      }
+    }
+    if (!(tag == tag_) || header.message_bytes != message_bytes_ ||
+        header.offset != received_ || size > message_bytes_ - received_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peer ", from_, " sent a frame out of sequence (",
+                       ToString(tag), ", offset ", header.offset, ", ", size,
+                       " of ", header.message_bytes, " bytes)"));
+    }
+    // Grows with the data (DecodeFrame passes only sizes really received),
+    // so a false length costs no more than untouched reserved pages.
+    received_ += size;
+    return &message_;
+  }
+
+  PeerService* const service_;
+  grpc::CallbackServerContext* const context_;
+  grpc::ByteBuffer buffer_;
+  bool identified_ = false;
+  uint64_t stream_ = 0;  // its number (IncomingStreamOpened)
+  uint64_t epoch_ = 0;
+  int from_ = -1;
+  absl::Status refused_;
+  // The message being assembled.
+  Tag tag_;
+  uint64_t message_bytes_ = 0;
+  uint64_t received_ = 0;
+  uint64_t frames_ = 0;
+  std::string message_;
+};
+
+grpc::ServerGenericBidiReactor* PeerService::CreateReactor(
+    grpc::GenericCallbackServerContext* context) {
+  if (context->method() != kExchangeMethod) {
+    class Unimplemented final : public grpc::ServerGenericBidiReactor {
+     public:
+      Unimplemented() {
+        Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, ""));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Unimplemented;
+  }
+  return new Reactor(this, context);
+}
+
+}  // namespace gradmesh::transport
