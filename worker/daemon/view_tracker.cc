@@ -28,6 +28,7 @@ ViewTracker::ViewTracker(GroupFactory make_group, Clock* clock)
     : make_group_(std::move(make_group)), clock_(clock) {}
 
 std::optional<ViewTracker::Change> ViewTracker::Install(const ViewInfo& view) {
+  absl::MutexLock installing(&install_mu_);
   {
     absl::MutexLock lock(&mu_);
     if (stopped_ || view.epoch <= latest_epoch_) return std::nullopt;

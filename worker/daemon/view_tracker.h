@@ -99,6 +99,8 @@ class ViewTracker {
     std::shared_ptr<Group> replaced;  // to abort (membership changed)
   };
   // Installs `view`; nullopt if it is not newer than the latest view.
+  // Calls run one at a time, so that groups are made in increasing epochs
+  // and at most once per epoch.
   std::optional<Change> Install(const ViewInfo& view);
 
   // The group an operation at `step` runs on (no step: the latest group that
@@ -139,6 +141,7 @@ class ViewTracker {
 
   const GroupFactory make_group_;
   Clock* const clock_;
+  absl::Mutex install_mu_;  // held through Install, before mu_
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t latest_epoch_ ABSL_GUARDED_BY(mu_) = 0;

@@ -176,5 +176,29 @@ TEST_F(ViewTrackerTest, StopFailsWaitersAndReturnsTheGroups) {
   EXPECT_FALSE(views_.Install(View(3, {"me"})).has_value());
 }
 
+// The same view delivered twice at once (a watch and a heartbeat) makes
+// one group: a second transport of the epoch would close it on the first
+// one's peer service when discarded.
+TEST(ViewTrackerInstallTest, ConcurrentInstallsOfOneViewMakeOneGroup) {
+  FakeClock clock;
+  absl::Mutex mu;
+  int made = 0;
+  ViewTracker views(
+      [&](const ViewInfo& view) {
+        {
+          absl::MutexLock lock(&mu);
+          ++made;
+        }
+        absl::SleepFor(absl::Milliseconds(50));  // dialing peers
+        return MakeGroup(view);
+      },
+      &clock);
+  std::thread other([&] { views.Install(View(6, {"me", "b"})); });
+  views.Install(View(6, {"me", "b"}));
+  other.join();
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(made, 1);
+}
+
 }  // namespace
 }  // namespace gradmesh::daemon

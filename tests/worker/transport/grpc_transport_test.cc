@@ -138,6 +138,24 @@ TEST(GrpcTransportTest, DropsAndCountsFramesOfRetiredEpochsAndOperations) {
   EXPECT_TRUE(absl::IsAborted(m.status())) << m.status();
 }
 
+// An epoch closes with the last transport that opened it: a second one of
+// the same epoch going away leaves the first receiving.
+TEST(GrpcTransportTest, AnEpochClosesWithItsLastTransport) {
+  GrpcNetwork net(2, 1 << 20, /*epoch=*/1);
+  {
+    auto twin = GrpcTransport::Create(
+        {.service = net.service(1),
+         .epoch = 1,
+         .rank = 1,
+         .peers = {"0", "1"},
+         .channels = [&](const std::string&) { return net.channel(0); }});
+    ASSERT_TRUE(twin.ok());
+  }
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 0, 0}, "still open").ok());
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, {1, 0, 0}, Soon()), "still open");
+  EXPECT_EQ(net.service(1)->stats().frames_dropped_old_epoch, 0u);
+}
+
 TEST(GrpcTransportTest, KeepsFramesOfAnEpochNotYetStarted) {
   GrpcNetwork net(2, 1 << 20, /*epoch=*/1);
   auto ahead = GrpcTransport::Create(

@@ -18,6 +18,7 @@ void PeerService::OpenEpoch(uint64_t epoch, int rank,
   EpochState& state = StateLocked(epoch);
   max_opened_ = std::max(max_opened_, epoch);
   state.open = true;
+  ++state.transports;
   state.rank = rank;
   state.peers = std::move(peers);
   unopened_bytes_ -= state.unopened_bytes;

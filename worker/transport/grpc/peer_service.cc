@@ -112,11 +112,13 @@ absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
 void PeerService::CloseEpoch(uint64_t epoch) {
   absl::MutexLock lock(&mu_);
   if (RetiredLocked(epoch)) return;
-  CloseLocked(epoch, StateLocked(epoch));
+  EpochState& state = StateLocked(epoch);
+  if (--state.transports > 0) return;
+  CloseLocked(epoch, state);
   // Below the oldest epoch still open, nothing will be received again.
   uint64_t oldest = max_opened_ + 1;
-  for (const auto& [e, state] : epochs_) {
-    if (state.open) oldest = std::min(oldest, e);
+  for (const auto& [e, other] : epochs_) {
+    if (other.open) oldest = std::min(oldest, e);
   }
   RetireEpochsBelowLocked(oldest);
 }

@@ -74,12 +74,13 @@ class PeerService final : public grpc::CallbackGenericService {
   // (or this one), or whose certificate does not name that rank's host, are
   // refused, those already admitted included. Epochs open in increasing
   // order: what epochs below it that were never opened hold is freed, and
-  // their later frames are dropped.
+  // their later frames are dropped. Each OpenEpoch (a transport of `epoch`)
+  // is paired with a CloseEpoch.
   void OpenEpoch(uint64_t epoch, int rank, std::vector<std::string> peers);
 
-  // Frees what is kept for `epoch` (its transport is gone); its later
-  // frames are dropped, and so are those of every epoch below the oldest
-  // one still open.
+  // Once every transport that opened `epoch` has closed it: frees what is
+  // kept for it; its later frames are dropped, and so are those of every
+  // epoch below the oldest one still open.
   void CloseEpoch(uint64_t epoch);
   static constexpr uint64_t kMaxUnopenedBytes = uint64_t{256} << 20;
   // Epochs not opened here that may hold frames at once, and how far past
@@ -152,6 +153,7 @@ class PeerService final : public grpc::CallbackGenericService {
   struct EpochState {
     absl::Status aborted;  // OK unless aborted
     bool open = false;     // OpenEpoch was called
+    int transports = 0;    // OpenEpoch calls not yet closed
     bool closed = false;   // CloseEpoch was called: its frames are dropped
     int rank = -1;
     std::vector<std::string> peers;  // addresses, index = rank (once open)
