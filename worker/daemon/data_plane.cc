@@ -35,8 +35,9 @@ DataPlane::DataPlane(ViewTracker* views, DataPlaneHooks hooks,
       recorder_(hooks_.metrics),
       protocol_({.gather =
                      [this](const Group& g, uint64_t op, std::string mine,
-                            absl::Time deadline) {
-                       return GatherSmall(g, op, std::move(mine), deadline);
+                            absl::Time deadline, double* waited) {
+                       return GatherSmall(g, op, std::move(mine), deadline,
+                                          /*same_size=*/false, waited);
                      },
                  .ask_outcome = hooks_.ask_outcome,
                  .current = [views] { return views->current(); }},
@@ -142,39 +143,6 @@ absl::StatusOr<std::shared_ptr<Bucket>> DataPlane::Find(
                      "' is not registered with this worker"));
   }
   return it->second;
-}
-
-absl::Status DataPlane::Agree(const Group& group, const Bucket& bucket,
-                              uint64_t op, const AgreeRecord& mine,
-                              absl::Time deadline, double* waited) {
-  std::string bytes(sizeof(mine), '\0');
-  std::memcpy(bytes.data(), &mine, sizeof(mine));
-  GM_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                      GatherSmall(group, op, std::move(bytes), deadline,
-                                  /*same_size=*/true, waited));
-  std::vector<std::string> nonfinite;
-  for (int r = 0; r < group.size(); ++r) {
-    AgreeRecord theirs;
-    std::memcpy(&theirs, all[r].data(), sizeof(theirs));
-    if (theirs.fingerprint != mine.fingerprint || theirs.root != mine.root) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bucket '", bucket.name.bucket, "' differs between workers: rank ",
-          group.rank, " has ", mine.values, " values (root ", mine.root,
-          "), rank ", r, " has ", theirs.values, " (root ", theirs.root,
-          "): tensor names, sizes or the broadcast root differ"));
-    }
-    if (theirs.nonfinite > 0) {
-      nonfinite.push_back(absl::StrCat("rank ", r, ": ", theirs.nonfinite));
-    }
-  }
-  if (!nonfinite.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "non-finite values (NaN or Inf) in the gradient of bucket '",
-        bucket.name.bucket, "' (", absl::StrJoin(nonfinite, ", "),
-        "); the step is skipped on every worker and the finite values stay "
-        "in the residuals"));
-  }
-  return absl::OkStatus();
 }
 
 uint64_t DataPlane::Renumber(const std::string& key, const Group& group,

@@ -12,8 +12,9 @@
 // several buckets of a step may be in flight at once and finish in any
 // order. Residuals belong to (job, bucket); a new job starts with none.
 //
-// Agreement before each all-reduce: the members exchange a small record (the
-// bucket's shape fingerprint and the count of non-finite values), so that
+// Agreement before each all-reduce (step_protocol.h): the members exchange a
+// small record (the bucket's shape fingerprint and the count of non-finite
+// values), so that
 // tensor sets that differ between workers, or a NaN or Inf on any worker,
 // fail the step with InvalidArgument on every worker instead of a hang or a
 // poisoned sum. Registration does the same for the buckets' names and shapes
@@ -153,8 +154,6 @@ class DataPlane {
   std::vector<std::pair<std::string, double>> ResidualNorms() const;
 
  private:
-  struct AgreeRecord;
-
   absl::StatusOr<std::shared_ptr<Bucket>> Find(const BucketName& name) const;
   // Runs `body` on bucket `name` once no other call runs on it (until
   // `deadline`: Hold) and it is Usable; releases the bucket after.
@@ -169,9 +168,6 @@ class DataPlane {
   absl::StatusOr<std::vector<std::string>> GatherSmall(
       const Group& group, uint64_t operation, std::string mine,
       absl::Time deadline, bool same_size = false, double* waited = nullptr);
-  absl::Status Agree(const Group& group, const Bucket& bucket, uint64_t op,
-                     const AgreeRecord& mine, absl::Time deadline,
-                     double* waited = nullptr);
   absl::StatusOr<ReduceResult> Run(const ReduceCall& call, Bucket& bucket,
                                    absl::Time deadline);
   // Broadcast of a bucket this call holds.

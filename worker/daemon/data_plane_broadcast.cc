@@ -37,12 +37,12 @@ absl::StatusOr<Membership> DataPlane::BroadcastHeld(Bucket& bucket,
   const std::string scope = MembershipScope(bucket.buffer, *group);
   const uint64_t number =
       Renumber(absl::StrCat(bucket.name.job, "#sequence"), *group, sequence);
-  GM_RETURN_IF_ERROR(Agree(*group, bucket,
-                           OperationId("broadcast-agree", scope, number),
-                           {.fingerprint = bucket.fingerprint,
-                            .values = bucket.layout.n,
-                            .root = root},
-                           deadline));
+  GM_RETURN_IF_ERROR(protocol_.Agree(
+      *group, bucket.name.bucket, OperationId("broadcast-agree", scope, number),
+      {.fingerprint = bucket.fingerprint,
+       .values = bucket.layout.n,
+       .root = root},
+      deadline));
   // Flat: the root sends its values to every member directly.
   const uint64_t op = OperationId("broadcast", scope, number);
   GM_RETURN_IF_ERROR(engine::BroadcastValues(PlaceOf(*group), op, root,

@@ -14,14 +14,6 @@
 
 namespace gradmesh::daemon {
 
-// What the members exchange before an operation.
-struct DataPlane::AgreeRecord {
-  uint64_t fingerprint = 0;
-  uint64_t values = 0;
-  uint64_t nonfinite = 0;
-  int64_t root = -1;  // a broadcast's root; -1 for an all-reduce
-};
-
 // Member `rank`'s incarnation in `group`'s view (0 where views carry none).
 inline uint64_t Incarnation(const Group& group, int rank) {
   const auto& all = group.view.incarnations;

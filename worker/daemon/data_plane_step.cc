@@ -83,14 +83,14 @@ engine::Request DataPlane::StepRequest(const ReduceCall& call, Bucket& bucket,
       .deadline = deadline,
       .agree =
           [this, &bucket, &g, deadline, agree_op, state](uint64_t nonfinite) {
-            AgreeRecord record{.fingerprint = bucket.fingerprint,
-                               .values = bucket.layout.n,
-                               .nonfinite = nonfinite};
+            const StepRecord record{.fingerprint = bucket.fingerprint,
+                                    .values = bucket.layout.n,
+                                    .nonfinite = nonfinite};
             // Its wait is the operation's (peers' skew lands there); its
             // rounds and bytes are not the algorithm's and stay out of the
             // stats.
-            return Agree(g, bucket, agree_op, record, deadline,
-                         &state->out.stats.wait_seconds);
+            return protocol_.Agree(g, bucket.name.bucket, agree_op, record,
+                                   deadline, &state->out.stats.wait_seconds);
           },
       .commit =
           [this, &call, &bucket, &g, deadline,

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "worker/daemon/worker_metrics.h"
 
 namespace gradmesh::daemon {
@@ -16,6 +18,44 @@ StepProtocol::StepProtocol(StepPeers peers, Clock* clock,
       clock_(clock),
       metrics_(metrics),
       options_(options) {}
+
+absl::Status StepProtocol::Agree(const Group& g, absl::string_view bucket,
+                                 uint64_t operation, const StepRecord& mine,
+                                 absl::Time deadline, double* waited) {
+  std::string bytes(sizeof(mine), '\0');
+  std::memcpy(bytes.data(), &mine, sizeof(mine));
+  GM_ASSIGN_OR_RETURN(
+      std::vector<std::string> all,
+      peers_.gather(g, operation, std::move(bytes), deadline, waited));
+  std::vector<std::string> nonfinite;
+  for (int r = 0; r < g.size(); ++r) {
+    if (all[r].size() != sizeof(StepRecord)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " sent an agreement record of ",
+                       all[r].size(), " bytes"));
+    }
+    StepRecord theirs;
+    std::memcpy(&theirs, all[r].data(), sizeof(theirs));
+    if (theirs.fingerprint != mine.fingerprint || theirs.root != mine.root) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bucket '", bucket, "' differs between workers: rank ", g.rank,
+          " has ", mine.values, " values (root ", mine.root, "), rank ", r,
+          " has ", theirs.values, " (root ", theirs.root,
+          "): tensor names, sizes or the broadcast root differ"));
+    }
+    if (theirs.nonfinite > 0) {
+      nonfinite.push_back(absl::StrCat("rank ", r, ": ", theirs.nonfinite));
+    }
+  }
+  if (!nonfinite.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "non-finite values (NaN or Inf) in the gradient of bucket '", bucket,
+        "' (", absl::StrJoin(nonfinite, ", "),
+        "); the step is skipped on every worker and the finite values stay "
+        "in the residuals"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status StepProtocol::Vote(const Group& g, const OutcomeKey& key,
                                 uint64_t operation, bool yes,
@@ -30,7 +70,7 @@ absl::Status StepProtocol::Vote(const Group& g, const OutcomeKey& key,
                 sizeof(result_digest));
   }
   absl::StatusOr<std::vector<std::string>> votes =
-      peers_.gather(g, operation, vote, deadline);
+      peers_.gather(g, operation, vote, deadline, /*waited=*/nullptr);
   if (!votes.ok()) {
     if (!yes) return votes.status();
     SetOutcome(key, Outcome::kInDoubt);

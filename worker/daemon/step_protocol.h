@@ -1,4 +1,11 @@
-// StepProtocol: how the members of a step decide whether it is applied.
+// StepProtocol: how the members of a step agree to run it and decide
+// whether it is applied.
+//
+// Before a step runs, the members agree (Agree): an all-gather of a small
+// record (what they reduce, and how many non-finite values each one's
+// gradient holds), so that tensor sets that differ between workers, or a NaN
+// or Inf on any worker, fail the step alike on every member instead of a hang
+// or a poisoned sum.
 //
 // Once a worker knows a step's result, the members vote: an all-gather of a
 // yes with a hash of the result, or a no when its client has given up. Only
@@ -30,6 +37,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/daemon/view_tracker.h"
@@ -57,13 +65,22 @@ enum class Outcome {
   kInDoubt,    // voted yes, missed a vote, asking the others
 };
 
+// What a member brings to the agreement before a step.
+struct StepRecord {
+  uint64_t fingerprint = 0;  // the bucket's tensor names and sizes
+  uint64_t values = 0;       // its length
+  uint64_t nonfinite = 0;    // NaN and Inf in this member's gradient
+  int64_t root = -1;         // a broadcast's root; -1 for an all-reduce
+};
+
 struct StepPeers {
   // Every member's small record of `group` by rank, under operation id
-  // `operation`, by `deadline`.
-  std::function<absl::StatusOr<std::vector<std::string>>(
+  // `operation`, by `deadline`; adds the time blocked on peers to `*waited`
+  // (null: not counted).
+  using Gather = std::function<absl::StatusOr<std::vector<std::string>>(
       const Group& group, uint64_t operation, std::string mine,
-      absl::Time deadline)>
-      gather;
+      absl::Time deadline, double* waited)>;
+  Gather gather;
   // The outcome of `key` at the member reachable at `address` (its Decide).
   // Empty: a worker in doubt aborts.
   std::function<absl::StatusOr<Outcome>(
@@ -89,6 +106,16 @@ class StepProtocol {
                StepProtocolOptions options);
   StepProtocol(const StepProtocol&) = delete;
   StepProtocol& operator=(const StepProtocol&) = delete;
+
+  // The members' agreement before a step of `bucket` (named in errors), under
+  // operation id `operation`. OK when every member's fingerprint and root
+  // equal this one's and no member's gradient holds non-finite values;
+  // otherwise InvalidArgument naming the ranks, the same on every member (all
+  // see the same records). The gather's error when it fails. `waited` (may be
+  // null) accumulates the time blocked on peers.
+  absl::Status Agree(const Group& g, absl::string_view bucket,
+                     uint64_t operation, const StepRecord& mine,
+                     absl::Time deadline, double* waited = nullptr);
 
   // The members' vote on step `key` of group `g`, under operation id
   // `operation`. This worker votes yes with `result_digest` when `yes` and
