@@ -317,6 +317,7 @@ absl::StatusOr<Plan> Client::GetPlan() {
               .encoding = p.encoding(),
               .autotuning = p.autotuning(),
               .exact_below = p.exact_below(),
+              .fusion = p.fusion().empty() ? "per_tensor" : p.fusion(),
               .note = p.note()};
 }
 

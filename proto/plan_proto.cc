@@ -13,6 +13,7 @@ void PlanToProto(const collectives::Plan& plan, v1::Plan* out) {
   out->set_oktopk_tau_prime(plan.oktopk_tau_prime);
   out->set_seed(plan.seed);
   out->set_exact_below(plan.exact_below);
+  out->set_fusion(plan.fusion);
   out->set_chunk_bytes(plan.chunk_bytes);
   out->set_autotuning(plan.autotuning);
   out->set_note(plan.note);
@@ -33,6 +34,7 @@ collectives::Plan PlanFromProto(const v1::Plan& plan) {
                                   : defaults.oktopk_tau_prime,
           .seed = plan.seed() != 0 ? plan.seed() : defaults.seed,
           .exact_below = plan.exact_below(),
+          .fusion = plan.fusion().empty() ? defaults.fusion : plan.fusion(),
           .chunk_bytes = plan.chunk_bytes(),
           .autotuning = plan.autotuning(),
           .note = plan.note()};

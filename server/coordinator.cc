@@ -44,6 +44,7 @@ Plan PlanOfConfig(const PlanConfig& config) {
               .oktopk_tau_prime = config.oktopk_tau_prime,
               .seed = config.seed,
               .exact_below = config.exact_below,
+              .fusion = config.fusion,
               .chunk_bytes = config.chunk_bytes};
 }
 
@@ -97,6 +98,12 @@ absl::Status ValidatePlanConfig(const PlanConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("switch_lead_steps must be at least 1, got ",
                      config.switch_lead_steps));
+  }
+  if (config.fusion != collectives::kPerTensor &&
+      config.fusion != collectives::kAfterFusion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fusion must be per_tensor or after_fusion, got '",
+                     config.fusion, "'"));
   }
   if (!(config.skip_factor >= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -202,7 +209,8 @@ bool Coordinator::PlanFits(const Plan& plan, int world_size) const {
       plan.oktopk_tau != base.oktopk_tau ||
       plan.oktopk_tau_prime != base.oktopk_tau_prime ||
       plan.seed != base.seed || plan.exact_below != base.exact_below ||
-      plan.chunk_bytes != base.chunk_bytes || plan.autotuning) {
+      plan.fusion != base.fusion || plan.chunk_bytes != base.chunk_bytes ||
+      plan.autotuning) {
     return false;
   }
   if (config_.algorithm == kSparDl && config_.teams == 0 && world_size >= 2) {

@@ -98,12 +98,13 @@ struct PlanConfig {
   // Buckets of fewer values are summed exactly: metrics, biases and norms
   // (64 KiB of fp32, as BytePS's smallest compressed tensor).
   uint64_t exact_below = 16384;
-  uint64_t chunk_bytes = 1 << 20;  // > 0
-  int teams = 0;                   // SparDL's d: 0 = autotune, else fixed
-  int autotune_window = 5;         // counted operations per candidate (>= 1)
-  double skip_factor = 3.0;        // skip d modeled > this x the best (>= 1)
-  int switch_lead_steps = 3;       // see View::start_step (>= 1)
-  LinkModel link;                  // used until reports allow a fit
+  std::string fusion = "per_tensor";  // collectives::Plan::fusion
+  uint64_t chunk_bytes = 1 << 20;     // > 0
+  int teams = 0;                      // SparDL's d: 0 = autotune, else fixed
+  int autotune_window = 5;            // counted operations per candidate (>= 1)
+  double skip_factor = 3.0;           // skip d modeled > this x the best (>= 1)
+  int switch_lead_steps = 3;          // see View::start_step (>= 1)
+  LinkModel link;                     // used until reports allow a fit
 };
 
 using Plan = collectives::Plan;

@@ -36,6 +36,10 @@ ABSL_FLAG(int, quantize_bits, 0,
 ABSL_FLAG(int, oktopk_tau, 64, "Ok-Topk: region re-balancing period");
 ABSL_FLAG(int, oktopk_tau_prime, 32, "Ok-Topk: threshold re-evaluation period");
 ABSL_FLAG(uint64_t, seed, 1, "seed of randomized rounding (TopkDSA's QSGD)");
+ABSL_FLAG(std::string, fusion, "per_tensor",
+          "how top-k selections treat a bucket's tensors: per_tensor (each "
+          "its quota, unless the bucket was registered after_fusion) or "
+          "after_fusion (every bucket one vector)");
 ABSL_FLAG(uint64_t, exact_below, gradmesh::server::PlanConfig().exact_below,
           "buckets of fewer values are summed exactly (dense), so that "
           "metrics, biases and norms are not sparsified; 0: none");
@@ -82,6 +86,7 @@ int main(int argc, char** argv) {
                .oktopk_tau_prime = absl::GetFlag(FLAGS_oktopk_tau_prime),
                .seed = absl::GetFlag(FLAGS_seed),
                .exact_below = absl::GetFlag(FLAGS_exact_below),
+               .fusion = absl::GetFlag(FLAGS_fusion),
                .chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes),
                .teams = absl::GetFlag(FLAGS_teams),
                .autotune_window = absl::GetFlag(FLAGS_autotune_window),

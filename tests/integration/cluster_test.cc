@@ -751,6 +751,7 @@ TEST_F(SdkClusterTest, ReportsRankAndPlanAndRefusesBadInput) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_EQ(plan->algorithm, "spardl");
     EXPECT_EQ(plan->world_size, 3);
+    EXPECT_EQ(plan->fusion, "per_tensor");
   }
   TensorSet& set = *trainers[0].set;
   EXPECT_EQ(set.size(), 1000u);

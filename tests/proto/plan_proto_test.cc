@@ -19,6 +19,7 @@ TEST(PlanProtoTest, EveryFieldSurvivesTheRoundTrip) {
                                .oktopk_tau_prime = 4,
                                .seed = 1234,
                                .exact_below = 99,
+                               .fusion = "after_fusion",
                                .chunk_bytes = 65536,
                                .autotuning = true,
                                .note = "autotune trial of d=3"};
@@ -35,6 +36,7 @@ TEST(PlanProtoTest, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(back.oktopk_tau_prime, plan.oktopk_tau_prime);
   EXPECT_EQ(back.seed, plan.seed);
   EXPECT_EQ(back.exact_below, plan.exact_below);
+  EXPECT_EQ(back.fusion, plan.fusion);
   EXPECT_EQ(back.chunk_bytes, plan.chunk_bytes);
   EXPECT_EQ(back.autotuning, plan.autotuning);
   EXPECT_EQ(back.note, plan.note);
@@ -51,6 +53,7 @@ TEST(PlanProtoTest, FieldsAnOlderCoordinatorLeavesUnsetAreTheDefaults) {
   EXPECT_EQ(back.seed, defaults.seed);
   // An older coordinator's workers summed every bucket with its algorithm.
   EXPECT_EQ(back.exact_below, 0u);
+  EXPECT_EQ(back.fusion, "per_tensor");
 }
 
 }  // namespace

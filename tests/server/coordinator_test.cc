@@ -231,6 +231,7 @@ TEST(CoordinatorTest, EveryPlanFieldOfTheConfigIsPublished) {
                            .oktopk_tau_prime = 3,
                            .seed = 99,
                            .exact_below = 77,
+                           .fusion = "after_fusion",
                            .chunk_bytes = 4096,
                            .teams = 1},
                           kTimeout);
@@ -246,6 +247,7 @@ TEST(CoordinatorTest, EveryPlanFieldOfTheConfigIsPublished) {
   EXPECT_EQ(plan.oktopk_tau_prime, 3);
   EXPECT_EQ(plan.seed, 99u);
   EXPECT_EQ(plan.exact_below, 77u);
+  EXPECT_EQ(plan.fusion, "after_fusion");
   EXPECT_EQ(plan.chunk_bytes, 4096u);
 }
 
@@ -255,7 +257,8 @@ TEST(CoordinatorTest, ConfigsTheAlgorithmRejectsAreRefused) {
   for (const PlanConfig& config :
        {PlanConfig{.algorithm = "spardl", .quantize_bits = 4},
         PlanConfig{.algorithm = "topkdsa", .quantize_bits = 3},
-        PlanConfig{.algorithm = "oktopk", .oktopk_tau = 0}}) {
+        PlanConfig{.algorithm = "oktopk", .oktopk_tau = 0},
+        PlanConfig{.fusion = "per_layer"}}) {
     Coordinator coordinator(config, kTimeout);
     EXPECT_TRUE(
         absl::IsInvalidArgument(coordinator.Join(Node("a"), kT0).status()))
@@ -359,6 +362,14 @@ TEST(CoordinatorTest, AdoptedPlansStayOnlyWhereTheConfigRunsThem) {
     EXPECT_EQ(view->epoch, known.epoch + 1);
     EXPECT_EQ(view->plan.density, 0.05);
     EXPECT_THAT(Ids(*view), ElementsAre("a", "b", "c", "d"));
+  }
+  {  // fusion as well
+    Coordinator after({.fusion = "after_fusion", .autotune_window = 1},
+                      kTimeout);
+    absl::StatusOr<View> view = after.Join(Node("a"), kT0, &known);
+    ASSERT_TRUE(view.ok());
+    EXPECT_EQ(view->epoch, known.epoch + 1);
+    EXPECT_EQ(view->plan.fusion, "after_fusion");
   }
   {  // every plan field of the config counts, exact_below as well
     Coordinator after({.exact_below = 7, .autotune_window = 1}, kTimeout);

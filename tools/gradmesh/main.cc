@@ -72,6 +72,10 @@ ABSL_FLAG(std::string, exact_below, "",
           "metrics, biases and norms are not sparsified; 0: none; empty: "
           "the coordinator's (16384) for run, 0 for local (its one bucket "
           "runs --algo)");
+ABSL_FLAG(std::string, fusion, "per_tensor",
+          "local, run: how top-k selections treat a bucket's tensors: "
+          "per_tensor (each its quota, unless the bucket was registered "
+          "after_fusion) or after_fusion (every bucket one vector)");
 ABSL_FLAG(int, timeout_s, 600, "per-operation timeout in seconds");
 ABSL_FLAG(std::string, bin_dir, "",
           "local, run: where gradmesh-coordinator and gradmesh-worker are "
@@ -204,11 +208,12 @@ const std::vector<std::string> kAlgorithmFlags = {
     "algo",          "density",  "teams",  "oktopk_tau", "oktopk_tau_prime",
     "quantize_bits", "encoding", "values", "seed"};
 const std::vector<std::string> kClusterFlags = {
-    "algo",     "density",       "teams",           "encoding",
-    "values",   "quantize_bits", "oktopk_tau",      "oktopk_tau_prime",
-    "seed",     "exact_below",   "workers",         "bin_dir",
-    "work_dir", "chunk_bytes",   "autotune_window", "timeout_s",
-    "topk",     "tls_ca",        "tls_cert",        "tls_key"};
+    "algo",      "density",       "teams",       "encoding",
+    "values",    "quantize_bits", "oktopk_tau",  "oktopk_tau_prime",
+    "seed",      "exact_below",   "fusion",      "workers",
+    "bin_dir",   "work_dir",      "chunk_bytes", "autotune_window",
+    "timeout_s", "topk",          "tls_ca",      "tls_cert",
+    "tls_key"};
 
 std::vector<std::string> Plus(std::vector<std::string> flags,
                               std::initializer_list<const char*> more) {
@@ -329,6 +334,7 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags(
       {"oktopk_tau", absl::StrCat(absl::GetFlag(FLAGS_oktopk_tau))},
       {"oktopk_tau_prime", absl::StrCat(absl::GetFlag(FLAGS_oktopk_tau_prime))},
       {"seed", absl::StrCat(absl::GetFlag(FLAGS_seed))},
+      {"fusion", absl::GetFlag(FLAGS_fusion)},
       {"chunk_bytes", absl::StrCat(absl::GetFlag(FLAGS_chunk_bytes))},
       {"autotune_window", absl::StrCat(absl::GetFlag(FLAGS_autotune_window))},
       {"heartbeat_timeout_ms", "2000"}};

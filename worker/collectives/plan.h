@@ -18,6 +18,9 @@ namespace gradmesh::collectives {
 // The plan every member of a view runs, as the coordinator publishes it and
 // every worker reads it: the one plan type of the system (its proto is
 // gradmesh.v1.Plan, converted in proto/plan_proto.h alone).
+inline constexpr absl::string_view kPerTensor = "per_tensor";
+inline constexpr absl::string_view kAfterFusion = "after_fusion";
+
 struct Plan {
   std::string algorithm = "spardl";  // a registry.h AlgorithmNames() entry
   double density = 0.01;             // k / n, in (0, 1]
@@ -32,6 +35,10 @@ struct Plan {
   // metrics, biases and norms are not sparsified; 0: none (the
   // coordinator's default is PlanConfig's).
   uint64_t exact_below = 0;
+  // How selections treat a bucket's tensors (SAFusion): "per_tensor" (each
+  // tensor its quota, as the SDK registers buckets by default) or
+  // "after_fusion" (every bucket one vector, whatever its registration).
+  std::string fusion = std::string(kPerTensor);
   uint64_t chunk_bytes = 1 << 20;  // largest frame payload on peer streams
   bool autotuning = false;         // this epoch is an autotune trial of teams
   std::string note;                // why the plan is what it is

@@ -7,6 +7,15 @@
 #include "worker/daemon/worker_metrics.h"
 
 namespace gradmesh::daemon {
+namespace {
+
+// Whether `bucket`'s selections split their quota per tensor under `plan`:
+// unless the bucket or the plan says after_fusion.
+bool PerTensor(const Bucket& bucket, const PlanInfo& plan) {
+  return bucket.per_tensor_quota && plan.fusion != collectives::kAfterFusion;
+}
+
+}  // namespace
 
 absl::StatusOr<ReduceResult> DataPlane::AllReduce(const ReduceCall& call,
                                                   absl::Time deadline) {
@@ -98,7 +107,9 @@ engine::Request DataPlane::StepRequest(const ReduceCall& call, Bucket& bucket,
             return Commit(g, bucket, call, result, deadline,
                           &state->refused_by_vote);
           }};
-  if (bucket.per_tensor_quota) request.tensor_starts = bucket.tensor_starts;
+  if (PerTensor(bucket, g.view.plan)) {
+    request.tensor_starts = bucket.tensor_starts;
+  }
   if (call.return_residual) {
     request.residual_out = [&bucket](absl::Span<const float> residual) {
       std::memcpy(bucket.segment.at<float>(bucket.layout.residual),
@@ -155,9 +166,9 @@ absl::StatusOr<ReduceResult> DataPlane::Applied(
   out.tensors = bucket.tensor_starts.size();
   out.tensors_missing = engine::CountMissingTensors(bucket.tensor_starts,
                                                     bucket.layout.n, result);
-  recorder_.Record(
-      out, g,
-      bucket.per_tensor_quota && engine::SplitsPerTensor(out.plan.algorithm));
+  recorder_.Record(out, g,
+                   PerTensor(bucket, out.plan) &&
+                       engine::SplitsPerTensor(out.plan.algorithm));
   if (hooks_.on_success) hooks_.on_success(out);
   return out;
 }

@@ -380,6 +380,29 @@ TEST(DataPlaneTest, FusionModesThatDifferFailEverywhere) {
   }
 }
 
+// A bucket of a large and a small tensor at 1%: per-tensor quotas give the
+// small one its entry; after_fusion, from the registration or from the
+// plan, may leave it out.
+TEST(DataPlaneTest, ThePlansAfterFusionOverridesPerTensorRegistrations) {
+  for (const std::string fusion : {"per_tensor", "after_fusion"}) {
+    Workers w(
+        2,
+        {.algorithm = "spardl", .density = 0.01, .teams = 1, .fusion = fusion});
+    w.Start();
+    auto segments = w.RegisterAll({"job", "b"}, {{"w", 990}, {"b", 10}});
+    for (int r = 0; r < 2; ++r) {
+      absl::Span<float> values = Values(segments[r], 1000);
+      for (uint64_t i = 0; i < 1000; ++i) values[i] = i < 990 ? 100.0f : 0.1f;
+    }
+    auto results = AllReduceAll(w, {.name = {"job", "b"}, .step = 0});
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(results[r].ok()) << results[r].status();
+      EXPECT_EQ(results[r]->tensors_missing, fusion == "per_tensor" ? 0u : 1u)
+          << fusion;
+    }
+  }
+}
+
 // NaN on one worker fails the step on every worker; the finite gradients
 // stay in the residuals and the next step carries them.
 TEST(DataPlaneTest, NonFiniteGradientFailsEverywhereAndKeepsTheRest) {
