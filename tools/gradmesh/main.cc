@@ -479,7 +479,7 @@ int Run(int argc, char** argv) {
           "or on Ctrl-C, the others get SIGTERM; exits with the first\n"
           "failure's status.\n\n"
           "On several nodes, as torchrun: on each node\n"
-          "  gradmesh run --nnodes=N --node_rank=I --nproc_per_node=G \\\n"
+          "  gradmesh run --nnodes=N --node-rank=I --nproc-per-node=G \\\n"
           "      --coordinator=NODE0:7700 -- CMD [ARGS...]\n"
           "node 0 starts the coordinator, every node G workers and G\n"
           "copies (ranks I*G..I*G+G-1); a failure anywhere stops every\n"
