@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""One process of the time-to-accuracy benchmark (bench/train_bench.py):
+Fashion-MNIST, one process per host, started by `gradmesh run` (which sets
+torchrun's variables as well as gradmesh's), trained with one system:
+
+  gradmesh  gradmesh.torch.DistributedOptimizer (the launcher's plan)
+  ddp       DistributedDataParallel over Gloo, its default buckets
+  powersgd  DDP with PyTorch's PowerSGD hook (rank 1), one bucket: with
+            DDP's default buckets the hook's collectives run in different
+            orders on different ranks under Gloo in torch 1.13 and the job
+            fails or hangs, so the bucket is made as large as the model
+            (bucket_cap_mb and dist._DEFAULT_FIRST_BUCKET_BYTES)
+  noop      DDP with a hook that sends nothing: the limit (compute alone)
+
+Every system sees the same shards (rank r takes every size-th image of the
+epoch's seeded permutation), the same initial parameters and SGD with
+momentum. Rank 0 writes the run's figures to --out as JSON: the seconds of
+training (data loading and evaluation left out) and the test accuracy after
+each epoch.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "client", "python",
+                                "examples"))
+from fashion_mnist import DATA_DIR, Net, accuracy, load  # noqa: E402
+
+SYSTEMS = ("gradmesh", "ddp", "powersgd", "noop")
+
+
+class Cnn824k(nn.Module):
+    """3x3 convolutions of 32 and 64 channels and a 3136x256 dense layer:
+    824k parameters, 3.3 MB of gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 7 * 7, 256)
+        self.fc2 = nn.Linear(256, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class Mlp5m8(nn.Module):
+    """784-2048-2048-10 with ReLU: 5.8M parameters, 23 MB of gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Flatten(), nn.Linear(784, 2048), nn.ReLU(),
+            nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+MODELS = {"cnn824k": Cnn824k, "mlp5m8": Mlp5m8, "main": Net}
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--system", required=True, choices=SYSTEMS)
+    parser.add_argument("--model", default="cnn824k", choices=sorted(MODELS))
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--train-limit", type=int, default=0,
+                        help="the first N training images only (0: all)")
+    parser.add_argument("--test-limit", type=int, default=0)
+    parser.add_argument("--data-dir", default=DATA_DIR)
+    parser.add_argument("--out", default="", help="rank 0's JSON")
+    return parser.parse_args()
+
+
+def noop_hook(state, bucket):
+    """Sends nothing: each process steps on its own gradient."""
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def wrap(system, model, lr, momentum):
+    """The model to train and the optimizer to step, for `system`."""
+    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    if system == "gradmesh":
+        import gradmesh.torch
+        gradmesh.broadcast_parameters(model.state_dict(), root_rank=0)
+        return model, gradmesh.torch.DistributedOptimizer(
+            sgd, named_parameters=model.named_parameters(),
+            momentum_correction=momentum > 0)
+    if system == "powersgd":
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024)
+        from torch.distributed.algorithms.ddp_comm_hooks import (
+            powerSGD_hook as powersgd)
+        state = powersgd.PowerSGDState(process_group=None,
+                                       matrix_approximation_rank=1,
+                                       start_powerSGD_iter=10)
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model)
+        if system == "noop":
+            ddp.register_comm_hook(None, noop_hook)
+    return ddp, torch.optim.SGD(ddp.parameters(), lr=lr, momentum=momentum)
+
+
+def start(system):
+    """Joins the job; returns (rank, size)."""
+    if system == "gradmesh":
+        import gradmesh
+        gradmesh.init()
+        return gradmesh.rank(), gradmesh.size()
+    dist.init_process_group("gloo", init_method="env://")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def finish(system):
+    if system == "gradmesh":
+        import gradmesh
+        gradmesh.barrier()
+    else:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    rank, size = start(args.system)
+    train_x, train_y = load(args.data_dir, "train", args.train_limit)
+    test_x, test_y = load(args.data_dir, "test", args.test_limit)
+    net = MODELS[args.model]()
+    model, optimizer = wrap(args.system, net, args.lr, args.momentum)
+    shard = len(train_x) // size
+    steps = shard // args.batch_size
+    generator = torch.Generator().manual_seed(args.seed)
+    record = {"system": args.system, "model": args.model, "workers": size,
+              "parameters": sum(p.numel() for p in net.parameters()),
+              "steps_per_epoch": steps, "batch_size": args.batch_size,
+              "seconds": [], "test_accuracy": []}
+    trained = 0.0
+    for epoch in range(1, args.epochs + 1):
+        order = torch.randperm(len(train_x), generator=generator)
+        mine = order[rank::size][:steps * args.batch_size]
+        begin = time.monotonic()
+        for step in range(steps):
+            batch = mine[step * args.batch_size:(step + 1) * args.batch_size]
+            optimizer.zero_grad()
+            F.cross_entropy(model(train_x[batch]), train_y[batch]).backward()
+            optimizer.step()
+        trained += time.monotonic() - begin
+        if rank == 0:
+            acc = accuracy(net, test_x, test_y)
+            record["seconds"].append(trained)
+            record["test_accuracy"].append(acc)
+            print(f"{args.system}: epoch {epoch} {100 * acc:.2f}% after "
+                  f"{trained:.1f}s of training ({trained / steps:.3f} s a "
+                  "step)", flush=True)
+    if rank == 0 and args.out:
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=2)
+    finish(args.system)
+
+
+if __name__ == "__main__":
+    main()
