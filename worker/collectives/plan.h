@@ -15,12 +15,13 @@
 
 namespace gradmesh::collectives {
 
-// The plan every member of a view runs, as the coordinator publishes it and
-// every worker reads it: the one plan type of the system (its proto is
-// gradmesh.v1.Plan, converted in proto/plan_proto.h alone).
+// Plan::fusion's values.
 inline constexpr absl::string_view kPerTensor = "per_tensor";
 inline constexpr absl::string_view kAfterFusion = "after_fusion";
 
+// The plan every member of a view runs, as the coordinator publishes it and
+// every worker reads it: the one plan type of the system (its proto is
+// gradmesh.v1.Plan, converted in proto/plan_proto.h alone).
 struct Plan {
   std::string algorithm = "spardl";  // a registry.h AlgorithmNames() entry
   double density = 0.01;             // k / n, in (0, 1]

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <deque>
 #include <fstream>
@@ -349,6 +350,11 @@ std::shared_ptr<Group> Daemon::MakeGroup(const ViewInfo& view) {
   }
   group->transport = *std::move(transport);
   group->error = engine::CheckOptions(group->config());
+  if (group->error.ok() && plan.fusion != collectives::kPerTensor &&
+      plan.fusion != collectives::kAfterFusion) {
+    group->error = absl::InvalidArgumentError(
+        absl::StrCat("fusion '", plan.fusion, "' is unknown to this worker"));
+  }
   return group;
 }
 
@@ -367,12 +373,17 @@ void Daemon::InstallView(const v1::View& view) {
       group.rank < 0 ? "not one of them" : absl::StrCat("rank ", group.rank),
       "; ", plan.algorithm, " d=", plan.teams,
       plan.note.empty() ? "" : absl::StrCat(" (", plan.note, ")")));
-  if (change->replaced != nullptr && change->replaced->transport != nullptr) {
-    change->replaced->transport->Abort(absl::AbortedError(absl::StrCat(
+  for (const std::shared_ptr<Group>& replaced : change->replaced) {
+    if (replaced->transport == nullptr) continue;
+    replaced->transport->Abort(absl::AbortedError(absl::StrCat(
         "the view changed to epoch ", view.epoch(), " during the operation")));
   }
   absl::MutexLock lock(&mu_);
-  recent_members_.emplace_back(group.view.epoch, group.view.addresses);
+  // In epoch order, whichever of two views installed at once gets here first.
+  auto at = std::upper_bound(
+      recent_members_.begin(), recent_members_.end(), group.view.epoch,
+      [](uint64_t epoch, const auto& entry) { return epoch < entry.first; });
+  recent_members_.emplace(at, group.view.epoch, group.view.addresses);
   if (recent_members_.size() > kViewsRemembered) recent_members_.pop_front();
 }
 

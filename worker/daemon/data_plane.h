@@ -14,11 +14,10 @@
 //
 // Agreement before each all-reduce (step_protocol.h): the members exchange a
 // small record (the bucket's shape fingerprint and the count of non-finite
-// values), so that
-// tensor sets that differ between workers, or a NaN or Inf on any worker,
-// fail the step with InvalidArgument on every worker instead of a hang or a
-// poisoned sum. Registration does the same for the buckets' names and shapes
-// (every worker registers the same buckets in the same order).
+// values), so that tensor sets that differ between workers, or a NaN or Inf
+// on any worker, fail the step with InvalidArgument on every worker instead
+// of a hang or a poisoned sum. Registration does the same for the buckets'
+// names and shapes (every worker registers the same buckets in the same order).
 //
 // Failure keeps the gradient: whatever goes wrong after a step names a
 // registered bucket of the right job (no view, a stale step, a peer gone, a

@@ -27,6 +27,11 @@ absl::Status StepProtocol::Agree(const Group& g, absl::string_view bucket,
   GM_ASSIGN_OR_RETURN(
       std::vector<std::string> all,
       peers_.gather(g, operation, std::move(bytes), deadline, waited));
+  if (static_cast<int>(all.size()) != g.size()) {
+    return absl::InternalError(absl::StrCat("the agreement gathered ",
+                                            all.size(), " records of ",
+                                            g.size(), " members"));
+  }
   std::vector<std::string> nonfinite;
   for (int r = 0; r < g.size(); ++r) {
     if (all[r].size() != sizeof(StepRecord)) {

@@ -110,8 +110,8 @@ class StepProtocol {
   // The members' agreement before a step of `bucket` (named in errors), under
   // operation id `operation`. OK when every member's fingerprint and root
   // equal this one's and no member's gradient holds non-finite values;
-  // otherwise InvalidArgument naming the ranks, the same on every member (all
-  // see the same records). The gather's error when it fails. `waited` (may be
+  // otherwise InvalidArgument naming a rank, on every member alike (all see
+  // the same records). The gather's error when it fails. `waited` (may be
   // null) accumulates the time blocked on peers.
   absl::Status Agree(const Group& g, absl::string_view bucket,
                      uint64_t operation, const StepRecord& mine,

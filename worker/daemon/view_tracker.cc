@@ -50,7 +50,11 @@ std::optional<ViewTracker::Change> ViewTracker::Install(const ViewInfo& view) {
                                       " from step ", view.start_step);
     return change;
   }
-  change.replaced = same_members ? nullptr : current_;
+  if (!same_members) {
+    for (const auto& g : {current_, previous_, pending_}) {
+      if (g != nullptr) change.replaced.push_back(g);
+    }
+  }
   RetireLocked(&current_);
   RetireLocked(&previous_);
   RetireLocked(&pending_);

@@ -93,10 +93,12 @@ class ViewTracker {
   ViewTracker& operator=(const ViewTracker&) = delete;
 
   struct Change {
-    std::string description;          // for the log
-    bool late = false;                // a plan change applied at once
-    std::shared_ptr<Group> group;     // the new view's group
-    std::shared_ptr<Group> replaced;  // to abort (membership changed)
+    std::string description;       // for the log
+    bool late = false;             // a plan change applied at once
+    std::shared_ptr<Group> group;  // the new view's group
+    // Groups a membership change displaced (the current one, and those of
+    // a plan switch before or after it), to abort.
+    std::vector<std::shared_ptr<Group>> replaced;
   };
   // Installs `view`; nullopt if it is not newer than the latest view.
   // Calls run one at a time, so that groups are made in increasing epochs
@@ -141,7 +143,7 @@ class ViewTracker {
 
   const GroupFactory make_group_;
   Clock* const clock_;
-  absl::Mutex install_mu_;  // held through Install, before mu_
+  absl::Mutex install_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // held through Install
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t latest_epoch_ ABSL_GUARDED_BY(mu_) = 0;

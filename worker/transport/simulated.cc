@@ -19,7 +19,9 @@ class SimulatedNetwork::Endpoint : public Transport {
   absl::Status Send(int peer, const Tag& tag, std::string payload) override {
     net_->Charge(rank_);
     const MessageKey key{rank_, tag};
-    net_->PushArrival(peer, key, net_->Depart(rank_, payload.size()));
+    if (!net_->PushArrival(peer, key, net_->Depart(rank_, payload.size()))) {
+      return absl::OkStatus();  // the receiver ended the operation
+    }
     absl::Status status = inner_->Send(peer, tag, std::move(payload));
     if (!status.ok()) net_->DropLastArrival(peer, key);  // never delivered
     return status;
@@ -39,8 +41,8 @@ class SimulatedNetwork::Endpoint : public Transport {
   void Abort(const absl::Status& status) override { inner_->Abort(status); }
 
   void EndOperation(uint64_t epoch, uint64_t operation) override {
+    net_->EndArrivals(rank_, epoch, operation);
     inner_->EndOperation(epoch, operation);
-    net_->DropArrivals(rank_, epoch, operation);
   }
 
   Counters counters() const override { return inner_->counters(); }
@@ -52,7 +54,11 @@ class SimulatedNetwork::Endpoint : public Transport {
 };
 
 SimulatedNetwork::SimulatedNetwork(int size, const SimOptions& options)
-    : options_(options), loopback_(size), clocks_(size), arrivals_(size) {
+    : options_(options),
+      loopback_(size),
+      clocks_(size),
+      arrivals_(size),
+      ended_(size) {
   GM_CHECK(options.scale >= 1) << "scale " << options.scale;
   for (int r = 0; r < size; ++r) {
     endpoints_.push_back(std::make_unique<Endpoint>(this, r));
@@ -102,16 +108,21 @@ double SimulatedNetwork::Depart(int from, uint64_t bytes) {
   return clock.link_free + options_.link.alpha_s;
 }
 
-void SimulatedNetwork::PushArrival(int to, const MessageKey& key,
+bool SimulatedNetwork::PushArrival(int to, const MessageKey& key,
                                    double arrival) {
   absl::MutexLock lock(&mu_);
+  if (ended_[to].ids.contains(std::pair(key.tag.epoch, key.tag.operation))) {
+    return false;
+  }
   arrivals_[to][key].push_back(arrival);
+  return true;
 }
 
 void SimulatedNetwork::DropLastArrival(int to, const MessageKey& key) {
   absl::MutexLock lock(&mu_);
   auto it = arrivals_[to].find(key);
-  GM_CHECK(it != arrivals_[to].end() && !it->second.empty());
+  // (Gone already if the receiver ended the operation meanwhile.)
+  if (it == arrivals_[to].end()) return;
   it->second.pop_back();
   if (it->second.empty()) arrivals_[to].erase(it);
 }
@@ -127,9 +138,16 @@ double SimulatedNetwork::PopArrival(int to, const MessageKey& key) {
   return arrival;
 }
 
-void SimulatedNetwork::DropArrivals(int to, uint64_t epoch,
-                                    uint64_t operation) {
+void SimulatedNetwork::EndArrivals(int to, uint64_t epoch, uint64_t operation) {
   absl::MutexLock lock(&mu_);
+  Ended& ended = ended_[to];
+  if (ended.ids.insert(std::pair(epoch, operation)).second) {
+    ended.order.emplace_back(epoch, operation);
+    if (ended.order.size() > Transport::kEndedOperationsKept) {
+      ended.ids.erase(ended.order.front());
+      ended.order.pop_front();
+    }
+  }
   absl::erase_if(arrivals_[to], [&](const auto& a) {
     return a.first.tag.epoch == epoch && a.first.tag.operation == operation;
   });

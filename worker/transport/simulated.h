@@ -48,10 +48,12 @@
 
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "common/work_meter.h"
 #include "worker/transport/loopback.h"
@@ -116,12 +118,14 @@ class SimulatedNetwork {
   void Charge(int rank);
   // The arrival time of a message from `from` leaving now.
   double Depart(int from, uint64_t bytes);
-  void PushArrival(int to, const MessageKey& key, double arrival);
+  // Queues the arrival, or returns false when `to` ended the operation (the
+  // message is dropped, as the loopback mailbox would).
+  bool PushArrival(int to, const MessageKey& key, double arrival);
   double PopArrival(int to, const MessageKey& key);
   // Forgets the arrival PushArrival queued last for `key` (its Send failed).
   void DropLastArrival(int to, const MessageKey& key);
-  // Forgets the arrivals of an operation `to` ended.
-  void DropArrivals(int to, uint64_t epoch, uint64_t operation);
+  // Records that `to` ended an operation and forgets its arrivals.
+  void EndArrivals(int to, uint64_t epoch, uint64_t operation);
 
   const SimOptions options_;
   LoopbackNetwork loopback_;
@@ -131,6 +135,12 @@ class SimulatedNetwork {
   // mailboxes' order (both are FIFO per sender, receiver and tag).
   std::vector<absl::flat_hash_map<MessageKey, std::deque<double>>> arrivals_
       ABSL_GUARDED_BY(mu_);
+  // Operations each receiver ended: (epoch, operation), and oldest first.
+  struct Ended {
+    absl::flat_hash_set<std::pair<uint64_t, uint64_t>> ids;
+    std::deque<std::pair<uint64_t, uint64_t>> order;
+  };
+  std::vector<Ended> ended_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
 };
 

@@ -98,8 +98,8 @@ class Transport {
   virtual void Abort(const absl::Status& status) = 0;
 
   // Ends `operation` here: messages of it waiting or arriving later are
-  // dropped (an endpoint remembers at least kEndedOperationsKept ended ids
-  // per epoch). Call it once no Recv of the operation runs.
+  // dropped (an endpoint remembers at least the last kEndedOperationsKept
+  // operations it ended). Call it once no Recv of the operation runs.
   virtual void EndOperation(uint64_t epoch, uint64_t operation) = 0;
   static constexpr size_t kEndedOperationsKept = 4096;
 
@@ -107,14 +107,16 @@ class Transport {
 };
 
 // Ends an operation on a transport when it goes out of scope, however the
-// operation ended.
+// operation ended (a null transport: nothing to end).
 //
 //   OperationScope scope(transport, tag.epoch, tag.operation);
 class OperationScope {
  public:
   OperationScope(Transport* transport, uint64_t epoch, uint64_t operation)
       : transport_(transport), epoch_(epoch), operation_(operation) {}
-  ~OperationScope() { transport_->EndOperation(epoch_, operation_); }
+  ~OperationScope() {
+    if (transport_ != nullptr) transport_->EndOperation(epoch_, operation_);
+  }
   OperationScope(const OperationScope&) = delete;
   OperationScope& operator=(const OperationScope&) = delete;
 

@@ -74,8 +74,8 @@ class Workers {
   void Install(int r, const ViewInfo& view) {
     auto change = views_[r]->Install(view);
     ASSERT_TRUE(change.has_value());
-    if (change->replaced != nullptr) {
-      change->replaced->transport->Abort(absl::AbortedError("view changed"));
+    for (const auto& replaced : change->replaced) {
+      replaced->transport->Abort(absl::AbortedError("view changed"));
     }
   }
 

@@ -1,6 +1,8 @@
 #include "worker/daemon/view_tracker.h"
 
+#include <algorithm>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -93,12 +95,12 @@ TEST_F(ViewTrackerTest, WaitsForTheFirstViewUntilTheDeadline) {
 TEST_F(ViewTrackerTest, MembershipChangeAppliesAtOnceAndHandsBackTheOld) {
   auto first = views_.Install(View(1, {"a", "me"}));
   ASSERT_TRUE(first.has_value());
-  EXPECT_EQ(first->replaced, nullptr);
+  EXPECT_TRUE(first->replaced.empty());
   EXPECT_EQ(EpochFor(7), 1u);
   auto second = views_.Install(View(2, {"me"}));
   ASSERT_TRUE(second.has_value());
-  ASSERT_NE(second->replaced, nullptr);
-  EXPECT_EQ(second->replaced->view.epoch, 1u);
+  ASSERT_EQ(second->replaced.size(), 1u);
+  EXPECT_EQ(second->replaced[0]->view.epoch, 1u);
   EXPECT_EQ(EpochFor(8), 2u);
   EXPECT_EQ((*views_.Acquire(8, clock_.Now()))->rank, 0);
   // Not newer: ignored.
@@ -140,13 +142,29 @@ TEST_F(ViewTrackerTest, PlanChangeAppliesFromItsStartStep) {
   auto change = views_.Install(View(2, {"a", "me"}, /*start_step=*/5));
   ASSERT_TRUE(change.has_value());
   EXPECT_FALSE(change->late);
-  EXPECT_EQ(change->replaced, nullptr);  // the same members: nothing aborts
+  EXPECT_TRUE(change->replaced.empty());  // the same members: nothing aborts
   EXPECT_EQ(EpochFor(4), 1u);
   EXPECT_EQ(EpochFor(5), 2u);
   // A bucket of an earlier step still in flight keeps the old plan.
   EXPECT_EQ(EpochFor(4), 1u);
   EXPECT_EQ(EpochFor(6), 2u);
   EXPECT_EQ(EpochFor(std::nullopt), 2u);
+}
+
+// Operations on the group kept for steps before a plan switch are aborted
+// by a membership change too, not left to their timeout.
+TEST_F(ViewTrackerTest, AMembershipChangeDisplacesEveryGroupOfThePlanSwitch) {
+  ASSERT_TRUE(views_.Install(View(1, {"a", "me"})).has_value());
+  EXPECT_EQ(EpochFor(3), 1u);
+  ASSERT_TRUE(
+      views_.Install(View(2, {"a", "me"}, /*start_step=*/5)).has_value());
+  EXPECT_EQ(EpochFor(5), 2u);  // epoch 1 kept for steps before 5
+  auto change = views_.Install(View(3, {"me"}));
+  ASSERT_TRUE(change.has_value());
+  std::vector<uint64_t> epochs;
+  for (const auto& g : change->replaced) epochs.push_back(g->view.epoch);
+  std::sort(epochs.begin(), epochs.end());
+  EXPECT_EQ(epochs, (std::vector<uint64_t>{1, 2}));
 }
 
 TEST_F(ViewTrackerTest, LatePlanAppliesAtOnce) {

@@ -156,6 +156,41 @@ TEST(GrpcTransportTest, AnEpochClosesWithItsLastTransport) {
   EXPECT_EQ(net.service(1)->stats().frames_dropped_old_epoch, 0u);
 }
 
+// Epochs open in increasing order: one skipped below the newest opened
+// never opens, so its frames are dropped, and a transport of it is refused.
+TEST(GrpcTransportTest, AnEpochSkippedIsRetired) {
+  GrpcNetwork net(2, 1 << 20, /*epoch=*/1);
+  net.StartEpoch(3);
+  auto late = GrpcTransport::Create(
+      {.service = net.service(1),
+       .epoch = 2,
+       .rank = 1,
+       .peers = {"0", "1"},
+       .channels = [&](const std::string&) { return net.channel(0); }});
+  EXPECT_TRUE(absl::IsFailedPrecondition(late.status())) << late.status();
+  auto early = GrpcTransport::Create(
+      {.service = net.service(0),
+       .epoch = 2,
+       .rank = 0,
+       .peers = {"0", "1"},
+       .channels = [&](const std::string&) { return net.channel(1); }});
+  ASSERT_FALSE(early.ok());  // rank 0 is past epoch 2 as well
+  // A raw frame of epoch 2 reaches rank 1: dropped, not held.
+  auto stub = gradmesh::v1::Peer::NewStub(net.channel(1));
+  grpc::ClientContext context;
+  auto stream = stub->Exchange(&context);
+  gradmesh::v1::Frame frame;
+  frame.set_epoch(2);
+  frame.set_from_rank(0);
+  frame.set_message_bytes(3);
+  frame.set_data("abc");
+  stream->Write(frame);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(net.service(1)->stats().frames_dropped_old_epoch, 1u);
+  EXPECT_EQ(net.service(1)->stats().messages_delivered, 0u);
+}
+
 TEST(GrpcTransportTest, KeepsFramesOfAnEpochNotYetStarted) {
   GrpcNetwork net(2, 1 << 20, /*epoch=*/1);
   auto ahead = GrpcTransport::Create(

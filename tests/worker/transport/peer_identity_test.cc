@@ -75,7 +75,10 @@ class PeerIdentityTest : public ::testing::Test {
   void TearDown() override { server_->Shutdown(); }
 
   void Open(uint64_t epoch) {
-    service_.OpenEpoch(epoch, 0, {"127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"});
+    ASSERT_TRUE(
+        service_
+            .OpenEpoch(epoch, 0, {"127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"})
+            .ok());
   }
 
   // A stream to the service with `host`'s certificate.

@@ -42,6 +42,21 @@ void Receive(Transport* t, int peer, const Tag& tag) {
   ASSERT_TRUE(t->Recv(peer, tag, Soon()).ok());
 }
 
+// A message of an operation its receiver ended is dropped with its arrival
+// time; a failed send after that (the sender aborted) leaves nothing behind.
+TEST(SimulatedNetworkTest, AnEndedOperationsMessagesAreDropped) {
+  SimulatedNetwork net(2, {.link = kLink});
+  const Tag ended{.operation = 5}, other{.operation = 6};
+  net.endpoint(1)->EndOperation(0, 5);
+  ASSERT_TRUE(net.endpoint(0)->Send(1, ended, Bytes(10)).ok());
+  ASSERT_TRUE(net.endpoint(0)->Send(1, other, Bytes(10)).ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      net.endpoint(1)->Recv(0, ended, absl::Now()).status()));
+  Receive(net.endpoint(1), 0, other);
+  net.endpoint(0)->Abort(absl::UnavailableError("gone"));
+  EXPECT_FALSE(net.endpoint(0)->Send(1, other, Bytes(10)).ok());
+}
+
 TEST(SimulatedNetworkTest, TwoMessagesShareTheSendersLink) {
   SimulatedNetwork net(3, {.link = kLink});
   const Tag tag{.operation = 1};

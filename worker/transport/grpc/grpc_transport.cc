@@ -216,12 +216,13 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
         absl::StrCat("chunk size ", options.chunk_bytes, " is not in [1, ",
                      kMaxChunkBytes, "]"));
   }
+  GM_RETURN_IF_ERROR(
+      options.service->OpenEpoch(options.epoch, options.rank, options.peers));
   return std::unique_ptr<GrpcTransport>(new GrpcTransport(std::move(options)));
 }
 
 GrpcTransport::GrpcTransport(GrpcTransportOptions options)
     : options_(std::move(options)) {
-  options_.service->OpenEpoch(options_.epoch, options_.rank, options_.peers);
   streams_.resize(options_.peers.size());
   counters_.bytes_sent_to.assign(options_.peers.size(), 0);
   counters_.bytes_received_from.assign(options_.peers.size(), 0);

@@ -50,7 +50,8 @@ struct GrpcTransportOptions {
 
 class GrpcTransport final : public Transport {
  public:
-  // InvalidArgument for a rank outside peers or a bad chunk size.
+  // InvalidArgument for a rank outside peers or a bad chunk size;
+  // FailedPrecondition for an epoch the service has retired.
   static absl::StatusOr<std::unique_ptr<GrpcTransport>> Create(
       GrpcTransportOptions options);
   ~GrpcTransport() override;

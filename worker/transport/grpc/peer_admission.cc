@@ -11,10 +11,14 @@
 
 namespace gradmesh::transport {
 
-void PeerService::OpenEpoch(uint64_t epoch, int rank,
-                            std::vector<std::string> peers) {
+absl::Status PeerService::OpenEpoch(uint64_t epoch, int rank,
+                                    std::vector<std::string> peers) {
   absl::MutexLock lock(&mu_);
-  if (RetiredLocked(epoch)) return;
+  if (RetiredLocked(epoch)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("epoch ", epoch, " is retired here (the newest opened is ",
+                     max_opened_, ")"));
+  }
   EpochState& state = StateLocked(epoch);
   max_opened_ = std::max(max_opened_, epoch);
   state.open = true;
@@ -28,6 +32,7 @@ void PeerService::OpenEpoch(uint64_t epoch, int rank,
   for (auto& [e, other] : epochs_) {
     if (e < epoch && !other.open && !other.closed) CloseLocked(e, other);
   }
+  return absl::OkStatus();
 }
 
 absl::Status PeerService::CheckSenderLocked(

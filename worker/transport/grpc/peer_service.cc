@@ -61,8 +61,9 @@ absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
                                                  absl::Time deadline) {
   const MessageKey key{from, tag};
   absl::MutexLock lock(&mu_);
-  if (epoch >= min_epoch_)
+  if (!RetiredLocked(epoch)) {
     NoteOperationLocked(StateLocked(epoch), tag.operation);
+  }
   // Why `from` can't send this message any more, or null.
   auto failed = [&]()
                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const absl::Status* {
@@ -133,7 +134,9 @@ void PeerService::CloseLocked(uint64_t epoch, EpochState& state) {
 bool PeerService::RetiredLocked(uint64_t epoch) const {
   if (epoch < min_epoch_) return true;
   auto it = epochs_.find(epoch);
-  return it != epochs_.end() && it->second.closed;
+  if (it != epochs_.end()) return it->second.closed;
+  // Below the newest opened and never opened: it never will be.
+  return epoch < max_opened_;
 }
 
 void PeerService::RetireEpochsBelowLocked(uint64_t epoch) {

@@ -76,7 +76,10 @@ class PeerService final : public grpc::CallbackGenericService {
   // order: what epochs below it that were never opened hold is freed, and
   // their later frames are dropped. Each OpenEpoch (a transport of `epoch`)
   // is paired with a CloseEpoch.
-  void OpenEpoch(uint64_t epoch, int rank, std::vector<std::string> peers);
+  // FailedPrecondition for an epoch retired here (below one opened since, or
+  // closed).
+  absl::Status OpenEpoch(uint64_t epoch, int rank,
+                         std::vector<std::string> peers);
 
   // Once every transport that opened `epoch` has closed it: frees what is
   // kept for it; its later frames are dropped, and so are those of every
@@ -95,9 +98,10 @@ class PeerService final : public grpc::CallbackGenericService {
   static constexpr size_t kMaxHeldStreamsPerRank = 16;
 
   // Blocks for the message from `from` with `tag` in `epoch`. Errors: the
-  // epoch's abort status; Unavailable once the sender's stream broke while
-  // the operation was in flight, or the sender closed its stream (or the
-  // epoch is retired), and no such message is waiting; DeadlineExceeded.
+  // epoch's abort status; Aborted once the epoch is retired or closed;
+  // Unavailable once the sender's stream broke while the operation was in
+  // flight, or the sender closed its stream, and no such message is
+  // waiting; DeadlineExceeded.
   absl::StatusOr<std::string> Receive(uint64_t epoch, int from, const Tag& tag,
                                       absl::Time deadline);
 
