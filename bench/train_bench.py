@@ -62,6 +62,9 @@ def parse_args():
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--train-limit", type=int, default=0)
     p.add_argument("--test-limit", type=int, default=0)
+    p.add_argument("--target", type=float, default=85.0,
+                   help="test accuracy (%%) whose time to reach is reported")
+    p.add_argument("--evals-per-epoch", type=int, default=4)
     p.add_argument("--timeout", type=float, default=1800,
                    help="seconds one run may take before it is killed")
     args = p.parse_args()
@@ -92,7 +95,9 @@ class Bench:
         job = ["--", "/usr/bin/python3", JOB, f"--system={system}",
                f"--model={self.args.model}", f"--epochs={self.args.epochs}",
                f"--train-limit={self.args.train_limit}",
-               f"--test-limit={self.args.test_limit}", f"--out={out}"]
+               f"--test-limit={self.args.test_limit}",
+               f"--evals-per-epoch={self.args.evals_per_epoch}",
+               f"--out={out}"]
         plan = [f"--algo={self.args.algo}", f"--density={self.args.density}",
                 "--timeout-s=120"]
         if link == "loopback":
@@ -167,30 +172,45 @@ class Bench:
         with open(os.path.join(self.args.out, "results.json"), "w") as f:
             json.dump(data, f, indent=2)
         with open(os.path.join(self.args.out, "results.md"), "w") as f:
-            f.write(markdown(self.runs))
-        plot(self.runs, os.path.join(self.args.out, "results.png"))
+            f.write(markdown(self.runs, self.args.target))
+        plot(self.runs, os.path.join(self.args.out, "results.png"),
+             self.args.target)
 
 
-def markdown(runs):
-    lines = ["| link | system | training s | s a step | test accuracy | "
-             "time vs DDP |", "|---|---|---:|---:|---:|---:|"]
+def time_to(run, target):
+    """Seconds of training until the test accuracy first reached
+    `target` (%), or None."""
+    for seconds, acc in zip(run["seconds"], run["test_accuracy"]):
+        if 100 * acc >= target:
+            return seconds
+    return None
+
+
+def markdown(runs, target):
+    lines = [f"| link | system | training s | s a step | test accuracy | "
+             f"time to {target:g}% | time vs DDP |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     ddp = {r["link"]: r["seconds"][-1] for r in runs
            if r["system"] == "ddp" and "error" not in r}
     for r in runs:
         if "error" in r:
-            lines.append(f"| {r['link']} | {r['system']} | failed | | | |")
+            lines.append(f"| {r['link']} | {r['system']} | failed | | | | |")
             continue
         seconds = r["seconds"][-1]
-        steps = r["steps_per_epoch"] * len(r["seconds"])
+        steps = r["steps_per_epoch"] * r["epochs"][-1]
+        reached = time_to(r, target)
         versus = (f"{seconds / ddp[r['link']]:.2f}x" if r["link"] in ddp
                   else "")
         lines.append(f"| {r['link']} | {r['system']} | {seconds:.1f} | "
                      f"{seconds / steps:.3f} | "
-                     f"{100 * r['test_accuracy'][-1]:.2f}% | {versus} |")
+                     f"{100 * r['test_accuracy'][-1]:.2f}% | "
+                     f"{'not reached' if reached is None else f'{reached:.1f}'}"
+                     f" | {versus} |")
     return "\n".join(lines) + "\n"
 
 
-def plot(runs, path):
+def plot(runs, path, target):
+    """Test accuracy over seconds of training, a panel per link."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -198,30 +218,23 @@ def plot(runs, path):
     except ImportError:
         return False
     done = [r for r in runs if "error" not in r]
-    links = list(dict.fromkeys(r["link"] for r in done))
-    systems = [s for s in SYSTEMS if any(r["system"] == s for r in done)]
     if not done:
         return False
-    fig, ax = plt.subplots(figsize=(9, 4))
-    width = 0.8 / len(systems)
-    for i, system in enumerate(systems):
-        for j, link in enumerate(links):
-            match = [r for r in done
-                     if r["link"] == link and r["system"] == system]
-            if not match:
+    links = list(dict.fromkeys(r["link"] for r in done))
+    fig, axes = plt.subplots(1, len(links), figsize=(4.5 * len(links), 3.6),
+                             squeeze=False)
+    for ax, link in zip(axes[0], links):
+        for r in done:
+            if r["link"] != link:
                 continue
-            r = match[0]
-            x = j + i * width
-            ax.bar(x, r["seconds"][-1], width, color=f"C{i}",
-                   label=system if j == 0 else None)
-            ax.text(x, r["seconds"][-1], f"{100 * r['test_accuracy'][-1]:.1f}%",
-                    ha="center", va="bottom", fontsize=7)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(links))])
-    ax.set_xticklabels(links)
-    ax.set_ylabel("seconds of training (label: test accuracy)")
-    ax.set_title(f"time to accuracy, {done[0]['model']}, "
-                 f"P = {done[0]['workers']}")
-    ax.legend(fontsize=8)
+            colour = f"C{SYSTEMS.index(r['system'])}"
+            ax.plot(r["seconds"], [100 * a for a in r["test_accuracy"]],
+                    marker="o", color=colour, label=r["system"])
+        ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_title(f"{link}, {done[0]['model']}, P = {done[0]['workers']}")
+        ax.set_xlabel("seconds of training")
+        ax.set_ylabel("test accuracy (%)")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

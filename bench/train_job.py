@@ -14,9 +14,9 @@ torchrun's variables as well as gradmesh's), trained with one system:
 
 Every system sees the same shards (rank r takes every size-th image of the
 epoch's seeded permutation), the same initial parameters and SGD with
-momentum. Rank 0 writes the run's figures to --out as JSON: the seconds of
-training (data loading and evaluation left out) and the test accuracy after
-each epoch.
+momentum. Rank 0 evaluates --evals-per-epoch times an epoch and writes the
+run's curve to --out as JSON: the seconds of training so far (data loading
+and evaluation left out) and the test accuracy at each point.
 """
 
 import argparse
@@ -76,6 +76,7 @@ def parse_args():
     parser.add_argument("--system", required=True, choices=SYSTEMS)
     parser.add_argument("--model", default="cnn824k", choices=sorted(MODELS))
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--evals-per-epoch", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--momentum", type=float, default=0.9)
@@ -154,7 +155,9 @@ def main():
     record = {"system": args.system, "model": args.model, "workers": size,
               "parameters": sum(p.numel() for p in net.parameters()),
               "steps_per_epoch": steps, "batch_size": args.batch_size,
-              "seconds": [], "test_accuracy": []}
+              "epochs": [], "seconds": [], "test_accuracy": []}
+    evals = max(1, args.evals_per_epoch)
+    points = {round(steps * i / evals) for i in range(1, evals + 1)}
     trained = 0.0
     for epoch in range(1, args.epochs + 1):
         order = torch.randperm(len(train_x), generator=generator)
@@ -165,14 +168,16 @@ def main():
             optimizer.zero_grad()
             F.cross_entropy(model(train_x[batch]), train_y[batch]).backward()
             optimizer.step()
-        trained += time.monotonic() - begin
-        if rank == 0:
-            acc = accuracy(net, test_x, test_y)
-            record["seconds"].append(trained)
-            record["test_accuracy"].append(acc)
-            print(f"{args.system}: epoch {epoch} {100 * acc:.2f}% after "
-                  f"{trained:.1f}s of training ({trained / steps:.3f} s a "
-                  "step)", flush=True)
+            if rank == 0 and step + 1 in points:
+                trained += time.monotonic() - begin
+                acc = accuracy(net, test_x, test_y)
+                record["seconds"].append(trained)
+                record["test_accuracy"].append(acc)
+                record["epochs"].append(epoch - 1 + (step + 1) / steps)
+                print(f"{args.system}: epoch {epoch} step {step + 1}: "
+                      f"{100 * acc:.2f}% after {trained:.1f}s of training",
+                      flush=True)
+                begin = time.monotonic()
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=2)
