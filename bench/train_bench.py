@@ -15,7 +15,7 @@ leave the workers idle.
       --test-limit=500 --out=/tmp/smoke                          # CI
 
 Writes OUT/results.json, OUT/results.md and OUT/results.png, one progress
-line per run. Removes the namespaces (gmt*) and bridge (gmtbr0) it makes on
+line per run, and every launcher's output in OUT/runs/LINK-SYSTEM.log. Removes the namespaces (gmt*) and bridge (gmtbr0) it makes on
 exit, Ctrl-C included.
 """
 
@@ -135,6 +135,9 @@ class Bench:
             outputs.append(text)
             failed |= p.returncode != 0
         self.live = []
+        with open(out.replace(".json", ".log"), "w") as f:
+            for node, text in enumerate(outputs):
+                f.write(f"--- host {node}\n{text}")
         case = {"link": link, "system": system}
         if failed or not os.path.exists(out):
             case["error"] = outputs[0][-2000:]
