@@ -15,7 +15,8 @@ leave the workers idle.
       --test-limit=500 --out=/tmp/smoke                          # CI
 
 Writes OUT/results.json, OUT/results.md and OUT/results.png, one progress
-line per run, and every launcher's output in OUT/runs/LINK-SYSTEM.log. Removes the namespaces (gmt*) and bridge (gmtbr0) it makes on
+line per run, and every launcher's output in OUT/runs/LINK-SYSTEM.hostI.log
+(written as it comes). Removes the namespaces (gmt*) and bridge (gmtbr0) it makes on
 exit, Ctrl-C included.
 """
 
@@ -44,27 +45,36 @@ def csv(text):
     return [x for x in text.split(",") if x]
 
 
+MODELS = ("cnn824k", "mlp5m8", "main")
+
+
 def parse_args():
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--build", default=os.path.join(ROOT, "build"),
+                   help="the build tree (gradmesh and the Python binding)")
+    p.add_argument("--python", default=sys.executable,
+                   help="the Python that trains (default: this one)")
     p.add_argument("--out", default="train-bench-out")
     p.add_argument("--links", type=csv, default=["100mbit", "1gbit",
                                                  "unshaped"],
                    help="100mbit, 1gbit, unshaped, loopback")
-    p.add_argument("--systems", type=csv, default=list(SYSTEMS))
+    p.add_argument("--systems", type=csv, default=list(SYSTEMS),
+                   help=", ".join(SYSTEMS))
     p.add_argument("--workers", type=int, default=4, help="hosts, P")
-    p.add_argument("--model", default="cnn824k",
-                   help="cnn824k, mlp5m8 or main")
+    p.add_argument("--model", default="cnn824k", choices=MODELS)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--algo", default="spardl", help="gradmesh's plan")
-    p.add_argument("--density", type=float, default=0.01)
-    p.add_argument("--train-limit", type=int, default=0)
-    p.add_argument("--test-limit", type=int, default=0)
+    p.add_argument("--density", type=float, default=0.01,
+                   help="gradmesh's plan")
+    p.add_argument("--train-limit", type=int, default=0,
+                   help="the first N training images only (0: all)")
+    p.add_argument("--test-limit", type=int, default=0,
+                   help="the first N test images only (0: all)")
     p.add_argument("--target", type=float, default=85.0,
                    help="test accuracy (%%) whose time to reach is reported")
-    p.add_argument("--evals-per-epoch", type=int, default=4)
+    p.add_argument("--evals-per-epoch", type=int, default=8)
     p.add_argument("--timeout", type=float, default=1800,
                    help="seconds one run may take before it is killed")
     args = p.parse_args()
@@ -74,9 +84,26 @@ def parse_args():
     for system in args.systems:
         if system not in SYSTEMS:
             p.error(f"unknown system '{system}'")
+    if not 1 <= args.workers <= 250:
+        p.error("--workers must lie in [1, 250]")
+    if args.train_limit and args.train_limit < 32 * args.workers:
+        p.error("--train-limit must leave each process a batch of 32")
     if any(l != "loopback" for l in args.links) and os.geteuid() != 0:
         p.error("emulated hosts need root (or --links=loopback)")
     return args
+
+
+def stop_group(process, grace=10.0):
+    """SIGTERM to a launcher's process group (it stops its copies and
+    daemons), SIGKILL after `grace` seconds."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 class Bench:
@@ -92,7 +119,7 @@ class Bench:
 
     def launchers(self, link, system, out):
         """The launcher commands, one per host."""
-        job = ["--", "/usr/bin/python3", JOB, f"--system={system}",
+        job = ["--", self.args.python, JOB, f"--system={system}",
                f"--model={self.args.model}", f"--epochs={self.args.epochs}",
                f"--train-limit={self.args.train_limit}",
                f"--test-limit={self.args.test_limit}",
@@ -110,38 +137,52 @@ class Bench:
                  f"--coordinator={self.hosts.ips[0]}:{self.port}", *plan,
                  *job] for i, ns in enumerate(self.hosts.names)]
 
+    def env(self, link):
+        paths = [os.path.join(self.args.build, "client", "python")]
+        if os.environ.get("PYTHONPATH"):
+            paths.append(os.environ["PYTHONPATH"])
+        return dict(os.environ, PYTHONPATH=os.pathsep.join(paths),
+                    GLOO_SOCKET_IFNAME="lo" if link == "loopback" else "eth0")
+
+    def wait(self):
+        """Waits for every launcher until the timeout; once one fails, the
+        others get 30 s before they are stopped. Returns the failed hosts."""
+        deadline = time.monotonic() + self.args.timeout
+        failed = []
+        while any(p.poll() is None for p in self.live):
+            failed = [i for i, p in enumerate(self.live)
+                      if p.poll() not in (None, 0)]
+            if failed:
+                deadline = min(deadline, time.monotonic() + 30)
+            if time.monotonic() > deadline:
+                for p in self.live:
+                    if p.poll() is None:
+                        stop_group(p)
+                break
+            time.sleep(0.5)
+        return [i for i, p in enumerate(self.live) if p.returncode != 0]
+
     def run(self, link, system):
-        out = os.path.join(self.args.out, "runs", f"{link}-{system}.json")
+        base = os.path.join(self.args.out, "runs", f"{link}-{system}")
+        out = base + ".json"
         if os.path.exists(out):
             os.remove(out)
-        env = dict(os.environ,
-                   PYTHONPATH=os.path.join(self.args.build, "client",
-                                           "python"),
-                   GLOO_SOCKET_IFNAME="lo" if link == "loopback" else "eth0")
-        started = time.monotonic()
-        self.live = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True)
-                     for c in self.launchers(link, system, out)]
-        outputs, failed = [], False
-        for p in self.live:
-            left = self.args.timeout - (time.monotonic() - started)
-            try:
-                text, _ = p.communicate(timeout=max(1, left))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                text, _ = p.communicate()
-                text += "\n(killed at the timeout)"
-            outputs.append(text)
-            failed |= p.returncode != 0
+        logs = []
         self.live = []
-        with open(out.replace(".json", ".log"), "w") as f:
-            for node, text in enumerate(outputs):
-                f.write(f"--- host {node}\n{text}")
+        for host, command in enumerate(self.launchers(link, system, out)):
+            logs.append(f"{base}.host{host}.log")
+            with open(logs[-1], "w") as log_file:
+                self.live.append(subprocess.Popen(
+                    command, env=self.env(link), stdout=log_file,
+                    stderr=subprocess.STDOUT, start_new_session=True))
+        failed = self.wait()
+        self.live = []
         case = {"link": link, "system": system}
         if failed or not os.path.exists(out):
-            case["error"] = outputs[0][-2000:]
-            log(f"{link} {system}: FAILED\n{case['error']}")
+            host = failed[0] if failed else 0
+            with open(logs[host]) as f:
+                case["error"] = f"host {host}: " + f.read()[-2000:]
+            log(f"{link} {system}: FAILED ({logs[host]})\n{case['error']}")
         else:
             with open(out) as f:
                 case.update(json.load(f))
@@ -163,10 +204,7 @@ class Bench:
 
     def stop(self):
         for p in self.live:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            stop_group(p)
         if any(l != "loopback" for l in self.args.links):
             self.hosts.remove_all()
 
@@ -181,34 +219,40 @@ class Bench:
 
 
 def time_to(run, target):
-    """Seconds of training until the test accuracy first reached
-    `target` (%), or None."""
+    """The checkpoints around the first test accuracy at or above `target`
+    (%): (seconds at the one before, seconds at it), or None if never."""
+    before = 0.0
     for seconds, acc in zip(run["seconds"], run["test_accuracy"]):
         if 100 * acc >= target:
-            return seconds
+            return before, seconds
+        before = seconds
     return None
 
 
 def markdown(runs, target):
     lines = [f"| link | system | training s | s a step | test accuracy | "
-             f"time to {target:g}% | time vs DDP |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             f"reached {target:g}% between (s) | epoch time vs DDP | d |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
     ddp = {r["link"]: r["seconds"][-1] for r in runs
            if r["system"] == "ddp" and "error" not in r}
     for r in runs:
         if "error" in r:
-            lines.append(f"| {r['link']} | {r['system']} | failed | | | | |")
+            lines.append(f"| {r['link']} | {r['system']} | failed |"
+                         " | | | | |")
             continue
         seconds = r["seconds"][-1]
         steps = r["steps_per_epoch"] * r["epochs"][-1]
         reached = time_to(r, target)
+        when = ("not reached" if reached is None else
+                f"{reached[0]:.1f} and {reached[1]:.1f}")
         versus = (f"{seconds / ddp[r['link']]:.2f}x" if r["link"] in ddp
                   else "")
+        teams = ",".join(dict.fromkeys(str(t) for t in r.get("teams", [])
+                                       if t is not None))
         lines.append(f"| {r['link']} | {r['system']} | {seconds:.1f} | "
                      f"{seconds / steps:.3f} | "
-                     f"{100 * r['test_accuracy'][-1]:.2f}% | "
-                     f"{'not reached' if reached is None else f'{reached:.1f}'}"
-                     f" | {versus} |")
+                     f"{100 * r['test_accuracy'][-1]:.2f}% | {when} | "
+                     f"{versus} | {teams} |")
     return "\n".join(lines) + "\n"
 
 

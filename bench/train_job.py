@@ -14,9 +14,11 @@ torchrun's variables as well as gradmesh's), trained with one system:
 
 Every system sees the same shards (rank r takes every size-th image of the
 epoch's seeded permutation), the same initial parameters and SGD with
-momentum. Rank 0 evaluates --evals-per-epoch times an epoch and writes the
-run's curve to --out as JSON: the seconds of training so far (data loading
-and evaluation left out) and the test accuracy at each point.
+momentum. --evals-per-epoch times an epoch every process stops at a barrier,
+rank 0 evaluates, and all go on after a second barrier, so that no process
+trains while rank 0 evaluates. Rank 0 writes the run's curve to --out as
+JSON: the seconds of training so far (data loading and evaluation left out),
+the test accuracy, and for gradmesh SparDL's d, at each point.
 """
 
 import argparse
@@ -76,7 +78,7 @@ def parse_args():
     parser.add_argument("--system", required=True, choices=SYSTEMS)
     parser.add_argument("--model", default="cnn824k", choices=sorted(MODELS))
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--evals-per-epoch", type=int, default=4)
+    parser.add_argument("--evals-per-epoch", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--momentum", type=float, default=0.9)
@@ -131,12 +133,26 @@ def start(system):
     return dist.get_rank(), dist.get_world_size()
 
 
-def finish(system):
+def sync(system):
+    """Every process waits for every other."""
     if system == "gradmesh":
         import gradmesh
         gradmesh.barrier()
     else:
         dist.barrier()
+
+
+def teams(system):
+    """SparDL's d in the current plan (gradmesh), else None."""
+    if system != "gradmesh":
+        return None
+    import gradmesh
+    return gradmesh.plan().teams
+
+
+def finish(system):
+    sync(system)
+    if system != "gradmesh":
         dist.destroy_process_group()
 
 
@@ -155,7 +171,7 @@ def main():
     record = {"system": args.system, "model": args.model, "workers": size,
               "parameters": sum(p.numel() for p in net.parameters()),
               "steps_per_epoch": steps, "batch_size": args.batch_size,
-              "epochs": [], "seconds": [], "test_accuracy": []}
+              "epochs": [], "seconds": [], "test_accuracy": [], "teams": []}
     evals = max(1, args.evals_per_epoch)
     points = {round(steps * i / evals) for i in range(1, evals + 1)}
     trained = 0.0
@@ -168,16 +184,21 @@ def main():
             optimizer.zero_grad()
             F.cross_entropy(model(train_x[batch]), train_y[batch]).backward()
             optimizer.step()
-            if rank == 0 and step + 1 in points:
-                trained += time.monotonic() - begin
+            if step + 1 not in points:
+                continue
+            sync(args.system)
+            trained += time.monotonic() - begin
+            if rank == 0:
                 acc = accuracy(net, test_x, test_y)
                 record["seconds"].append(trained)
                 record["test_accuracy"].append(acc)
                 record["epochs"].append(epoch - 1 + (step + 1) / steps)
+                record["teams"].append(teams(args.system))
                 print(f"{args.system}: epoch {epoch} step {step + 1}: "
                       f"{100 * acc:.2f}% after {trained:.1f}s of training",
                       flush=True)
-                begin = time.monotonic()
+            sync(args.system)
+            begin = time.monotonic()
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=2)
