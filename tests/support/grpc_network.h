@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
@@ -40,13 +41,7 @@ class GrpcNetwork {
   void StartEpoch(uint64_t epoch, uint64_t chunk_bytes = 1 << 20) {
     transports_.clear();
     for (int r = 0; r < static_cast<int>(servers_.size()); ++r) {
-      auto t = transport::GrpcTransport::Create(
-          {.service = services_[r].get(),
-           .epoch = epoch,
-           .rank = r,
-           .peers = addresses_,
-           .channels = [this](const std::string& a) { return channel(a); },
-           .chunk_bytes = chunk_bytes});
+      auto t = MakeTransport(r, epoch, chunk_bytes);
       EXPECT_TRUE(t.ok()) << t.status();
       transports_.push_back(*std::move(t));
     }
@@ -56,6 +51,18 @@ class GrpcNetwork {
   transport::GrpcTransport* endpoint(int rank) const {
     return transports_[rank].get();
   }
+  // A transport of `epoch` for rank `rank`, beside those the network holds.
+  absl::StatusOr<std::unique_ptr<transport::GrpcTransport>> MakeTransport(
+      int rank, uint64_t epoch, uint64_t chunk_bytes = 1 << 20) {
+    return transport::GrpcTransport::Create(
+        {.service = services_[rank].get(),
+         .epoch = epoch,
+         .rank = rank,
+         .peers = addresses_,
+         .channels = [this](const std::string& a) { return channel(a); },
+         .chunk_bytes = chunk_bytes});
+  }
+
   // Destroys rank `rank`'s transport (its epoch closes at its service).
   void DropTransport(int rank) { transports_[rank].reset(); }
 

@@ -143,12 +143,7 @@ TEST(GrpcTransportTest, DropsAndCountsFramesOfRetiredEpochsAndOperations) {
 TEST(GrpcTransportTest, AnEpochClosesWithItsLastTransport) {
   GrpcNetwork net(2, 1 << 20, /*epoch=*/1);
   {
-    auto twin = GrpcTransport::Create(
-        {.service = net.service(1),
-         .epoch = 1,
-         .rank = 1,
-         .peers = {"0", "1"},
-         .channels = [&](const std::string&) { return net.channel(0); }});
+    auto twin = net.MakeTransport(1, 1);
     ASSERT_TRUE(twin.ok());
   }
   ASSERT_TRUE(net.endpoint(0)->Send(1, {1, 0, 0}, "still open").ok());
@@ -161,19 +156,9 @@ TEST(GrpcTransportTest, AnEpochClosesWithItsLastTransport) {
 TEST(GrpcTransportTest, AnEpochSkippedIsRetired) {
   GrpcNetwork net(2, 1 << 20, /*epoch=*/1);
   net.StartEpoch(3);
-  auto late = GrpcTransport::Create(
-      {.service = net.service(1),
-       .epoch = 2,
-       .rank = 1,
-       .peers = {"0", "1"},
-       .channels = [&](const std::string&) { return net.channel(0); }});
+  auto late = net.MakeTransport(1, 2);
   EXPECT_TRUE(absl::IsFailedPrecondition(late.status())) << late.status();
-  auto early = GrpcTransport::Create(
-      {.service = net.service(0),
-       .epoch = 2,
-       .rank = 0,
-       .peers = {"0", "1"},
-       .channels = [&](const std::string&) { return net.channel(1); }});
+  auto early = net.MakeTransport(0, 2);
   ASSERT_FALSE(early.ok());  // rank 0 is past epoch 2 as well
   // A raw frame of epoch 2 reaches rank 1: dropped, not held.
   auto stub = gradmesh::v1::Peer::NewStub(net.channel(1));
@@ -193,12 +178,7 @@ TEST(GrpcTransportTest, AnEpochSkippedIsRetired) {
 
 TEST(GrpcTransportTest, KeepsFramesOfAnEpochNotYetStarted) {
   GrpcNetwork net(2, 1 << 20, /*epoch=*/1);
-  auto ahead = GrpcTransport::Create(
-      {.service = net.service(0),
-       .epoch = 2,
-       .rank = 0,
-       .peers = {"0", "1"},
-       .channels = [&](const std::string&) { return net.channel(1); }});
+  auto ahead = net.MakeTransport(0, 2);
   ASSERT_TRUE(ahead.ok());
   ASSERT_TRUE((*ahead)->Send(1, {2, 0, 0}, "early").ok());
   absl::SleepFor(absl::Milliseconds(50));
