@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from netns_hosts import Hosts, run
+from netns_hosts import Hosts, run, run_then_clean_up
 
 LINKS = {  # name: tbf rate (None: not shaped)
     "loopback": None,
@@ -663,27 +663,21 @@ def main():
         sys.exit(f"{bench.gradmesh} is missing: build the project first "
                  f"(scripts/build.sh {args.build})")
 
-    def stop(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+    def body():
+        try:
+            return bench.main()
+        except RuntimeError as e:
+            log(f"cluster_bench: {e}")
+            return 1
 
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        return bench.main()
-    except KeyboardInterrupt:
-        log("interrupted: writing what was measured")
-        return 130
-    except RuntimeError as e:
-        log(f"cluster_bench: {e}")
-        return 1
-    finally:
-        # A second Ctrl-C must not cut the cleanup short.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    def clean_up():
         for proc in list(LIVE):
             kill_group(proc)
         bench.write()
         if os.geteuid() == 0:
             Hosts(0).remove_all()
+
+    return run_then_clean_up(body, clean_up)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Needs root.
 import os
 import signal
 import subprocess
+import sys
 
 
 def run(cmd, check=True, **kwargs):
@@ -105,3 +106,23 @@ def parse_rate(rate):
         if rate.endswith(unit):
             return float(rate[:-len(unit)]) * scale
     return float(rate)
+
+
+def run_then_clean_up(body, clean_up):
+    """Returns body()'s exit status; SIGTERM and Ctrl-C stop it (130), and
+    clean_up() runs in every case, shielded from a second Ctrl-C."""
+
+    def stop(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        return body()
+    except KeyboardInterrupt:
+        print("interrupted: writing what was measured", file=sys.stderr,
+              flush=True)
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        clean_up()

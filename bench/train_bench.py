@@ -16,8 +16,8 @@ leave the workers idle.
 
 Writes OUT/results.json, OUT/results.md and OUT/results.png, one progress
 line per run, and every launcher's output in OUT/runs/LINK-SYSTEM.hostI.log
-(written as it comes). Removes the namespaces (gmt*) and bridge (gmtbr0) it makes on
-exit, Ctrl-C included.
+(written as it comes). Removes the namespaces (gmt*) and bridge (gmtbr0) it
+makes on exit, Ctrl-C included.
 """
 
 import argparse
@@ -30,7 +30,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-from netns_hosts import Hosts  # noqa: E402
+from netns_hosts import Hosts, run_then_clean_up  # noqa: E402
 
 JOB = os.path.join(HERE, "train_job.py")
 RATES = {"100mbit": "100mbit", "1gbit": "1gbit", "unshaped": None}
@@ -294,20 +294,11 @@ def main():
     if not os.access(bench.gradmesh, os.X_OK):
         sys.exit(f"{bench.gradmesh} is missing: build the project first")
 
-    def stop(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        return bench.main()
-    except KeyboardInterrupt:
-        log("interrupted: writing what was measured")
-        return 130
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    def clean_up():
         bench.stop()
         bench.write()
+
+    return run_then_clean_up(bench.main, clean_up)
 
 
 if __name__ == "__main__":
