@@ -317,6 +317,7 @@ absl::StatusOr<Plan> Client::GetPlan() {
               .encoding = p.encoding(),
               .autotuning = p.autotuning(),
               .exact_below = p.exact_below(),
+              .dense_sizes = {p.dense_sizes().begin(), p.dense_sizes().end()},
               .fusion = p.fusion().empty() ? "per_tensor" : p.fusion(),
               .note = p.note()};
 }

@@ -1,5 +1,7 @@
 #include "proto/plan_proto.h"
 
+#include <algorithm>
+
 namespace gradmesh {
 
 void PlanToProto(const collectives::Plan& plan, v1::Plan* out) {
@@ -13,6 +15,8 @@ void PlanToProto(const collectives::Plan& plan, v1::Plan* out) {
   out->set_oktopk_tau_prime(plan.oktopk_tau_prime);
   out->set_seed(plan.seed);
   out->set_exact_below(plan.exact_below);
+  out->mutable_dense_sizes()->Assign(plan.dense_sizes.begin(),
+                                     plan.dense_sizes.end());
   out->set_fusion(plan.fusion);
   out->set_chunk_bytes(plan.chunk_bytes);
   out->set_autotuning(plan.autotuning);
@@ -21,23 +25,28 @@ void PlanToProto(const collectives::Plan& plan, v1::Plan* out) {
 
 collectives::Plan PlanFromProto(const v1::Plan& plan) {
   const collectives::Plan defaults;
-  return {.algorithm = plan.algorithm(),
-          .density = plan.density(),
-          .teams = plan.teams(),
-          .encoding = plan.encoding(),
-          .values = plan.values(),
-          .quantize_bits = plan.quantize_bits(),
-          .oktopk_tau =
-              plan.oktopk_tau() != 0 ? plan.oktopk_tau() : defaults.oktopk_tau,
-          .oktopk_tau_prime = plan.oktopk_tau_prime() != 0
-                                  ? plan.oktopk_tau_prime()
-                                  : defaults.oktopk_tau_prime,
-          .seed = plan.seed() != 0 ? plan.seed() : defaults.seed,
-          .exact_below = plan.exact_below(),
-          .fusion = plan.fusion().empty() ? defaults.fusion : plan.fusion(),
-          .chunk_bytes = plan.chunk_bytes(),
-          .autotuning = plan.autotuning(),
-          .note = plan.note()};
+  collectives::Plan out{
+      .algorithm = plan.algorithm(),
+      .density = plan.density(),
+      .teams = plan.teams(),
+      .encoding = plan.encoding(),
+      .values = plan.values(),
+      .quantize_bits = plan.quantize_bits(),
+      .oktopk_tau =
+          plan.oktopk_tau() != 0 ? plan.oktopk_tau() : defaults.oktopk_tau,
+      .oktopk_tau_prime = plan.oktopk_tau_prime() != 0
+                              ? plan.oktopk_tau_prime()
+                              : defaults.oktopk_tau_prime,
+      .seed = plan.seed() != 0 ? plan.seed() : defaults.seed,
+      .exact_below = plan.exact_below(),
+      .dense_sizes = {plan.dense_sizes().begin(), plan.dense_sizes().end()},
+      .fusion = plan.fusion().empty() ? defaults.fusion : plan.fusion(),
+      .chunk_bytes = plan.chunk_bytes(),
+      .autotuning = plan.autotuning(),
+      .note = plan.note()};
+  // Workers look sizes up by binary search.
+  std::sort(out.dense_sizes.begin(), out.dense_sizes.end());
+  return out;
 }
 
 }  // namespace gradmesh

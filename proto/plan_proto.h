@@ -12,7 +12,7 @@ namespace gradmesh {
 void PlanToProto(const collectives::Plan& plan, v1::Plan* out);
 
 // Fields a message from an older coordinator leaves unset (0) take the
-// Plan defaults.
+// Plan defaults; dense_sizes come out ascending.
 collectives::Plan PlanFromProto(const v1::Plan& plan);
 
 }  // namespace gradmesh

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -15,26 +14,18 @@
 namespace gradmesh::server {
 namespace {
 
-constexpr absl::string_view kSparDl = "spardl";
-
 // The link model is fitted from at most this many recent reports.
 constexpr size_t kMaxLinkSamples = 4096;
 
 // Epochs stay exact in the metrics' doubles.
 constexpr uint64_t kMaxEpoch = uint64_t{1} << 53;
 
-// An operation still missing reports from a member that never reported a
-// later one, when a step this many later is reported, has lost them anyway
-// (that member's reports do not arrive): it counts with the reports it has.
-constexpr uint64_t kStepsBeforeReportsAreLost = 8;
-
-std::string Milliseconds(double seconds) {
-  return absl::StrFormat("%.3f ms", seconds * 1e3);
-}
-
 // The plan `config` names, with d = 1.
+// (`auto` reads as SparDL: its plans are SparDL's or the dense ring's.)
 Plan PlanOfConfig(const PlanConfig& config) {
-  return Plan{.algorithm = config.algorithm,
+  return Plan{.algorithm = config.algorithm == kAutoAlgorithm
+                               ? std::string(kSparDl)
+                               : config.algorithm,
               .density = config.density,
               .teams = 1,
               .encoding = config.encoding,
@@ -50,22 +41,9 @@ Plan PlanOfConfig(const PlanConfig& config) {
 
 }  // namespace
 
-struct Coordinator::Round {
-  std::vector<Trial> trials;
-  size_t current = 0;            // index of the trial in progress
-  bool ranked_by_model = false;  // ranked with a known n
-  double sum_of_max = 0;         // over the current trial's counted operations
-  // The current trial's incomplete operations: operation -> node -> seconds.
-  std::map<uint64_t, absl::flat_hash_map<std::string, double>> pending;
-  absl::flat_hash_set<uint64_t> completed;  // of the current trial
-  // The highest step each member has reported in the current trial: its
-  // reports come in order, so one missing below it was lost.
-  absl::flat_hash_map<std::string, uint64_t> latest;
-  bool warmed_up = false;  // the trial's first completed operation is done
-};
-
 absl::Status ValidatePlanConfig(const PlanConfig& config) {
-  const std::vector<std::string> names = collectives::AlgorithmNames();
+  std::vector<std::string> names = collectives::AlgorithmNames();
+  names.emplace_back(kAutoAlgorithm);
   if (std::find(names.begin(), names.end(), config.algorithm) == names.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown algorithm '", config.algorithm,
@@ -104,6 +82,10 @@ absl::Status ValidatePlanConfig(const PlanConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("fusion must be per_tensor or after_fusion, got '",
                      config.fusion, "'"));
+  }
+  if (!(config.sparse_margin >= 1 && std::isfinite(config.sparse_margin))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparse_margin must be at least 1, got ", config.sparse_margin));
   }
   if (!(config.skip_factor >= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -188,9 +170,25 @@ bool Coordinator::AdoptLocked(const View& known, const MemberInfo& member,
   return true;
 }
 
+bool Coordinator::Tunes(int world_size) const {
+  return world_size >= 2 &&
+         (config_.algorithm == kAutoAlgorithm ||
+          (config_.algorithm == kSparDl && config_.teams == 0));
+}
+
+std::vector<int> Coordinator::TeamCandidates(int world_size) const {
+  if (config_.teams == 0) return ValidTeamCounts(world_size);
+  return {FixedPlan(world_size).teams};
+}
+
 Plan Coordinator::FixedPlan(int world_size) const {
   Plan plan = BasePlan();
-  if (config_.algorithm == kSparDl && config_.teams > 0) {
+  // One member has nothing to choose between: nothing is lost densely.
+  if (config_.algorithm == kAutoAlgorithm && world_size < 2) {
+    plan.algorithm = std::string(kDense);
+    return plan;
+  }
+  if (plan.algorithm == kSparDl && config_.teams > 0) {
     if (world_size % config_.teams == 0) {
       plan.teams = config_.teams;
     } else {
@@ -203,7 +201,12 @@ Plan Coordinator::FixedPlan(int world_size) const {
 
 bool Coordinator::PlanFits(const Plan& plan, int world_size) const {
   const Plan base = BasePlan();
-  if (plan.algorithm != base.algorithm || plan.density != base.density ||
+  const bool is_auto = config_.algorithm == kAutoAlgorithm;
+  // `auto` runs SparDL with some sizes dense, or the dense ring.
+  const bool algorithm_fits =
+      is_auto ? (plan.algorithm == kSparDl || plan.algorithm == kDense)
+              : plan.algorithm == base.algorithm && plan.dense_sizes.empty();
+  if (!algorithm_fits || plan.density != base.density ||
       plan.encoding != base.encoding || plan.values != base.values ||
       plan.quantize_bits != base.quantize_bits ||
       plan.oktopk_tau != base.oktopk_tau ||
@@ -213,11 +216,13 @@ bool Coordinator::PlanFits(const Plan& plan, int world_size) const {
       plan.autotuning) {
     return false;
   }
-  if (config_.algorithm == kSparDl && config_.teams == 0 && world_size >= 2) {
-    const std::vector<int> valid = ValidTeamCounts(world_size);
+  if (Tunes(world_size)) {
+    if (plan.algorithm == kDense) return plan.teams == 1;
+    const std::vector<int> valid = TeamCandidates(world_size);
     return std::find(valid.begin(), valid.end(), plan.teams) != valid.end();
   }
-  return plan.teams == FixedPlan(world_size).teams;
+  const Plan fixed = FixedPlan(world_size);
+  return plan.algorithm == fixed.algorithm && plan.teams == fixed.teams;
 }
 
 absl::Status Coordinator::Heartbeat(absl::string_view node_id, absl::Time now) {
@@ -277,48 +282,15 @@ absl::Status Coordinator::Report(const IterationReport& report) {
     if (samples_.size() > kMaxLinkSamples) samples_.pop_front();
   }
   if (!plan_.autotuning) return absl::OkStatus();
-
-  Round& round = *round_;
-  if (round.completed.contains(report.operation)) return absl::OkStatus();
-  round.pending[report.operation][report.node_id] = report.seconds;
-  uint64_t& latest = round.latest[report.node_id];
-  latest = std::max(latest, report.operation);
-  ResolveOperationsLocked(report.operation);
-  return absl::OkStatus();
-}
-
-void Coordinator::ResolveOperationsLocked(uint64_t latest) {
-  Round& round = *round_;
-  const size_t trial = round.current;
-  // In step order, so that the warm-up is the earliest operation resolved.
-  for (auto it = round.pending.begin();
-       round.current == trial && it != round.pending.end();) {
-    const auto& [operation, seconds] = *it;
-    auto reported = [&](const std::string& node) {
-      auto later = round.latest.find(node);
-      return seconds.contains(node) ||
-             (later != round.latest.end() && later->second > operation);
-    };
-    const bool complete =
-        std::all_of(members_.begin(), members_.end(),
-                    [&](const auto& m) { return reported(m.first); });
-    const bool lost = operation + kStepsBeforeReportsAreLost <= latest;
-    if (!complete && !lost) {
-      ++it;
-      continue;
+  if (round_->Add(report.node_id, report.operation, report.values,
+                  report.seconds)) {
+    // The first trial's reports tell n: rank the rest with the model now.
+    if (!round_->ranked_by_model() && n_ > 0) {
+      round_->Rank(n_, link_, round_->current_index());
     }
-    double max_seconds = 0;
-    for (const auto& [node, s] : seconds)
-      max_seconds = std::max(max_seconds, s);
-    round.completed.insert(operation);
-    it = round.pending.erase(it);
-    // The first operation of a trial warms up (connections, allocations).
-    if (round.warmed_up) {
-      CountOperationLocked(max_seconds);  // may start the next trial
-    } else {
-      round.warmed_up = true;
-    }
+    PublishTrialOrResultLocked(max_step_ + config_.switch_lead_steps);
   }
+  return absl::OkStatus();
 }
 
 View Coordinator::view() const {
@@ -337,7 +309,7 @@ View Coordinator::WaitForView(uint64_t after_epoch, absl::Time deadline) const {
 
 std::vector<Trial> Coordinator::trials() const {
   absl::ReaderMutexLock lock(&mu_);
-  return round_ != nullptr ? round_->trials : std::vector<Trial>{};
+  return round_ != nullptr ? round_->trials() : std::vector<Trial>{};
 }
 
 LinkModel Coordinator::link() const {
@@ -363,12 +335,17 @@ Plan Coordinator::BasePlan() const { return PlanOfConfig(config_); }
 void Coordinator::MembershipChangedLocked() {
   const int world_size = static_cast<int>(members_.size());
   round_.reset();
-  if (config_.algorithm == kSparDl && config_.teams == 0 && world_size >= 2) {
-    round_ = std::make_unique<Round>();
-    for (int d : ValidTeamCounts(world_size)) {
-      round_->trials.push_back({.teams = d});
-    }
-    RankLocked(0);
+  if (Tunes(world_size)) {
+    std::vector<std::string> nodes;
+    for (const auto& [node_id, member] : members_) nodes.push_back(node_id);
+    round_ = std::make_unique<AutotuneRound>(
+        std::move(nodes), TeamCandidates(world_size),
+        /*with_dense=*/config_.algorithm == kAutoAlgorithm,
+        AutotuneRound::Options{.window = config_.autotune_window,
+                               .skip_factor = config_.skip_factor,
+                               .sparse_margin = config_.sparse_margin,
+                               .density = config_.density});
+    round_->Rank(n_, link_, 0);
     PublishTrialOrResultLocked(0);
   } else {
     PublishLocked(FixedPlan(world_size), 0);
@@ -376,92 +353,21 @@ void Coordinator::MembershipChangedLocked() {
   membership_epoch_ = epoch_;
 }
 
-void Coordinator::RankLocked(size_t from) {
-  const std::vector<TeamCountModel> ranked =
-      RankTeamCounts(static_cast<int>(members_.size()), n_, config_.density,
-                     link_, config_.skip_factor);
-  round_->ranked_by_model = n_ > 0;
-  absl::flat_hash_map<int, size_t> positions;  // in `ranked`, by d
-  for (size_t i = 0; i < ranked.size(); ++i) positions[ranked[i].teams] = i;
-  auto position = [&](const Trial& trial) {
-    const auto it = positions.find(trial.teams);
-    GM_CHECK(it != positions.end()) << "d=" << trial.teams;
-    return it->second;
-  };
-  std::vector<Trial>& trials = round_->trials;
-  for (Trial& trial : trials) {
-    trial.modeled_seconds = ranked[position(trial)].seconds;
-  }
-  std::sort(trials.begin() + from, trials.end(),
-            [&](const Trial& a, const Trial& b) {
-              return position(a) < position(b);
-            });
-  for (size_t i = from; i < trials.size(); ++i) {
-    trials[i].skipped = ranked[position(trials[i])].skipped;
-  }
-}
-
-void Coordinator::CountOperationLocked(double max_seconds) {
-  Round& round = *round_;
-  Trial& trial = round.trials[round.current];
-  round.sum_of_max += max_seconds;
-  ++trial.iterations;
-  if (trial.iterations < config_.autotune_window) return;
-  trial.mean_seconds = round.sum_of_max / trial.iterations;
-  round.sum_of_max = 0;
-  round.pending.clear();
-  round.completed.clear();
-  round.latest.clear();
-  round.warmed_up = false;
-  ++round.current;
-  // The first trial's reports tell n: rank the rest with the model now.
-  if (!round.ranked_by_model && n_ > 0) RankLocked(round.current);
-  PublishTrialOrResultLocked(max_step_ + config_.switch_lead_steps);
-}
-
 void Coordinator::PublishTrialOrResultLocked(uint64_t start_step) {
-  Round& round = *round_;
-  const std::vector<Trial>& trials = round.trials;
-  while (round.current < trials.size() && trials[round.current].skipped) {
-    ++round.current;
-  }
   Plan plan = BasePlan();
-  if (round.current < trials.size()) {
-    plan.teams = trials[round.current].teams;
+  if (const Trial* trial = round_->current(); trial != nullptr) {
+    plan.algorithm = trial->algorithm;
+    plan.teams = trial->teams;
     plan.autotuning = true;
-    plan.note = absl::StrFormat("autotune trial of d=%d", plan.teams);
+    plan.note = absl::StrCat("autotune trial of ", trial->Name());
     PublishLocked(std::move(plan), start_step);
     return;
   }
-
-  // All trials done: the fastest wins, ties to the earlier trial.
-  const Trial* best = nullptr;
-  for (const Trial& trial : trials) {
-    if (!trial.skipped &&
-        (best == nullptr || trial.mean_seconds < best->mean_seconds)) {
-      best = &trial;
-    }
-  }
-  std::vector<std::string> others, skipped;
-  for (const Trial& trial : trials) {
-    if (trial.skipped) {
-      skipped.push_back(absl::StrCat("d=", trial.teams));
-    } else if (&trial != best) {
-      others.push_back(absl::StrFormat("d=%d (%s)", trial.teams,
-                                       Milliseconds(trial.mean_seconds)));
-    }
-  }
-  plan.teams = best->teams;
-  plan.note = absl::StrFormat("autotune chose d=%d (%s)", best->teams,
-                              Milliseconds(best->mean_seconds));
-  if (!others.empty()) {
-    absl::StrAppend(&plan.note, " over ", absl::StrJoin(others, ", "));
-  }
-  if (!skipped.empty()) {
-    absl::StrAppend(
-        &plan.note, "; skipped ", absl::StrJoin(skipped, ", "),
-        absl::StrFormat(" (modeled over %gx the best)", config_.skip_factor));
-  }
+  Choice choice = round_->Result();
+  plan.algorithm = std::move(choice.algorithm);
+  plan.teams = choice.teams;
+  plan.dense_sizes = std::move(choice.dense_sizes);
+  plan.note = std::move(choice.note);
   link_ = FitLinkModel(
       std::vector<LinkSample>(samples_.begin(), samples_.end()), link_);
   PublishLocked(std::move(plan), start_step);

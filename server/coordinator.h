@@ -14,37 +14,27 @@
 // start_step it has reached (a membership change applies at once).
 //
 // The plan. Algorithm, density, encodings and chunk size come from the
-// PlanConfig (the coordinator's flags). SparDL's team count d:
-//   - other algorithms, or a single member: d = 1;
+// PlanConfig (the coordinator's flags). The algorithm and SparDL's d:
+//   - other algorithms, or a single member: d = 1 (`auto` alone: dense);
 //   - a fixed config.teams: that d if it divides P, else d = 1 with a note;
-//   - config.teams == 0 (auto) and P >= 2: an autotune round (Section III-D,
-//     "the selection of the optimal d": try each d, keep the fastest).
+//   - SparDL with config.teams == 0, or `auto`, and P >= 2: an autotune
+//     round (autotune.h; Section III-D, "the selection of the optimal d":
+//     try each d, keep the fastest; `auto` tries the dense ring too, and
+//     chooses per bucket size).
 //
 // Autotune round. Each membership change starts a round for the new P (a
-// change in the middle of a round restarts it). The candidates are
-// ValidTeamCounts(P), ranked by RankTeamCounts (cost_model.h, the ranking
-// `gradmesh sim` reports): the modeled time ModelSeconds(SparDlCost(P, d,
-// n, density), link()) ascending, ties to the smaller d, where n is the
-// `values` of the latest accepted report. Candidates modeled slower than
-// skip_factor x the best are skipped. When n is not known yet the ranking
-// uses the rounds alone (bytes 0) and skips nothing; the untried candidates
-// are then re-ranked, and skipped where hopeless, as soon as the first trial
-// ends (its reports tell n). Each trial is an epoch whose plan has teams = d
-// and autotuning = true. An operation (step) of that epoch is complete when
-// every member has reported it or a later step (a member's reports come in
-// order, so one missing below a later one was lost), or, with a member that
-// reports nothing, once a step 8 or more later has been reported; it counts
-// with the slowest of the reports it has, so lost reports neither stall the
-// trial nor stay pending. The first to complete warms up and does not count.
-// After
-// autotune_window complete operations the trial's time is the mean over
-// them of the slowest member's seconds, and the next candidate gets an
-// epoch. After the last, the fastest d (ties to the earlier trial) is
-// published in a new epoch with autotuning = false and a note such as
-// "autotune chose d=2 (12.300 ms) over d=1 (20.100 ms), d=4 (15.000 ms)",
-// and the link model is refitted (FitLinkModel) from the (rounds,
-// bytes_received, seconds) of the accepted reports, so
-// the next round ranks with measured figures.
+// change in the middle of a round restarts it). The SparDL candidates are
+// ValidTeamCounts(P) (or the fixed d), ranked by RankTeamCounts
+// (cost_model.h, the ranking `gradmesh sim` reports) with the `values` n of
+// the latest accepted report and link(); before n is known the rounds alone
+// rank, and the untried candidates are ranked again when the first trial
+// ends. Each trial is an epoch whose plan names its candidate with
+// autotuning = true; its operations are counted as autotune.h says. After
+// the last, the choice is published in a new epoch with autotuning = false
+// and the round's note (e.g. "autotune chose d=2 (12.300 ms) over d=1
+// (20.100 ms), d=4 (15.000 ms)"), and the link model is refitted
+// (FitLinkModel) from the (rounds, bytes_received, seconds) of the accepted
+// reports, so the next round ranks with measured figures.
 //
 // Thread-safety: all methods may be called concurrently (one internal mutex).
 // WaitForView blocks; nothing else does.
@@ -71,6 +61,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/autotune.h"
 #include "server/cost_model.h"
 #include "worker/collectives/plan.h"
 
@@ -87,9 +78,10 @@ struct MemberInfo {
 
 // The coordinator's flags for the plan.
 struct PlanConfig {
-  std::string algorithm = "spardl";  // a collectives::AlgorithmNames() entry
-  double density = 0.01;             // k / n, in (0, 1]
-  std::string encoding = "coo";      // collectives::WireFormat::Parse names
+  // A collectives::AlgorithmNames() entry, or kAutoAlgorithm.
+  std::string algorithm = "spardl";
+  double density = 0.01;         // k / n, in (0, 1]
+  std::string encoding = "coo";  // collectives::WireFormat::Parse names
   std::string values = "fp32";
   int quantize_bits = 0;  // collectives::Plan's fields of the same names
   int oktopk_tau = 64;
@@ -103,8 +95,11 @@ struct PlanConfig {
   int teams = 0;                      // SparDL's d: 0 = autotune, else fixed
   int autotune_window = 5;            // counted operations per candidate (>= 1)
   double skip_factor = 3.0;           // skip d modeled > this x the best (>= 1)
-  int switch_lead_steps = 3;          // see View::start_step (>= 1)
-  LinkModel link;                     // used until reports allow a fit
+  // With `auto`: SparDL only for the bucket sizes where it is this many times
+  // faster than the dense ring (>= 1; autotune.h).
+  double sparse_margin = 1.5;
+  int switch_lead_steps = 3;  // see View::start_step (>= 1)
+  LinkModel link;             // used until reports allow a fit
 };
 
 using Plan = collectives::Plan;
@@ -134,15 +129,8 @@ struct IterationReport {
   uint64_t values = 0;  // n, the length of the (dense) gradient reduced
 };
 
-// One candidate d of an autotune round.
-struct Trial {
-  int teams = 0;
-  double modeled_seconds = 0;
-  bool skipped = false;
-  int iterations = 0;       // complete operations counted so far
-  double mean_seconds = 0;  // mean of the per-operation max over members;
-                            // set once iterations == autotune_window
-};
+// PlanConfig::algorithm's choice of the dense ring or SparDL per bucket.
+inline constexpr absl::string_view kAutoAlgorithm = "auto";
 
 class Coordinator {
  public:
@@ -214,8 +202,6 @@ class Coordinator {
     absl::Time last_seen;
   };
 
-  struct Round;  // an autotune round (coordinator.cc)
-
   // Publishes the next epoch with `plan`.
   void PublishLocked(Plan plan, uint64_t start_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -229,18 +215,10 @@ class Coordinator {
   bool PlanFits(const Plan& plan, int world_size) const;
   // The plan for `world_size` members when no autotune round runs.
   Plan FixedPlan(int world_size) const;
+  // Whether `world_size` members get an autotune round, and its d's.
+  bool Tunes(int world_size) const;
+  std::vector<int> TeamCandidates(int world_size) const;
   Plan BasePlan() const;
-  // Models every trial of round_ with the current n and link, then sorts the
-  // trials from index `from` on and marks the hopeless ones among them.
-  void RankLocked(size_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts, in step order, the operations of the current trial that every
-  // member has reported, or whose missing reports are lost (`latest`, the
-  // step just reported, is far past them).
-  void ResolveOperationsLocked(uint64_t latest)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts a complete operation of the current trial.
-  void CountOperationLocked(double max_seconds)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes round_'s current trial, or the result when all are done.
   void PublishTrialOrResultLocked(uint64_t start_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -257,7 +235,7 @@ class Coordinator {
   uint64_t max_step_ ABSL_GUARDED_BY(mu_) = 0;  // highest step reported
   std::map<std::string, Member, std::less<>> members_ ABSL_GUARDED_BY(mu_);
   Plan plan_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<Round> round_ ABSL_GUARDED_BY(mu_);  // null: no round
+  std::unique_ptr<AutotuneRound> round_ ABSL_GUARDED_BY(mu_);  // null: none
   LinkModel link_ ABSL_GUARDED_BY(mu_);
   std::deque<LinkSample> samples_ ABSL_GUARDED_BY(mu_);  // newest last
   uint64_t n_ ABSL_GUARDED_BY(mu_) = 0;  // latest reported n; 0 = unknown

@@ -13,12 +13,23 @@ namespace {
 // to parallel: det <= kMinSinSquared * |rounds|^2 |bytes|^2.
 constexpr double kMinSinSquared = 1e-6;
 
+// The table's cost of `algorithm` at its model point.
+CommCost TableCost(absl::string_view algorithm, int world_size, int teams,
+                   uint64_t n, double density) {
+  const collectives::FormulaCost cost =
+      collectives::FindAlgorithm(algorithm)->cost(world_size, teams, n,
+                                                  density);
+  return {.rounds = cost.rounds, .bytes = cost.model_bytes};
+}
+
 }  // namespace
 
 CommCost SparDlCost(int world_size, int teams, uint64_t n, double density) {
-  const collectives::FormulaCost cost =
-      collectives::FindAlgorithm("spardl")->cost(world_size, teams, n, density);
-  return {.rounds = cost.rounds, .bytes = cost.model_bytes};
+  return TableCost("spardl", world_size, teams, n, density);
+}
+
+CommCost DenseRingCost(int world_size, uint64_t n) {
+  return TableCost("dense", world_size, 1, n, 1.0);
 }
 
 double ModelSeconds(const CommCost& cost, const LinkModel& link) {

@@ -56,6 +56,10 @@ struct CommCost {
 // (checked: the caller picks d from ValidTeamCounts).
 CommCost SparDlCost(int world_size, int teams, uint64_t n, double density);
 
+// The dense ring's cost (the table's dense entry): 2 (P-1) rounds and
+// 2 (P-1)/P n values of 4 bytes.
+CommCost DenseRingCost(int world_size, uint64_t n);
+
 // rounds * alpha + bytes * beta.
 double ModelSeconds(const CommCost& cost, const LinkModel& link);
 

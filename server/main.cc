@@ -22,7 +22,8 @@ ABSL_FLAG(std::string, health_listen, "",
           "probes (empty: off)");
 ABSL_FLAG(std::string, algo, "spardl",
           "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
-          "or gaussiank");
+          "or gaussiank; auto tries the dense ring and SparDL and keeps, for "
+          "each bucket size, the faster (see --sparse_margin)");
 ABSL_FLAG(double, density, 0.01, "k / n, in (0, 1]");
 ABSL_FLAG(int, teams, 0,
           "SparDL's d: 0 tunes it (each valid d is tried, the fastest kept); "
@@ -47,6 +48,10 @@ ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20,
           "largest frame on peer streams (at most 3 MiB)");
 ABSL_FLAG(int, autotune_window, 5,
           "iterations measured per candidate d (after one warm-up)");
+ABSL_FLAG(double, sparse_margin, 1.5,
+          "with --algo=auto, SparDL only for the bucket sizes where its trial "
+          "was this many times faster than the dense ring's (top-k needs "
+          "more steps than dense to the same accuracy)");
 ABSL_FLAG(double, skip_factor, 3.0,
           "skip candidates the alpha-beta model puts over this x the best");
 ABSL_FLAG(int, switch_lead_steps, 3,
@@ -91,6 +96,7 @@ int main(int argc, char** argv) {
                .teams = absl::GetFlag(FLAGS_teams),
                .autotune_window = absl::GetFlag(FLAGS_autotune_window),
                .skip_factor = absl::GetFlag(FLAGS_skip_factor),
+               .sparse_margin = absl::GetFlag(FLAGS_sparse_margin),
                .switch_lead_steps = absl::GetFlag(FLAGS_switch_lead_steps),
                .link = {.alpha_s = absl::GetFlag(FLAGS_link_latency_us) * 1e-6,
                         .beta_s_per_byte = gbps > 0 ? 8 / (gbps * 1e9) : -1}},

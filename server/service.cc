@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -83,9 +84,16 @@ class Metrics {
     plan_info_ = gauge("gradmesh_coordinator_plan_info",
                        "The plan's algorithm and encodings (value 1)");
     trial_seconds_ = gauge("gradmesh_coordinator_autotune_trial_seconds",
-                           "Mean iteration time of each tried d");
+                           "Mean iteration time of each tried d (d=\"dense\": "
+                           "the dense ring, with --algo=auto)");
+    size_seconds_ = gauge("gradmesh_coordinator_autotune_size_seconds",
+                          "Mean all-reduce time of each tried d per bucket "
+                          "size (values)");
     modeled_seconds_ = gauge("gradmesh_coordinator_autotune_modeled_seconds",
                              "Alpha-beta model's time of each candidate d");
+    dense_sizes_ = gauge("gradmesh_coordinator_plan_dense_sizes",
+                         "Bucket sizes (values) the plan sums with the dense "
+                         "ring, as --algo=auto chose (value 1)");
     iteration_seconds_ = gauge("gradmesh_coordinator_iteration_seconds",
                                "Latest all-reduce time reported, per node");
     alpha_ = &gauge("gradmesh_coordinator_link_alpha_seconds",
@@ -125,23 +133,42 @@ class Metrics {
     departures_->Add({{"node", node}}).Increment(departures);
   }
 
+  // Scrapes may come at once: one refresh at a time keeps the series it
+  // removes straight.
   void Refresh() {
+    absl::MutexLock lock(&refresh_mu_);
     const Coordinator& coordinator = *coordinator_;
     const View view = coordinator.view();
     members_->Set(static_cast<double>(view.members.size()));
     epoch_->Set(static_cast<double>(view.epoch));
     teams_->Set(view.plan.teams);
     autotuning_->Set(view.plan.autotuning ? 1 : 0);
-    plan_info_
-        ->Add({{"algorithm", view.plan.algorithm},
-               {"encoding", view.plan.encoding},
-               {"values", view.plan.values}})
-        .Set(1);
+    prometheus::Gauge* info =
+        &plan_info_->Add({{"algorithm", view.plan.algorithm},
+                          {"encoding", view.plan.encoding},
+                          {"values", view.plan.values}});
+    if (plan_info_now_ != nullptr && plan_info_now_ != info) {
+      plan_info_->Remove(plan_info_now_);  // the plan it named is gone
+    }
+    plan_info_now_ = info;
+    info->Set(1);
+    for (prometheus::Gauge* gone : dense_sizes_now_) dense_sizes_->Remove(gone);
+    dense_sizes_now_.clear();
+    for (uint64_t n : view.plan.dense_sizes) {
+      dense_sizes_now_.push_back(
+          &dense_sizes_->Add({{"values", absl::StrCat(n)}}));
+      dense_sizes_now_.back()->Set(1);
+    }
     for (const Trial& trial : coordinator.trials()) {
-      const std::string d = absl::StrCat(trial.teams);
+      const std::string d =
+          trial.algorithm == kDense ? trial.Name() : absl::StrCat(trial.teams);
       modeled_seconds_->Add({{"d", d}}).Set(trial.modeled_seconds);
       if (trial.iterations > 0) {
         trial_seconds_->Add({{"d", d}}).Set(trial.mean_seconds);
+      }
+      for (const auto& [n, seconds] : trial.size_seconds) {
+        size_seconds_->Add({{"d", d}, {"values", absl::StrCat(n)}})
+            .Set(seconds);
       }
     }
     for (const auto& [node, seconds] : coordinator.last_iteration_seconds()) {
@@ -162,6 +189,11 @@ class Metrics {
   prometheus::Gauge* teams_;
   prometheus::Gauge* autotuning_;
   prometheus::Family<prometheus::Gauge>* plan_info_;
+  absl::Mutex refresh_mu_;
+  prometheus::Gauge* plan_info_now_ ABSL_GUARDED_BY(refresh_mu_) = nullptr;
+  prometheus::Family<prometheus::Gauge>* dense_sizes_;
+  std::vector<prometheus::Gauge*> dense_sizes_now_ ABSL_GUARDED_BY(refresh_mu_);
+  prometheus::Family<prometheus::Gauge>* size_seconds_;
   prometheus::Family<prometheus::Gauge>* trial_seconds_;
   prometheus::Family<prometheus::Gauge>* modeled_seconds_;
   prometheus::Family<prometheus::Gauge>* iteration_seconds_;
@@ -318,7 +350,8 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
       const View view = coordinator_.view();
       if (view.epoch != before) {
         Log(absl::StrCat("epoch ", view.epoch, " from step ", view.start_step,
-                         ": d=", view.plan.teams, " (", view.plan.note, ")"));
+                         ": ", view.plan.algorithm, " d=", view.plan.teams,
+                         " (", view.plan.note, ")"));
       }
     }
     return grpc::Status::OK;

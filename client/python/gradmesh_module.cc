@@ -129,6 +129,7 @@ void BindTypes(py::module_& m) {
       .def_readonly("encoding", &Plan::encoding)
       .def_readonly("autotuning", &Plan::autotuning)
       .def_readonly("exact_below", &Plan::exact_below)
+      .def_readonly("dense_sizes", &Plan::dense_sizes)
       .def_readonly("fusion", &Plan::fusion)
       .def_readonly("note", &Plan::note);
 }

@@ -3,6 +3,8 @@
 // defaults.
 #include "proto/plan_proto.h"
 
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace gradmesh {
@@ -19,6 +21,7 @@ TEST(PlanProtoTest, EveryFieldSurvivesTheRoundTrip) {
                                .oktopk_tau_prime = 4,
                                .seed = 1234,
                                .exact_below = 99,
+                               .dense_sizes = {20000, 70000},
                                .fusion = "after_fusion",
                                .chunk_bytes = 65536,
                                .autotuning = true,
@@ -36,6 +39,7 @@ TEST(PlanProtoTest, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(back.oktopk_tau_prime, plan.oktopk_tau_prime);
   EXPECT_EQ(back.seed, plan.seed);
   EXPECT_EQ(back.exact_below, plan.exact_below);
+  EXPECT_EQ(back.dense_sizes, plan.dense_sizes);
   EXPECT_EQ(back.fusion, plan.fusion);
   EXPECT_EQ(back.chunk_bytes, plan.chunk_bytes);
   EXPECT_EQ(back.autotuning, plan.autotuning);
@@ -54,6 +58,14 @@ TEST(PlanProtoTest, FieldsAnOlderCoordinatorLeavesUnsetAreTheDefaults) {
   // An older coordinator's workers summed every bucket with its algorithm.
   EXPECT_EQ(back.exact_below, 0u);
   EXPECT_EQ(back.fusion, "per_tensor");
+  EXPECT_TRUE(back.dense_sizes.empty());
+}
+
+TEST(PlanProtoTest, DenseSizesArriveAscending) {
+  v1::Plan proto;
+  for (uint64_t n : {70000, 20000, 50000}) proto.add_dense_sizes(n);
+  EXPECT_EQ(PlanFromProto(proto).dense_sizes,
+            (std::vector<uint64_t>{20000, 50000, 70000}));
 }
 
 }  // namespace

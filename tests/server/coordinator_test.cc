@@ -864,5 +864,102 @@ TEST(AutotuneTest, RefitsTheLinkModelFromReports) {
               1e-6 * truth.beta_s_per_byte);
 }
 
+// ---- The algorithm per bucket size (`auto`) ----
+
+// Every member reports a bucket of kN values and one of kSmall at `step`.
+void ReportTwoBuckets(Coordinator& coordinator, uint64_t step, double large,
+                      double small) {
+  constexpr uint64_t kSmall = 50'000;
+  const View view = coordinator.view();
+  for (const MemberInfo& member : view.members) {
+    for (const auto& [n, seconds] : {std::pair{kN, large}, {kSmall, small}}) {
+      ASSERT_TRUE(coordinator
+                      .Report({.node_id = member.node_id,
+                               .epoch = view.epoch,
+                               .operation = step,
+                               .seconds = seconds,
+                               .rounds = 2,
+                               .bytes_received = 1000,
+                               .values = n})
+                      .ok());
+    }
+  }
+}
+
+TEST(AutoTest, TriesTheDenseRingThenEachDAndPublishesThePerSizeChoice) {
+  Coordinator coordinator({.algorithm = "auto", .autotune_window = 2},
+                          kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  // Trials: d=2 and d=1 (ranked by rounds before n is known, then by the
+  // model), then the dense ring (large 30 ms, small 1 ms).
+  struct Step {
+    std::string algorithm;
+    double large, small;
+  };
+  uint64_t step = 0;
+  for (const Step& trial :
+       {Step{"spardl", 10e-3, 0.9e-3}, Step{"spardl", 12e-3, 0.8e-3},
+        Step{"dense", 30e-3, 1e-3}}) {
+    const View view = coordinator.view();
+    ASSERT_TRUE(view.plan.autotuning);
+    EXPECT_EQ(view.plan.algorithm, trial.algorithm);
+    for (int i = 0; i < 3; ++i) {
+      ReportTwoBuckets(coordinator, step++, trial.large, trial.small);
+    }
+    step = std::max(step, coordinator.view().start_step);
+  }
+  const View chosen = coordinator.view();
+  EXPECT_FALSE(chosen.plan.autotuning);
+  EXPECT_EQ(chosen.plan.algorithm, "spardl");
+  EXPECT_THAT(chosen.plan.dense_sizes, ElementsAre(50'000u));
+  EXPECT_THAT(chosen.plan.note, HasSubstr("auto chose spardl d="));
+  ASSERT_EQ(coordinator.trials().size(), 3u);
+  EXPECT_EQ(coordinator.trials()[2].algorithm, "dense");
+}
+
+TEST(AutoTest, OneMemberRunsTheDenseRing) {
+  Coordinator coordinator({.algorithm = "auto"}, kTimeout);
+  JoinAll(coordinator, {"a"});
+  EXPECT_EQ(coordinator.view().plan.algorithm, "dense");
+  EXPECT_FALSE(coordinator.view().plan.autotuning);
+}
+
+TEST(AutoTest, RejectsAMarginBelowOne) {
+  Coordinator coordinator({.algorithm = "auto", .sparse_margin = 0.5},
+                          kTimeout);
+  const absl::StatusOr<View> view = coordinator.Join(Node("a"), kT0);
+  EXPECT_EQ(view.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(view.status().message(), HasSubstr("sparse_margin"));
+}
+
+TEST(AutoTest, AdoptsOnlyThePlansAutoWouldRun) {
+  View known{.epoch = 9, .members = {Node("a"), Node("b")}};
+  known.plan.algorithm = "spardl";
+  known.plan.teams = 2;
+  known.plan.dense_sizes = {50'000};
+  known.plan.exact_below = PlanConfig().exact_below;
+  {
+    Coordinator after({.algorithm = "auto"}, kTimeout);
+    absl::StatusOr<View> view = after.Join(Node("a"), kT0, &known);
+    ASSERT_TRUE(view.ok());
+    EXPECT_EQ(view->epoch, 9u);
+    EXPECT_THAT(view->plan.dense_sizes, ElementsAre(50'000u));
+  }
+  {  // SparDL alone never runs dense sizes: a new round
+    Coordinator after({}, kTimeout);
+    absl::StatusOr<View> view = after.Join(Node("a"), kT0, &known);
+    ASSERT_TRUE(view.ok());
+    EXPECT_EQ(view->epoch, 10u);
+    EXPECT_THAT(view->plan.dense_sizes, IsEmpty());
+  }
+  known.plan =
+      Plan{.algorithm = "dense", .exact_below = PlanConfig().exact_below};
+  Coordinator after({.algorithm = "auto"}, kTimeout);
+  absl::StatusOr<View> view = after.Join(Node("a"), kT0, &known);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->epoch, 9u);
+  EXPECT_EQ(view->plan.algorithm, "dense");
+}
+
 }  // namespace
 }  // namespace gradmesh::server

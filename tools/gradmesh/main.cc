@@ -35,7 +35,8 @@
 
 ABSL_FLAG(std::string, algo, "spardl",
           "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
-          "or gaussiank");
+          "or gaussiank; local and run also take auto (the dense ring or "
+          "SparDL per bucket size, from a trial of each)");
 ABSL_FLAG(int, workers, 4,
           "number of workers P: in-process for replay (1..1024) and sim "
           "(1..4096), processes for local and run (1..64)");
@@ -87,6 +88,9 @@ ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20,
           "local, run: largest frame on peer streams (at most 3 MiB)");
 ABSL_FLAG(int, autotune_window, 5,
           "local, run: iterations measured per candidate d when d is auto");
+ABSL_FLAG(double, sparse_margin, 1.5,
+          "local, run with --algo=auto: SparDL only for the bucket sizes where "
+          "its trial was this many times faster than the dense ring's");
 ABSL_FLAG(bool, verify, true,
           "local: check that every worker gets the same result and that "
           "inputs = result + residuals, every iteration");
@@ -213,7 +217,7 @@ const std::vector<std::string> kClusterFlags = {
     "seed",      "exact_below",   "fusion",      "workers",
     "bin_dir",   "work_dir",      "chunk_bytes", "autotune_window",
     "timeout_s", "topk",          "tls_ca",      "tls_cert",
-    "tls_key"};
+    "tls_key",   "sparse_margin"};
 
 std::vector<std::string> Plus(std::vector<std::string> flags,
                               std::initializer_list<const char*> more) {
@@ -337,6 +341,7 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags(
       {"fusion", absl::GetFlag(FLAGS_fusion)},
       {"chunk_bytes", absl::StrCat(absl::GetFlag(FLAGS_chunk_bytes))},
       {"autotune_window", absl::StrCat(absl::GetFlag(FLAGS_autotune_window))},
+      {"sparse_margin", absl::StrCat(absl::GetFlag(FLAGS_sparse_margin))},
       {"heartbeat_timeout_ms", "2000"}};
   if (!exact_flag.empty()) {
     cluster.coordinator_flags.push_back({"exact_below", exact_flag});

@@ -36,6 +36,9 @@ struct Plan {
   // metrics, biases and norms are not sparsified; 0: none (the
   // coordinator's default is PlanConfig's).
   uint64_t exact_below = 0;
+  // Buckets of exactly these sizes (values, ascending) are summed exactly
+  // too: the coordinator's `auto` found the dense ring faster for them.
+  std::vector<uint64_t> dense_sizes;
   // How selections treat a bucket's tensors (SAFusion): "per_tensor" (each
   // tensor its quota, as the SDK registers buckets by default) or
   // "after_fusion" (every bucket one vector, whatever its registration).

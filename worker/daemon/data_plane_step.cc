@@ -128,8 +128,13 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
                           .plan = g.view.plan,
                           .step = call.step,
                           .values = bucket.layout.n}};
-  // Small buckets and those registered exact are summed exactly.
-  const bool exact = bucket.exact || bucket.layout.n < g.view.plan.exact_below;
+  // Small buckets, those registered exact and those the plan's `auto` found
+  // faster dense are summed exactly.
+  const collectives::Plan& plan = g.view.plan;
+  const bool exact =
+      bucket.exact || bucket.layout.n < plan.exact_below ||
+      std::binary_search(plan.dense_sizes.begin(), plan.dense_sizes.end(),
+                         bucket.layout.n);
   if (exact) state.out.plan.algorithm = std::string(engine::kExactAlgorithm);
   state.out.exact = exact;
   const engine::Request request =

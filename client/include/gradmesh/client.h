@@ -154,6 +154,9 @@ struct Plan {
   std::string encoding;
   bool autotuning = false;
   uint64_t exact_below = 0;  // buckets of fewer values are summed exactly
+  // Buckets of exactly these sizes are summed exactly too: `--algo=auto`
+  // found the dense ring faster for them.
+  std::vector<uint64_t> dense_sizes;
   // per_tensor (a bucket's selections give each tensor its quota, unless it
   // was registered after_fusion) or after_fusion (every bucket one vector).
   std::string fusion;

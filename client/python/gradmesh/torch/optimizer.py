@@ -54,8 +54,9 @@ class _Bucket:
             self.slots.append(values[offset:offset + p.numel()].view_as(p))
         self.step = 0
         plan = gradmesh.plan()  # the algorithm expected of the first sum
-        self.last_algorithm = ("dense" if self.set.size < plan.exact_below
-                               else plan.algorithm)
+        dense = (self.set.size < plan.exact_below
+                 or self.set.size in plan.dense_sizes)
+        self.last_algorithm = "dense" if dense else plan.algorithm
         self.hooked = 0  # parameters with a gradient hook
         self.clear()
 

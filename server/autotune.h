@@ -1,0 +1,145 @@
+// AutotuneRound: one round of the coordinator's autotune (coordinator.h says
+// when rounds start and what the coordinator publishes for them). It tries
+// candidate plans one after another on the same members, each for a window
+// of complete operations, and then picks the fastest for each bucket size.
+//
+// Candidates. SparDL at each team count d it is given, ranked by the
+// alpha-beta model (Rank) and skipped where the model finds them hopeless;
+// with the coordinator's `auto` algorithm also the dense ring, tried last
+// (when connections and buffers are warm for every candidate) and never
+// skipped (the model leaves out the selection's compute, which is all the
+// dense ring saves).
+//
+// Operations. A report names its member, its step and its bucket's size n.
+// An operation is one (step, n): complete when every member has reported it
+// or a later step (a member's reports come in order, so one missing below a
+// later step was lost), or, with a member that reports nothing, once a step
+// kStepsBeforeReportsAreLost later has been reported; it counts with the
+// slowest member's seconds among the reports it has (two buckets of one
+// size in one step count as one: the slower). The first complete operation
+// of each size warms up and does not count. A trial ends when one size has
+// `window` counted operations; its time for each size is the mean of that
+// size's counted operations, and its total is the sum over the sizes.
+//
+// The choice (Result):
+//   - SparDL alone: the d of the least total, ties to the earlier trial;
+//     "autotune chose d=2 (12.300 ms) over d=1 (20.100 ms), d=4 (15.000 ms)";
+//   - with the dense ring: a bucket size is summed densely unless the SparDL
+//     trial is `sparse_margin` times faster for it (the dense ring is exact:
+//     top-k needs more steps to the same accuracy, docs/benchmarks.md), and
+//     SparDL's d is the one whose steps, so divided, cost least. Every size
+//     dense: the plan is the dense ring; otherwise SparDL with those sizes
+//     in Plan::dense_sizes.
+//
+// Not thread-safe: the coordinator holds its mutex around every call.
+#ifndef GRADMESH_SERVER_AUTOTUNE_H_
+#define GRADMESH_SERVER_AUTOTUNE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/string_view.h"
+#include "server/cost_model.h"
+
+namespace gradmesh::server {
+
+// Trial::algorithm's values.
+inline constexpr absl::string_view kSparDl = "spardl";
+inline constexpr absl::string_view kDense = "dense";
+
+// One candidate of an autotune round.
+struct Trial {
+  std::string algorithm = std::string(kSparDl);  // kSparDl or kDense
+  int teams = 1;                                 // SparDL's d (dense: 1)
+  double modeled_seconds = 0;
+  bool skipped = false;
+  int iterations = 0;  // counted operations of its most counted size so far
+  // Set when the trial ends: the mean slowest-member seconds of each bucket
+  // size it counted, and their sum.
+  std::map<uint64_t, double> size_seconds;
+  double mean_seconds = 0;
+
+  // "d=2" or "dense".
+  std::string Name() const;
+};
+
+// A round's result: the plan's algorithm and d, and the sizes summed densely.
+struct Choice {
+  std::string algorithm;
+  int teams = 1;
+  std::vector<uint64_t> dense_sizes;  // ascending
+  std::string note;                   // why
+};
+
+class AutotuneRound {
+ public:
+  struct Options {
+    int window = 5;              // counted operations per trial, >= 1
+    double skip_factor = 3.0;    // skip d modeled over this x the best, >= 1
+    double sparse_margin = 1.5;  // see the choice above, >= 1
+    double density = 0.01;
+  };
+
+  // A round over `members` (node ids) trying SparDL at each of `teams`
+  // (ascending), then the dense ring when `with_dense`.
+  AutotuneRound(std::vector<std::string> members, std::vector<int> teams,
+                bool with_dense, Options options);
+
+  // Models every trial with n values and `link`, then sorts the SparDL trials
+  // from index `from` on by modeled time (ties to the smaller d) and marks the
+  // hopeless ones among them. With n = 0 the rounds alone rank and nothing is
+  // skipped. The dense trial stays last.
+  void Rank(uint64_t n, const LinkModel& link, size_t from);
+  bool ranked_by_model() const { return ranked_by_model_; }
+
+  // The trial in progress (skipping skipped ones); null once all are done.
+  const Trial* current() const;
+  size_t current_index() const { return current_; }
+
+  // Feeds one report of the current trial. True when it ended that trial.
+  bool Add(absl::string_view node, uint64_t step, uint64_t n, double seconds);
+
+  // The choice, once current() is null.
+  Choice Result() const;
+
+  const std::vector<Trial>& trials() const { return trials_; }
+
+ private:
+  using Operation = std::pair<uint64_t, uint64_t>;  // (step, n)
+
+  // Counts the operations every member has reported, or whose missing
+  // reports are lost; true when the trial ended.
+  bool ResolveOperations(uint64_t latest);
+  // Ends the current trial and moves to the next one not skipped.
+  void EndTrial();
+  Choice SparseOnlyResult() const;
+  Choice WithDenseResult() const;
+
+  const std::vector<std::string> members_;
+  const Options options_;
+  std::vector<Trial> trials_;
+  size_t current_ = 0;
+  bool ranked_by_model_ = false;
+  int world_size() const { return static_cast<int>(members_.size()); }
+
+  // The current trial's state.
+  std::map<Operation, absl::flat_hash_map<std::string, double>> pending_;
+  absl::flat_hash_set<Operation> completed_;
+  absl::flat_hash_map<std::string, uint64_t> latest_;  // step, per member
+  absl::flat_hash_set<uint64_t> warmed_up_;            // sizes
+  std::map<uint64_t, std::pair<double, int>> sums_;    // n -> (sum, count)
+};
+
+// An operation still missing reports from a member that never reported a
+// later one, when a step this many later is reported, has lost them anyway
+// (that member's reports do not arrive): it counts with the reports it has.
+inline constexpr uint64_t kStepsBeforeReportsAreLost = 8;
+
+}  // namespace gradmesh::server
+
+#endif  // GRADMESH_SERVER_AUTOTUNE_H_

@@ -1,0 +1,164 @@
+// Tests of one autotune round (server/autotune.h): operations counted per
+// bucket size, and the choice between the dense ring and SparDL's d.
+#include "server/autotune.h"
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradmesh::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+const std::vector<std::string> kMembers = {"a", "b"};
+constexpr uint64_t kSmall = 100'000;
+constexpr uint64_t kLarge = 2'000'000;
+
+AutotuneRound Round(std::vector<int> teams, bool with_dense, int window = 2,
+                    double margin = 1.5) {
+  return AutotuneRound(kMembers, std::move(teams), with_dense,
+                       {.window = window, .sparse_margin = margin});
+}
+
+// Every member reports (step, n); the slowest takes `seconds`.
+bool Report(AutotuneRound& round, uint64_t step, uint64_t n, double seconds) {
+  bool ended = round.Add("a", step, n, seconds / 2);
+  ended = round.Add("b", step, n, seconds) || ended;
+  return ended;
+}
+
+// Runs the current trial: the warm-up and `window` counted steps, each with a
+// bucket of every size in `seconds` (n -> the slowest member's seconds).
+void RunTrial(AutotuneRound& round, int window,
+              const std::map<uint64_t, double>& seconds) {
+  ASSERT_NE(round.current(), nullptr);
+  const std::string name = round.current()->Name();
+  // The last step's reports end the trial: its first size to count
+  // `window` operations ends it, the later ones are too late for it.
+  for (int step = 0; step < window; ++step) {
+    for (const auto& [n, s] : seconds) {
+      ASSERT_FALSE(Report(round, step, n, s)) << name << " step " << step;
+    }
+  }
+  for (const auto& [n, s] : seconds) {
+    if (Report(round, window, n, s)) return;
+  }
+  FAIL() << name << " did not end";
+}
+
+TEST(AutotuneRoundTest, CountsOperationsPerBucketSize) {
+  AutotuneRound round = Round({1}, /*with_dense=*/false, /*window=*/3);
+  // Two sizes a step; the first operation of each size warms up.
+  RunTrial(round, 3, {{kSmall, 1e-3}, {kLarge, 10e-3}});
+  const Trial& trial = round.trials()[0];
+  EXPECT_EQ(trial.iterations, 3);
+  EXPECT_DOUBLE_EQ(trial.size_seconds.at(kSmall), 1e-3);
+  EXPECT_DOUBLE_EQ(trial.size_seconds.at(kLarge), 10e-3);
+  EXPECT_DOUBLE_EQ(trial.mean_seconds, 11e-3);
+  EXPECT_EQ(round.current(), nullptr);
+}
+
+TEST(AutotuneRoundTest, AnOperationWaitsForEveryMember) {
+  AutotuneRound round = Round({1}, /*with_dense=*/false, /*window=*/1);
+  EXPECT_FALSE(Report(round, 0, kSmall, 1e-3));  // the warm-up
+  EXPECT_FALSE(round.Add("a", 1, kSmall, 5e-3));
+  EXPECT_EQ(round.trials()[0].iterations, 0);
+  EXPECT_TRUE(round.Add("b", 1, kSmall, 2e-3));
+  EXPECT_DOUBLE_EQ(round.trials()[0].size_seconds.at(kSmall), 5e-3);
+}
+
+TEST(AutotuneRoundTest, TheDenseRingIsTriedLastAndNeverSkipped) {
+  AutotuneRound round = Round({1, 2}, /*with_dense=*/true);
+  // A link where the model finds the dense ring's bytes hopeless.
+  round.Rank(kLarge, {.alpha_s = 1e-6, .beta_s_per_byte = 1e-6}, 0);
+  ASSERT_EQ(round.trials().size(), 3u);
+  EXPECT_EQ(round.trials()[2].algorithm, kDense);
+  EXPECT_FALSE(round.trials()[2].skipped);
+  EXPECT_GT(round.trials()[2].modeled_seconds,
+            3 * round.trials()[0].modeled_seconds);
+  EXPECT_EQ(round.current(), &round.trials()[0]);
+}
+
+TEST(AutotuneRoundTest, WithoutTheDenseRingTheFastestDWins) {
+  AutotuneRound round = Round({1, 2}, /*with_dense=*/false);
+  RunTrial(round, 2, {{kLarge, 20e-3}});
+  RunTrial(round, 2, {{kLarge, 12e-3}});
+  const Choice choice = round.Result();
+  EXPECT_EQ(choice.algorithm, kSparDl);
+  EXPECT_EQ(choice.teams, 2);
+  EXPECT_THAT(choice.dense_sizes, IsEmpty());
+  EXPECT_EQ(choice.note, "autotune chose d=2 (12.000 ms) over d=1 (20.000 ms)");
+}
+
+TEST(AutotuneRoundTest, AutoSumsDenselyTheSizesWhereSparDlIsNotMarginFaster) {
+  AutotuneRound round = Round({1, 2}, /*with_dense=*/true);
+  RunTrial(round, 2, {{kSmall, 0.9e-3}, {kLarge, 10e-3}});  // d=1
+  RunTrial(round, 2, {{kSmall, 0.8e-3}, {kLarge, 12e-3}});  // d=2
+  RunTrial(round, 2, {{kSmall, 1.0e-3}, {kLarge, 40e-3}});  // dense
+  const Choice choice = round.Result();
+  // The small bucket: SparDL is not 1.5x faster; the large one: d=1 is.
+  EXPECT_EQ(choice.algorithm, kSparDl);
+  EXPECT_EQ(choice.teams, 1);
+  EXPECT_THAT(choice.dense_sizes, ElementsAre(kSmall));
+  EXPECT_THAT(choice.note, HasSubstr("auto chose spardl d=1"));
+  EXPECT_THAT(choice.note,
+              HasSubstr("100000 values: dense 1.000 ms against d=1 0.900 ms"));
+  EXPECT_THAT(choice.note,
+              HasSubstr("2000000 values: d=1 10.000 ms against dense"));
+}
+
+TEST(AutotuneRoundTest, AutoPicksTheDenseRingWhereItIsFasterEverywhere) {
+  AutotuneRound round = Round({1, 2}, /*with_dense=*/true);
+  RunTrial(round, 2, {{kSmall, 2e-3}, {kLarge, 10e-3}});
+  RunTrial(round, 2, {{kSmall, 2e-3}, {kLarge, 11e-3}});
+  RunTrial(round, 2, {{kSmall, 1e-3}, {kLarge, 8e-3}});  // dense
+  const Choice choice = round.Result();
+  EXPECT_EQ(choice.algorithm, kDense);
+  EXPECT_EQ(choice.teams, 1);
+  EXPECT_THAT(choice.dense_sizes, IsEmpty());
+  EXPECT_THAT(choice.note, HasSubstr("auto chose dense for every bucket"));
+}
+
+TEST(AutotuneRoundTest, TheMarginDecidesNearTies) {
+  for (const auto& [sparse_seconds, expected] :
+       std::vector<std::pair<double, std::string>>{{7e-3, "dense"},
+                                                   {6e-3, "spardl"}}) {
+    // SparDL 1.43x and 1.67x faster than the dense ring's 10 ms.
+    AutotuneRound round = Round({1}, /*with_dense=*/true, 2, /*margin=*/1.5);
+    RunTrial(round, 2, {{kLarge, sparse_seconds}});
+    RunTrial(round, 2, {{kLarge, 10e-3}});
+    EXPECT_EQ(round.Result().algorithm, expected) << sparse_seconds;
+  }
+  AutotuneRound no_margin = Round({1}, /*with_dense=*/true, 2, /*margin=*/1);
+  RunTrial(no_margin, 2, {{kLarge, 9e-3}});
+  RunTrial(no_margin, 2, {{kLarge, 10e-3}});
+  EXPECT_EQ(no_margin.Result().algorithm, kSparDl);
+}
+
+TEST(AutotuneRoundTest, SkippedTrialsAreNotRun) {
+  AutotuneRound round(kMembers, {1, 2}, /*with_dense=*/true,
+                      {.window = 2, .skip_factor = 1});
+  // Latency alone, P = 2: d=2 takes 1 round, d=1 2, so d=1 is skipped at a
+  // skip factor of 1; the dense ring stays last all the same.
+  round.Rank(kLarge, {.alpha_s = 1, .beta_s_per_byte = 0}, 0);
+  ASSERT_EQ(round.trials().size(), 3u);
+  EXPECT_EQ(round.trials()[0].teams, 2);
+  EXPECT_TRUE(round.trials()[1].skipped);
+  EXPECT_EQ(round.trials()[2].algorithm, kDense);
+  RunTrial(round, 2, {{kLarge, 5e-3}});  // d=2
+  EXPECT_EQ(round.current(), &round.trials()[2]);
+  RunTrial(round, 2, {{kLarge, 10e-3}});  // dense
+  EXPECT_EQ(round.current(), nullptr);
+  EXPECT_EQ(round.trials()[1].iterations, 0);
+  EXPECT_EQ(round.Result().teams, 2);
+}
+
+}  // namespace
+}  // namespace gradmesh::server
