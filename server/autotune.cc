@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -81,37 +82,43 @@ bool AutotuneRound::Add(absl::string_view node, uint64_t step, uint64_t n,
                         double seconds) {
   while (current_ < trials_.size() && trials_[current_].skipped) ++current_;
   if (current_ == trials_.size()) return false;
+  if (!sizes_.contains(n) && sizes_.size() >= kMaxSizes) return false;
+  sizes_.insert(n);
   const Operation operation{step, n};
   if (completed_.contains(operation)) return false;
   double& slowest = pending_[operation][std::string(node)];
   slowest = std::max(slowest, seconds);
-  uint64_t& latest = latest_[std::string(node)];
+  uint64_t& latest = latest_[{std::string(node), n}];
   latest = std::max(latest, step);
-  return ResolveOperations(step);
+  uint64_t& newest = newest_[n];
+  newest = std::max(newest, step);
+  return ResolveOperations();
 }
 
-bool AutotuneRound::ResolveOperations(uint64_t latest) {
+bool AutotuneRound::ResolveOperations() {
   Trial& trial = trials_[current_];
   // In step order, so that each size's warm-up is its earliest operation.
   for (auto it = pending_.begin(); it != pending_.end();) {
     const auto& [operation, seconds] = *it;
-    const uint64_t step = operation.first;
+    const auto [step, n] = operation;
     auto reported = [&](const std::string& node) {
-      const auto later = latest_.find(node);
+      const auto later = latest_.find({node, n});
       return seconds.contains(node) ||
              (later != latest_.end() && later->second > step);
     };
     const bool complete =
         std::all_of(members_.begin(), members_.end(), reported);
-    const bool lost = step + kStepsBeforeReportsAreLost <= latest;
+    const uint64_t newest = newest_[n];
+    const bool lost = newest >= kStepsBeforeReportsAreLost &&
+                      step <= newest - kStepsBeforeReportsAreLost;
     if (!complete && !lost) {
       ++it;
       continue;
     }
     double max_seconds = 0;
-    for (const auto& [node, s] : seconds)
+    for (const auto& [node, s] : seconds) {
       max_seconds = std::max(max_seconds, s);
-    const uint64_t n = operation.second;
+    }
     completed_.insert(operation);
     it = pending_.erase(it);
     // The first operation of a size warms up (connections, allocations).
@@ -119,13 +126,24 @@ bool AutotuneRound::ResolveOperations(uint64_t latest) {
       auto& [sum, count] = sums_[n];
       sum += max_seconds;
       trial.iterations = std::max(trial.iterations, ++count);
-      if (count >= options_.window) {
+      if (TrialDone()) {
         EndTrial();
         return true;
       }
     }
   }
   return false;
+}
+
+bool AutotuneRound::TrialDone() const {
+  bool every_size = true;
+  for (uint64_t n : warmed_up_) {
+    const auto it = sums_.find(n);
+    const int count = it == sums_.end() ? 0 : it->second.second;
+    if (count >= kRareSizeWindows * options_.window) return true;
+    every_size = every_size && count >= options_.window;
+  }
+  return every_size;
 }
 
 void AutotuneRound::EndTrial() {
@@ -139,6 +157,7 @@ void AutotuneRound::EndTrial() {
   pending_.clear();
   completed_.clear();
   latest_.clear();
+  newest_.clear();
   warmed_up_.clear();
   sums_.clear();
   ++current_;
@@ -153,12 +172,35 @@ Choice AutotuneRound::Result() const {
   return with_dense ? WithDenseResult() : SparseOnlyResult();
 }
 
+std::set<uint64_t> AutotuneRound::CommonSizes() const {
+  std::set<uint64_t> common;
+  bool first = true;
+  for (const Trial& trial : trials_) {
+    if (trial.skipped) continue;
+    std::set<uint64_t> sizes;
+    for (const auto& [n, seconds] : trial.size_seconds) {
+      if (first || common.contains(n)) sizes.insert(n);
+    }
+    common = std::move(sizes);
+    first = false;
+  }
+  return common;
+}
+
 Choice AutotuneRound::SparseOnlyResult() const {
-  // The fastest wins, ties to the earlier trial.
+  // Trials are compared over the sizes every one of them timed (all of them,
+  // unless a size came too rarely), the fastest winning, ties to the
+  // earlier trial.
+  const std::set<uint64_t> common = CommonSizes();
+  auto total = [&](const Trial& trial) {
+    if (common.empty()) return trial.mean_seconds;
+    double sum = 0;
+    for (uint64_t n : common) sum += SecondsOf(trial, n);
+    return sum;
+  };
   const Trial* best = nullptr;
   for (const Trial& trial : trials_) {
-    if (!trial.skipped &&
-        (best == nullptr || trial.mean_seconds < best->mean_seconds)) {
+    if (!trial.skipped && (best == nullptr || total(trial) < total(*best))) {
       best = &trial;
     }
   }
@@ -168,13 +210,13 @@ Choice AutotuneRound::SparseOnlyResult() const {
     if (trial.skipped) {
       skipped.push_back(trial.Name());
     } else if (&trial != best) {
-      others.push_back(absl::StrFormat("%s (%s)", trial.Name(),
-                                       Milliseconds(trial.mean_seconds)));
+      others.push_back(
+          absl::StrFormat("%s (%s)", trial.Name(), Milliseconds(total(trial))));
     }
   }
   Choice choice{.algorithm = std::string(kSparDl), .teams = best->teams};
   choice.note = absl::StrFormat("autotune chose %s (%s)", best->Name(),
-                                Milliseconds(best->mean_seconds));
+                                Milliseconds(total(*best)));
   if (!others.empty()) {
     absl::StrAppend(&choice.note, " over ", absl::StrJoin(others, ", "));
   }
@@ -188,21 +230,26 @@ Choice AutotuneRound::SparseOnlyResult() const {
 
 Choice AutotuneRound::WithDenseResult() const {
   const Trial* dense = nullptr;
+  std::set<uint64_t> sizes;  // timed by any trial
   for (const Trial& trial : trials_) {
     if (trial.algorithm == kDense) dense = &trial;
+    for (const auto& [n, seconds] : trial.size_seconds) sizes.insert(n);
   }
   const double margin = options_.sparse_margin;
-  // A size is dense unless SparDL at d is `margin` times faster for it.
-  auto dense_for = [&](const Trial& sparse, uint64_t n) {
-    return SecondsOf(sparse, n) * margin >= SecondsOf(*dense, n);
+  // A size goes to SparDL at d only where both were timed and SparDL was
+  // `margin` times faster: the dense ring is exact, so it is the default.
+  auto sparse_for = [&](const Trial& sparse, uint64_t n) {
+    return dense->size_seconds.contains(n) &&
+           SecondsOf(sparse, n) * margin < SecondsOf(*dense, n);
   };
   auto step_seconds = [&](const Trial& sparse) {
     double total = 0;
-    for (const auto& [n, seconds] : dense->size_seconds) {
-      total += dense_for(sparse, n) ? seconds : SecondsOf(sparse, n);
-    }
-    for (const auto& [n, seconds] : sparse.size_seconds) {
-      if (!dense->size_seconds.contains(n)) total += seconds;
+    for (uint64_t n : sizes) {
+      if (sparse_for(sparse, n)) {
+        total += SecondsOf(sparse, n);
+      } else if (dense->size_seconds.contains(n)) {
+        total += SecondsOf(*dense, n);
+      }
     }
     return total;
   };
@@ -215,21 +262,23 @@ Choice AutotuneRound::WithDenseResult() const {
   }
   Choice choice{.algorithm = std::string(kSparDl),
                 .teams = best != nullptr ? best->teams : 1};
-  std::vector<std::string> sizes;
-  bool any_sparse =
-      best != nullptr && best->size_seconds.size() > dense->size_seconds.size();
-  for (const auto& [n, seconds] : dense->size_seconds) {
-    const bool is_dense = best == nullptr || dense_for(*best, n);
-    if (is_dense) {
-      choice.dense_sizes.push_back(n);
-    } else {
-      any_sparse = true;
-    }
-    sizes.push_back(absl::StrFormat(
-        "%d values: %s %s against %s %s", n, is_dense ? "dense" : best->Name(),
-        Milliseconds(is_dense ? seconds : SecondsOf(*best, n)),
-        is_dense ? (best != nullptr ? best->Name() : "nothing") : "dense",
-        Milliseconds(is_dense ? SecondsOf(*best, n) : seconds)));
+  const std::string sparse_name = best != nullptr ? best->Name() : "spardl";
+  std::vector<std::string> figures;
+  bool any_sparse = false;
+  for (uint64_t n : sizes) {
+    const bool sparse = best != nullptr && sparse_for(*best, n);
+    any_sparse = any_sparse || sparse;
+    // n = 0: reports that did not say their size (no bucket has 0 values).
+    if (!sparse && n > 0) choice.dense_sizes.push_back(n);
+    const double dense_s = SecondsOf(*dense, n);
+    const double sparse_s = best != nullptr
+                                ? SecondsOf(*best, n)
+                                : std::numeric_limits<double>::infinity();
+    figures.push_back(absl::StrFormat(
+        "%d values: %s %s against %s %s", n, sparse ? sparse_name : "dense",
+        Milliseconds(sparse ? sparse_s : dense_s),
+        sparse ? "dense" : sparse_name,
+        Milliseconds(sparse ? dense_s : sparse_s)));
   }
   if (!any_sparse) {
     choice.algorithm = std::string(kDense);
@@ -238,12 +287,12 @@ Choice AutotuneRound::WithDenseResult() const {
   }
   choice.note = absl::StrFormat(
       "auto chose %s (%s; SparDL must be %gx faster than dense)",
-      any_sparse ? absl::StrCat("spardl ", best->Name(),
-                                choice.dense_sizes.empty()
-                                    ? ""
-                                    : ", dense for some bucket sizes")
-                 : "dense for every bucket",
-      absl::StrJoin(sizes, "; "), margin);
+      !any_sparse ? "dense for every bucket"
+      : choice.dense_sizes.empty()
+          ? absl::StrCat("spardl ", sparse_name)
+          : absl::StrCat("spardl ", sparse_name,
+                         ", dense for some bucket sizes"),
+      absl::StrJoin(figures, "; "), margin);
   return choice;
 }
 

@@ -10,26 +10,31 @@
 // skipped (the model leaves out the selection's compute, which is all the
 // dense ring saves).
 //
-// Operations. A report names its member, its step and its bucket's size n.
-// An operation is one (step, n): complete when every member has reported it
-// or a later step (a member's reports come in order, so one missing below a
-// later step was lost), or, with a member that reports nothing, once a step
-// kStepsBeforeReportsAreLost later has been reported; it counts with the
-// slowest member's seconds among the reports it has (two buckets of one
-// size in one step count as one: the slower). The first complete operation
-// of each size warms up and does not count. A trial ends when one size has
-// `window` counted operations; its time for each size is the mean of that
-// size's counted operations, and its total is the sum over the sizes.
+// Operations. A report names its member, its step and its bucket's size n
+// (reports of new sizes past kMaxSizes are ignored). An
+// operation is one (step, n): complete when every member has reported it or
+// a later step of that size (a bucket's reports come in order, so one
+// missing below a later step was lost), or, with a member that reports
+// nothing, once a step of that size kStepsBeforeReportsAreLost later has
+// been reported; it counts with the slowest member's seconds among the
+// reports it has (two buckets of one size in one step count as one: the
+// slower). The first complete operation of each size warms up and does not
+// count. A trial ends when every size it warmed up has
+// `window` counted operations (or one has kRareSizeWindows x that many: a
+// rare size is then timed with what it has); its time for each size is the
+// mean of that size's counted operations, and its total the sum over sizes.
 //
 // The choice (Result):
-//   - SparDL alone: the d of the least total, ties to the earlier trial;
-//     "autotune chose d=2 (12.300 ms) over d=1 (20.100 ms), d=4 (15.000 ms)";
-//   - with the dense ring: a bucket size is summed densely unless the SparDL
-//     trial is `sparse_margin` times faster for it (the dense ring is exact:
-//     top-k needs more steps to the same accuracy, docs/benchmarks.md), and
-//     SparDL's d is the one whose steps, so divided, cost least. Every size
-//     dense: the plan is the dense ring; otherwise SparDL with those sizes
-//     in Plan::dense_sizes.
+//   - SparDL alone: the d of the least total over the sizes every trial
+//     timed, ties to the earlier trial; "autotune chose d=2 (12.300 ms) over
+//     d=1 (20.100 ms), d=4 (15.000 ms)";
+//   - with the dense ring: a bucket size goes to SparDL only where both
+//     were timed and SparDL's trial was `sparse_margin` times faster (the
+//     dense ring is exact: top-k needs more steps to the same accuracy,
+//     docs/benchmarks.md); every other size timed is summed densely. SparDL's
+//     d is the one whose steps, so divided, cost least. Every size dense: the
+//     plan is the dense ring; otherwise SparDL with the dense sizes in
+//     Plan::dense_sizes.
 //
 // Not thread-safe: the coordinator holds its mutex around every call.
 #ifndef GRADMESH_SERVER_AUTOTUNE_H_
@@ -37,6 +42,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,7 +120,12 @@ class AutotuneRound {
 
   // Counts the operations every member has reported, or whose missing
   // reports are lost; true when the trial ended.
-  bool ResolveOperations(uint64_t latest);
+  bool ResolveOperations();
+  // Every size warmed up in this trial has `window` counted operations, or
+  // one has kRareSizeWindows x that many.
+  bool TrialDone() const;
+  // The sizes every trial that ran timed.
+  std::set<uint64_t> CommonSizes() const;
   // Ends the current trial and moves to the next one not skipped.
   void EndTrial();
   Choice SparseOnlyResult() const;
@@ -130,10 +141,23 @@ class AutotuneRound {
   // The current trial's state.
   std::map<Operation, absl::flat_hash_map<std::string, double>> pending_;
   absl::flat_hash_set<Operation> completed_;
-  absl::flat_hash_map<std::string, uint64_t> latest_;  // step, per member
-  absl::flat_hash_set<uint64_t> warmed_up_;            // sizes
-  std::map<uint64_t, std::pair<double, int>> sums_;    // n -> (sum, count)
+  // The highest step each (member, size) has reported: a bucket's steps
+  // come in order, so one missing below it was lost.
+  absl::flat_hash_map<std::pair<std::string, uint64_t>, uint64_t> latest_;
+  absl::flat_hash_map<uint64_t, uint64_t> newest_;   // n -> highest step
+  absl::flat_hash_set<uint64_t> warmed_up_;          // sizes
+  std::map<uint64_t, std::pair<double, int>> sums_;  // n -> (sum, count)
+  // The sizes reported in this round (at most kMaxSizes, so that the plan's
+  // dense_sizes stay small whatever members report).
+  absl::flat_hash_set<uint64_t> sizes_;
 };
+
+// A round times at most this many bucket sizes; reports of more are ignored.
+inline constexpr size_t kMaxSizes = 64;
+
+// A size seen in a trial but too rare to count `window` operations stops
+// delaying its end once another has counted this many windows.
+inline constexpr int kRareSizeWindows = 4;
 
 // An operation still missing reports from a member that never reported a
 // later one, when a step this many later is reported, has lost them anyway

@@ -204,7 +204,8 @@ bool Coordinator::PlanFits(const Plan& plan, int world_size) const {
   const bool is_auto = config_.algorithm == kAutoAlgorithm;
   // `auto` runs SparDL with some sizes dense, or the dense ring.
   const bool algorithm_fits =
-      is_auto ? (plan.algorithm == kSparDl || plan.algorithm == kDense)
+      is_auto ? plan.algorithm == kSparDl ||
+                    (plan.algorithm == kDense && plan.dense_sizes.empty())
               : plan.algorithm == base.algorithm && plan.dense_sizes.empty();
   if (!algorithm_fits || plan.density != base.density ||
       plan.encoding != base.encoding || plan.values != base.values ||

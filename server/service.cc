@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -152,12 +153,23 @@ class Metrics {
     }
     plan_info_now_ = info;
     info->Set(1);
-    for (prometheus::Gauge* gone : dense_sizes_now_) dense_sizes_->Remove(gone);
-    dense_sizes_now_.clear();
+    // By difference, so that a scrape between two refreshes never misses
+    // a size that stays.
+    for (auto it = dense_sizes_now_.begin(); it != dense_sizes_now_.end();) {
+      if (std::binary_search(view.plan.dense_sizes.begin(),
+                             view.plan.dense_sizes.end(), it->first)) {
+        ++it;
+      } else {
+        dense_sizes_->Remove(it->second);
+        it = dense_sizes_now_.erase(it);
+      }
+    }
     for (uint64_t n : view.plan.dense_sizes) {
-      dense_sizes_now_.push_back(
-          &dense_sizes_->Add({{"values", absl::StrCat(n)}}));
-      dense_sizes_now_.back()->Set(1);
+      if (dense_sizes_now_.contains(n)) continue;
+      prometheus::Gauge* gauge =
+          &dense_sizes_->Add({{"values", absl::StrCat(n)}});
+      gauge->Set(1);
+      dense_sizes_now_[n] = gauge;
     }
     for (const Trial& trial : coordinator.trials()) {
       const std::string d =
@@ -192,7 +204,8 @@ class Metrics {
   absl::Mutex refresh_mu_;
   prometheus::Gauge* plan_info_now_ ABSL_GUARDED_BY(refresh_mu_) = nullptr;
   prometheus::Family<prometheus::Gauge>* dense_sizes_;
-  std::vector<prometheus::Gauge*> dense_sizes_now_ ABSL_GUARDED_BY(refresh_mu_);
+  std::map<uint64_t, prometheus::Gauge*> dense_sizes_now_
+      ABSL_GUARDED_BY(refresh_mu_);
   prometheus::Family<prometheus::Gauge>* size_seconds_;
   prometheus::Family<prometheus::Gauge>* trial_seconds_;
   prometheus::Family<prometheus::Gauge>* modeled_seconds_;

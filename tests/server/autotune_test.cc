@@ -2,6 +2,7 @@
 // bucket size, and the choice between the dense ring and SparDL's d.
 #include "server/autotune.h"
 
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -158,6 +159,57 @@ TEST(AutotuneRoundTest, SkippedTrialsAreNotRun) {
   EXPECT_EQ(round.current(), nullptr);
   EXPECT_EQ(round.trials()[1].iterations, 0);
   EXPECT_EQ(round.Result().teams, 2);
+}
+
+TEST(AutotuneRoundTest, ATrialWaitsForEverySizeItSaw) {
+  AutotuneRound round = Round({1}, /*with_dense=*/false, /*window=*/2);
+  for (uint64_t step = 0; step <= 1; ++step) {
+    EXPECT_FALSE(Report(round, step, kLarge, 10e-3));
+    EXPECT_FALSE(Report(round, step, kSmall, 1e-3));
+  }
+  EXPECT_FALSE(Report(round, 2, kLarge, 10e-3));  // the small one has 1
+  EXPECT_TRUE(Report(round, 2, kSmall, 1e-3));
+  EXPECT_THAT(round.trials()[0].size_seconds,
+              ElementsAre(std::pair{kSmall, 1e-3}, std::pair{kLarge, 10e-3}));
+}
+
+// Each bucket counts its own steps: one far behind the others is not taken
+// for lost reports.
+TEST(AutotuneRoundTest, ABucketBehindTheOthersWaitsForEveryMember) {
+  AutotuneRound round = Round({1}, /*with_dense=*/false, /*window=*/1);
+  EXPECT_FALSE(Report(round, 100, kLarge, 10e-3));  // warms up
+  EXPECT_FALSE(Report(round, 5, kSmall, 1e-3));     // warms up
+  EXPECT_FALSE(Report(round, 101, kLarge, 10e-3));  // counted
+  EXPECT_FALSE(round.Add("a", 6, kSmall, 1e-3));
+  EXPECT_TRUE(round.Add("b", 6, kSmall, 9e-3));
+  EXPECT_DOUBLE_EQ(round.trials()[0].size_seconds.at(kSmall), 9e-3);
+}
+
+TEST(AutotuneRoundTest, StepsNearTheEndOfTheRangeAreNotLostAtOnce) {
+  AutotuneRound round = Round({1}, /*with_dense=*/false, /*window=*/1);
+  const uint64_t last = std::numeric_limits<uint64_t>::max();
+  EXPECT_FALSE(round.Add("a", last - 1, kLarge, 1e-3));
+  EXPECT_FALSE(round.Add("a", last, kLarge, 1e-3));
+  EXPECT_EQ(round.trials()[0].iterations, 0);
+}
+
+// A size only SparDL's trial timed has no evidence for SparDL: it stays
+// dense, and a SparDL size elsewhere keeps the plan SparDL.
+TEST(AutotuneRoundTest, ASizeTheDenseTrialDidNotTimeIsDense) {
+  AutotuneRound round = Round({1}, /*with_dense=*/true);
+  RunTrial(round, 2, {{kSmall, 1e-3}, {kLarge, 10e-3}});  // d=1
+  RunTrial(round, 2, {{kLarge, 40e-3}});                  // dense
+  const Choice choice = round.Result();
+  EXPECT_EQ(choice.algorithm, kSparDl);
+  EXPECT_THAT(choice.dense_sizes, ElementsAre(kSmall));
+}
+
+TEST(AutotuneRoundTest, TimesAtMostkMaxSizesSizes) {
+  AutotuneRound round = Round({1}, /*with_dense=*/true, /*window=*/1);
+  std::map<uint64_t, double> many;
+  for (uint64_t n = 1; n <= kMaxSizes + 10; ++n) many[n] = 1e-3;
+  RunTrial(round, 1, many);
+  EXPECT_EQ(round.trials()[0].size_seconds.size(), kMaxSizes);
 }
 
 }  // namespace

@@ -886,7 +886,7 @@ void ReportTwoBuckets(Coordinator& coordinator, uint64_t step, double large,
   }
 }
 
-TEST(AutoTest, TriesTheDenseRingThenEachDAndPublishesThePerSizeChoice) {
+TEST(AutoTest, TriesEachDThenTheDenseRingAndPublishesThePerSizeChoice) {
   Coordinator coordinator({.algorithm = "auto", .autotune_window = 2},
                           kTimeout);
   JoinAll(coordinator, {"a", "b"});
