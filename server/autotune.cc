@@ -24,6 +24,43 @@ double SecondsOf(const Trial& trial, uint64_t n) {
              : it->second;
 }
 
+// Whether size n goes to SparDL as `sparse` timed it: only where the dense
+// ring was timed too and SparDL was `margin` times faster (the dense ring is
+// exact, so it is the default).
+bool SparseFor(const Trial& dense, const Trial& sparse, uint64_t n,
+               double margin) {
+  return dense.size_seconds.contains(n) &&
+         SecondsOf(sparse, n) * margin < SecondsOf(dense, n);
+}
+
+// A step's all-reduce seconds with SparDL as `sparse` timed it and the dense
+// ring where SparseFor says dense (sizes nobody timed cost nothing).
+double StepSeconds(const Trial& dense, const Trial& sparse,
+                   const std::set<uint64_t>& sizes, double margin) {
+  double total = 0;
+  for (uint64_t n : sizes) {
+    if (SparseFor(dense, sparse, n, margin)) {
+      total += SecondsOf(sparse, n);
+    } else if (dense.size_seconds.contains(n)) {
+      total += SecondsOf(dense, n);
+    }
+  }
+  return total;
+}
+
+// "100000 values: dense 1.000 ms against d=1 0.900 ms" (the choice first).
+std::string SizeFigures(uint64_t n, bool sparse, const std::string& name,
+                        const Trial& dense, const Trial* best) {
+  const double dense_s = SecondsOf(dense, n);
+  const double sparse_s = best != nullptr
+                              ? SecondsOf(*best, n)
+                              : std::numeric_limits<double>::infinity();
+  return absl::StrFormat(
+      "%d values: %s %s against %s %s", n, sparse ? name : "dense",
+      Milliseconds(sparse ? sparse_s : dense_s), sparse ? "dense" : name,
+      Milliseconds(sparse ? dense_s : sparse_s));
+}
+
 }  // namespace
 
 std::string Trial::Name() const {
@@ -236,27 +273,11 @@ Choice AutotuneRound::WithDenseResult() const {
     for (const auto& [n, seconds] : trial.size_seconds) sizes.insert(n);
   }
   const double margin = options_.sparse_margin;
-  // A size goes to SparDL at d only where both were timed and SparDL was
-  // `margin` times faster: the dense ring is exact, so it is the default.
-  auto sparse_for = [&](const Trial& sparse, uint64_t n) {
-    return dense->size_seconds.contains(n) &&
-           SecondsOf(sparse, n) * margin < SecondsOf(*dense, n);
-  };
-  auto step_seconds = [&](const Trial& sparse) {
-    double total = 0;
-    for (uint64_t n : sizes) {
-      if (sparse_for(sparse, n)) {
-        total += SecondsOf(sparse, n);
-      } else if (dense->size_seconds.contains(n)) {
-        total += SecondsOf(*dense, n);
-      }
-    }
-    return total;
-  };
   const Trial* best = nullptr;
   for (const Trial& trial : trials_) {
     if (trial.algorithm == kDense || trial.skipped) continue;
-    if (best == nullptr || step_seconds(trial) < step_seconds(*best)) {
+    if (best == nullptr || StepSeconds(*dense, trial, sizes, margin) <
+                               StepSeconds(*dense, *best, sizes, margin)) {
       best = &trial;
     }
   }
@@ -266,19 +287,11 @@ Choice AutotuneRound::WithDenseResult() const {
   std::vector<std::string> figures;
   bool any_sparse = false;
   for (uint64_t n : sizes) {
-    const bool sparse = best != nullptr && sparse_for(*best, n);
+    const bool sparse = best != nullptr && SparseFor(*dense, *best, n, margin);
     any_sparse = any_sparse || sparse;
     // n = 0: reports that did not say their size (no bucket has 0 values).
     if (!sparse && n > 0) choice.dense_sizes.push_back(n);
-    const double dense_s = SecondsOf(*dense, n);
-    const double sparse_s = best != nullptr
-                                ? SecondsOf(*best, n)
-                                : std::numeric_limits<double>::infinity();
-    figures.push_back(absl::StrFormat(
-        "%d values: %s %s against %s %s", n, sparse ? sparse_name : "dense",
-        Milliseconds(sparse ? sparse_s : dense_s),
-        sparse ? "dense" : sparse_name,
-        Milliseconds(sparse ? dense_s : sparse_s)));
+    figures.push_back(SizeFigures(n, sparse, sparse_name, *dense, best));
   }
   if (!any_sparse) {
     choice.algorithm = std::string(kDense);
