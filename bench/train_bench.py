@@ -231,7 +231,7 @@ def time_to(run, target):
 
 def markdown(runs, target):
     lines = [f"| link | system | training s | s a step | test accuracy | "
-             f"reached {target:g}% between (s) | epoch time vs DDP | d |",
+             f"reached {target:g}% between (s) | epoch time vs DDP | plan |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
     ddp = {r["link"]: r["seconds"][-1] for r in runs
            if r["system"] == "ddp" and "error" not in r}
@@ -247,12 +247,12 @@ def markdown(runs, target):
                 f"{reached[0]:.1f} and {reached[1]:.1f}")
         versus = (f"{seconds / ddp[r['link']]:.2f}x" if r["link"] in ddp
                   else "")
-        teams = ",".join(dict.fromkeys(str(t) for t in r.get("teams", [])
-                                       if t is not None))
+        plans = ", ".join(dict.fromkeys(str(p) for p in r.get("plan", [])
+                                        if p is not None))
         lines.append(f"| {r['link']} | {r['system']} | {seconds:.1f} | "
                      f"{seconds / steps:.3f} | "
                      f"{100 * r['test_accuracy'][-1]:.2f}% | {when} | "
-                     f"{versus} | {teams} |")
+                     f"{versus} | {plans} |")
     return "\n".join(lines) + "\n"
 
 

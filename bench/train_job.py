@@ -142,12 +142,16 @@ def sync(system):
         dist.barrier()
 
 
-def teams(system):
-    """SparDL's d in the current plan (gradmesh), else None."""
+def plan_of(system):
+    """gradmesh's current plan ("spardl d=2", "dense"), else None."""
     if system != "gradmesh":
         return None
     import gradmesh
-    return gradmesh.plan().teams
+    plan = gradmesh.plan()
+    if plan.algorithm != "spardl":
+        return plan.algorithm
+    dense = " (dense sizes)" if plan.dense_sizes else ""
+    return f"spardl d={plan.teams}{dense}"
 
 
 def finish(system):
@@ -171,7 +175,7 @@ def main():
     record = {"system": args.system, "model": args.model, "workers": size,
               "parameters": sum(p.numel() for p in net.parameters()),
               "steps_per_epoch": steps, "batch_size": args.batch_size,
-              "epochs": [], "seconds": [], "test_accuracy": [], "teams": []}
+              "epochs": [], "seconds": [], "test_accuracy": [], "plan": []}
     evals = max(1, args.evals_per_epoch)
     points = {round(steps * i / evals) for i in range(1, evals + 1)}
     trained = 0.0
@@ -193,13 +197,16 @@ def main():
                 record["seconds"].append(trained)
                 record["test_accuracy"].append(acc)
                 record["epochs"].append(epoch - 1 + (step + 1) / steps)
-                record["teams"].append(teams(args.system))
+                record["plan"].append(plan_of(args.system))
                 print(f"{args.system}: epoch {epoch} step {step + 1}: "
                       f"{100 * acc:.2f}% after {trained:.1f}s of training",
                       flush=True)
             sync(args.system)
             begin = time.monotonic()
     if rank == 0 and args.out:
+        if args.system == "gradmesh":
+            import gradmesh
+            record["note"] = gradmesh.plan().note  # why the plan is so
         with open(args.out, "w") as f:
             json.dump(record, f, indent=2)
     finish(args.system)

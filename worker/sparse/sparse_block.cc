@@ -85,10 +85,10 @@ SparseBlock Slice(const SparseBlock& block, IndexRange range) {
 }
 
 uint64_t Digest(const SparseBlock& block) {
-  const uint64_t hash = Fnv1a(
+  const uint64_t hash = Fnv1aWords(
       absl::string_view(reinterpret_cast<const char*>(block.indices.data()),
                         block.indices.size() * sizeof(uint32_t)));
-  return Fnv1a(
+  return Fnv1aWords(
       absl::string_view(reinterpret_cast<const char*>(block.values.data()),
                         block.values.size() * sizeof(float)),
       hash);
