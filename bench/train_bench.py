@@ -247,7 +247,10 @@ def markdown(runs, target):
                 f"{reached[0]:.1f} and {reached[1]:.1f}")
         versus = (f"{seconds / ddp[r['link']]:.2f}x" if r["link"] in ddp
                   else "")
-        plans = ", ".join(dict.fromkeys(str(p) for p in r.get("plan", [])
+        # Older runs recorded SparDL's d alone.
+        recorded = r.get("plan") or [f"d={t}" for t in r.get("teams", [])
+                                     if t is not None]
+        plans = ", ".join(dict.fromkeys(str(p) for p in recorded
                                         if p is not None))
         lines.append(f"| {r['link']} | {r['system']} | {seconds:.1f} | "
                      f"{seconds / steps:.3f} | "

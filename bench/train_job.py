@@ -18,7 +18,8 @@ momentum. --evals-per-epoch times an epoch every process stops at a barrier,
 rank 0 evaluates, and all go on after a second barrier, so that no process
 trains while rank 0 evaluates. Rank 0 writes the run's curve to --out as
 JSON: the seconds of training so far (data loading and evaluation left out),
-the test accuracy, and for gradmesh SparDL's d, at each point.
+the test accuracy, and for gradmesh its plan ("spardl d=2", "dense"), at
+each point, and the plan's note (why: auto's trial figures) at the end.
 """
 
 import argparse

@@ -23,11 +23,13 @@ inline uint64_t Fnv1a(absl::string_view bytes, uint64_t hash = kFnv1aBasis) {
   return hash;
 }
 
-// The same idea for large buffers, about 30x faster than Fnv1a: four lanes
-// of xor-multiply over 8-byte words read little-endian (independent
-// multiply chains, which the CPU overlaps), each folded with a shift so that
-// high bits reach low ones, the tail byte-wise. The same in every process on
-// every little-endian machine; not equal to Fnv1a of the same bytes.
+// The same idea for large buffers, about 15x faster than Fnv1a at -O3: four
+// lanes of xor-multiply over 8-byte words in the machine's byte order
+// (independent multiply chains, which the CPU overlaps), each folded with a
+// shift so that high bits reach low ones, the tail byte-wise, the length
+// mixed in. The same in every process on machines of one byte order (every
+// one gradmesh runs on is little-endian); not equal to Fnv1a of the same
+// bytes.
 inline uint64_t Fnv1aWords(absl::string_view bytes,
                            uint64_t hash = kFnv1aBasis) {
   constexpr uint64_t kPrime = 1099511628211u;
@@ -44,7 +46,8 @@ inline uint64_t Fnv1aWords(absl::string_view bytes,
   }
   for (uint64_t lane : lanes) hash = (hash ^ lane) * kPrime;
   hash = (hash ^ bytes.size()) * kPrime;
-  return Fnv1a(bytes.substr(i), hash);
+  bytes.remove_prefix(i);
+  return Fnv1a(bytes, hash);
 }
 
 }  // namespace gradmesh

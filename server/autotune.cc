@@ -276,10 +276,11 @@ Choice AutotuneRound::WithDenseResult() const {
   const Trial* best = nullptr;
   for (const Trial& trial : trials_) {
     if (trial.algorithm == kDense || trial.skipped) continue;
-    if (best == nullptr || StepSeconds(*dense, trial, sizes, margin) <
-                               StepSeconds(*dense, *best, sizes, margin)) {
-      best = &trial;
-    }
+    // Ties (every size dense either way) go to SparDL's own fastest d.
+    auto key = [&](const Trial& t) {
+      return std::pair(StepSeconds(*dense, t, sizes, margin), t.mean_seconds);
+    };
+    if (best == nullptr || key(trial) < key(*best)) best = &trial;
   }
   Choice choice{.algorithm = std::string(kSparDl),
                 .teams = best != nullptr ? best->teams : 1};

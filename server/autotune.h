@@ -17,8 +17,9 @@
 // missing below a later step was lost), or, with a member that reports
 // nothing, once a step of that size kStepsBeforeReportsAreLost later has
 // been reported; it counts with the slowest member's seconds among the
-// reports it has (two buckets of one size in one step count as one: the
-// slower). The first complete operation of each size warms up and does not
+// reports it has. Buckets of one size share their operations: the first
+// report of a step from each member completes it, and one of the buckets is
+// timed. The first complete operation of each size warms up and does not
 // count. A trial ends when every size it warmed up has
 // `window` counted operations (or one has kRareSizeWindows x that many: a
 // rare size is then timed with what it has); its time for each size is the
@@ -31,9 +32,11 @@
 //   - with the dense ring: a bucket size goes to SparDL only where both
 //     were timed and SparDL's trial was `sparse_margin` times faster (the
 //     dense ring is exact: top-k needs more steps to the same accuracy,
-//     docs/benchmarks.md); every other size timed is summed densely. SparDL's
-//     d is the one whose steps, so divided, cost least. Every size dense: the
-//     plan is the dense ring; otherwise SparDL with the dense sizes in
+//     docs/benchmarks.md); every other size timed is summed densely. A size
+//     no trial timed (one registered later, or past kMaxSizes) runs the
+//     plan's algorithm. SparDL's d is the one whose steps, so divided, cost
+//     least (ties to the d of the least total of its own). Every size dense:
+//     the plan is the dense ring; otherwise SparDL with the dense sizes in
 //     Plan::dense_sizes.
 //
 // Not thread-safe: the coordinator holds its mutex around every call.

@@ -127,6 +127,17 @@ TEST(AutotuneRoundTest, AutoPicksTheDenseRingWhereItIsFasterEverywhere) {
   EXPECT_THAT(choice.note, HasSubstr("auto chose dense for every bucket"));
 }
 
+// Every size dense whatever d: the note compares with SparDL's fastest d.
+TEST(AutotuneRoundTest, AllDenseNamesTheFastestD) {
+  AutotuneRound round = Round({1, 2}, /*with_dense=*/true);
+  RunTrial(round, 2, {{kLarge, 100e-3}});  // d=1
+  RunTrial(round, 2, {{kLarge, 70e-3}});   // d=2
+  RunTrial(round, 2, {{kLarge, 60e-3}});   // dense
+  const Choice choice = round.Result();
+  EXPECT_EQ(choice.algorithm, kDense);
+  EXPECT_THAT(choice.note, HasSubstr("dense 60.000 ms against d=2 70.000 ms"));
+}
+
 TEST(AutotuneRoundTest, TheMarginDecidesNearTies) {
   for (const auto& [sparse_seconds, expected] :
        std::vector<std::pair<double, std::string>>{{7e-3, "dense"},

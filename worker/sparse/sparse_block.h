@@ -75,8 +75,8 @@ SparseBlock Slice(const SparseBlock& block, IndexRange range);
 
 // Fnv1aWords (common/fnv1a.h) over the indices' then the values' bytes:
 // bitwise equal blocks give equal digests in every process (+0 and -0
-// differ), for comparing results across processes. A dense result of 4M
-// values takes about 2 ms, not the 60 ms of byte-wise FNV-1a.
+// differ), for comparing results across processes. Workers of builds with
+// another digest must not be mixed in one cluster (docs/benchmarks.md).
 uint64_t Digest(const SparseBlock& block);
 
 }  // namespace gradmesh::sparse
