@@ -4,7 +4,8 @@ this process ended on, the algorithm its last sum ran and the digest of that
 sum:
 
     auto_choice_job.py --n=262144 --steps=40
-    auto choice: algorithm=spardl dense_sizes=[] last=spardl digest=... note=...
+    auto choice: algorithm=spardl dense_sizes=[] last=spardl \
+        digest=... note=...
 """
 
 import argparse
