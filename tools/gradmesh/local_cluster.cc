@@ -370,6 +370,12 @@ void LocalCluster::Kill(int worker, int signal) {
   if (signal == SIGKILL) {
     waitpid(p.pid, &p.exit_status, 0);
     p.pid = -1;
+  } else if (signal == SIGSTOP) {
+    int status = 0;
+    if (waitpid(p.pid, &status, WUNTRACED) == p.pid && !WIFSTOPPED(status)) {
+      p.exit_status = status;  // it had exited: reaped now
+      p.pid = -1;
+    }
   }
 }
 

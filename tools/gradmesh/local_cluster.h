@@ -113,7 +113,10 @@ class LocalCluster {
   // its place (same flags and node id, a new port): a new incarnation.
   absl::Status RestartWorker(int worker);
 
-  // Sends `signal` to worker `worker` and, for SIGKILL, reaps it.
+  // Sends `signal` to worker `worker`; for SIGKILL reaps it, and for SIGSTOP
+  // returns once it has stopped (a stop takes effect when the process is
+  // next scheduled, which on a loaded machine can be after it has run a
+  // while longer).
   void Kill(int worker, int signal);
   bool alive(int worker) const { return workers_[worker].pid > 0; }
   // Whether worker `worker`'s process has exited (reaping it if so).
