@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 
 def run(cmd, check=True, **kwargs):
@@ -106,6 +107,22 @@ def parse_rate(rate):
         if rate.endswith(unit):
             return float(rate[:-len(unit)]) * scale
     return float(rate)
+
+
+def finish(processes, timeout):
+    """Each launcher's exit status and output; kills what outlives
+    `timeout` (a hang is a failure, not a wait)."""
+    results = []
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        try:
+            out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n(killed: still running at the deadline)"
+        results.append((p.returncode, out))
+    return results
 
 
 def run_then_clean_up(body, clean_up):

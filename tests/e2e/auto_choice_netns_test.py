@@ -28,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from netns_hosts import Hosts  # noqa: E402
+from netns_hosts import Hosts, finish  # noqa: E402
 
 SKIPPED = 77
 JOB = os.path.join(HERE, "auto_choice_job.py")
@@ -56,19 +56,10 @@ def launch(args, hosts, node, port):
 def run_job(args, hosts, port):
     """Both nodes' (exit status, output, parsed choice or None)."""
     later = launch(args, hosts, 1, port)  # before node 0: it waits for it
-    processes = [launch(args, hosts, 0, port), later]
-    deadline = time.monotonic() + 300
-    results = []
-    for p in processes:
-        try:
-            out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            out += "\n(killed: still running at the deadline)"
-        match = CHOICE.search(out)
-        results.append((p.returncode, out, match.groups() if match else None))
-    return results
+    results = finish([launch(args, hosts, 0, port), later], 300)
+    return [(code, out, match.groups() if match else None)
+            for code, out in results
+            for match in [CHOICE.search(out)]]
 
 
 def check(condition, what, results):

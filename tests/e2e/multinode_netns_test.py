@@ -29,7 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from netns_hosts import Hosts  # noqa: E402
+from netns_hosts import Hosts, finish  # noqa: E402
 
 SKIPPED = 77
 JOB = os.path.join(HERE, "multinode_job.py")
@@ -53,22 +53,6 @@ def launch(args, hosts, node, extra=(), job_args=(), nodes=2, port=7800):
                GLOO_SOCKET_IFNAME="eth0")
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-
-
-def finish(processes, timeout):
-    """Each launcher's exit status and output; kills what outlives
-    `timeout` (a hang is a failure, not a wait)."""
-    results = []
-    deadline = time.monotonic() + timeout
-    for p in processes:
-        try:
-            out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            out += "\n(killed: still running at the deadline)"
-        results.append((p.returncode, out))
-    return results
 
 
 def check(condition, what, results):
