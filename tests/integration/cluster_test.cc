@@ -345,34 +345,62 @@ TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
 }
 
 // Worker 2 is killed and started again: a new process, without the
-// bucket. Once it is back in the view, the survivors' next step fails at
-// once with FailedPrecondition (its gradient kept); every trainer registers
-// again (worker 2's is a new one), the survivors carry their residuals over,
-// a Broadcast brings everyone rank 0's parameters, and the next step runs on
+// bucket. Either the survivors first run a step without it (it was out of
+// the view when it came back) or it comes back within the heartbeat timeout
+// (the same node id, a new incarnation: still a membership change). Once it
+// is back in the view, the survivors' next step fails at once with
+// FailedPrecondition (its gradient kept); every trainer registers again
+// (worker 2's is a new one), the survivors carry their residuals over, a
+// Broadcast brings everyone rank 0's parameters, and the next step runs on
 // all four, conserving what the survivors held.
-TEST_F(ClusterTest, ARestartedWorkerRejoinsThroughRegisterAndBroadcast) {
-  constexpr absl::Duration kTimeout = absl::Seconds(8);
-  constexpr uint64_t kN = 10000;
+class RestartTest : public ClusterTest,
+                    public ::testing::WithParamInterface<bool> {
+ protected:
+  static constexpr absl::Duration kTimeout = absl::Seconds(8);
+  static constexpr uint64_t kN = 10000;
+
+  // Kills and restarts worker 2; returns the survivors' (0, 1, 3) residuals
+  // once the restarted worker is in the view.
+  std::vector<std::vector<float>> KillAndRestart(std::vector<Trainer>& trainers,
+                                                 bool evicted_first) {
+    std::vector<std::vector<float>> residuals;
+    for (const auto& r : RunStep(trainers, {0, 1, 2, 3}, 0)) {
+      EXPECT_TRUE(r.status.ok()) << r.status;
+      residuals.push_back(r.residual);
+    }
+    residuals.erase(residuals.begin() + 2);  // worker 2's
+    cluster_->Kill(2, SIGKILL);
+    trainers[2] = {};
+    if (evicted_first) {
+      const StepResults lost = RunStep(trainers, {0, 1, 3}, 1);
+      for (size_t i = 0; i < lost.size(); ++i) {
+        EXPECT_TRUE(lost[i].status.ok()) << lost[i].status;
+        EXPECT_EQ(lost[i].info.world_size, 3);
+        residuals[i] = lost[i].residual;
+      }
+    }
+    EXPECT_TRUE(cluster_->RestartWorker(2).ok());
+    EXPECT_TRUE(cluster_->WaitForView(4, absl::Seconds(20)).ok());
+    return residuals;
+  }
+};
+
+TEST_P(RestartTest, ARestartedWorkerRejoinsThroughRegisterAndBroadcast) {
+  const bool evicted_first = GetParam();
+  // Within the timeout: long enough that the restart beats it.
   Start(4,
-        {{"algo", "spardl"}, {"teams", "2"}, {"heartbeat_timeout_ms", "1500"}},
+        {{"algo", "spardl"},
+         {"teams", "2"},
+         {"heartbeat_timeout_ms", evicted_first ? "1500" : "6000"}},
         {{"operation_timeout_s", "8"}, {"heartbeat_interval_ms", "250"}});
   std::vector<Trainer> trainers =
       ConnectAll(*cluster_, "restart", kN, kTimeout);
   // The usual start: rank 0's parameters everywhere (so the survivors'
   // broadcast counters are ahead of a new trainer's).
   ExpectBroadcastReachesAll(trainers, /*root=*/0);
-  for (const auto& r : RunStep(trainers, {0, 1, 2, 3}, 0)) {
-    ASSERT_TRUE(r.status.ok()) << r.status;
-  }
-  cluster_->Kill(2, SIGKILL);
-  trainers[2] = {};
-  const StepResults lost = RunStep(trainers, {0, 1, 3}, 1);
-  for (const auto& r : lost) {
-    ASSERT_TRUE(r.status.ok()) << r.status;
-    EXPECT_EQ(r.info.world_size, 3);
-  }
-  ASSERT_TRUE(cluster_->RestartWorker(2).ok());
-  ASSERT_TRUE(cluster_->WaitForView(4, absl::Seconds(20)).ok());
+  const std::vector<std::vector<float>> held =
+      KillAndRestart(trainers, evicted_first);
+  ASSERT_FALSE(HasFailure());
 
   const absl::Time start = absl::Now();
   std::vector<std::vector<float>> refused_inputs;
@@ -390,7 +418,7 @@ TEST_F(ClusterTest, ARestartedWorkerRejoinsThroughRegisterAndBroadcast) {
     ASSERT_TRUE(t.client->SaveResidual(*t.set).ok());
     kept[w].assign(t.set->residual().begin(), t.set->residual().end());
     for (uint64_t j = 0; j < kN; ++j) {
-      ASSERT_FLOAT_EQ(kept[w][j], lost[i].residual[j] + refused_inputs[i][j])
+      ASSERT_FLOAT_EQ(kept[w][j], held[i][j] + refused_inputs[i][j])
           << w << " " << j;
     }
     t.set.reset();
@@ -432,6 +460,13 @@ TEST_F(ClusterTest, ARestartedWorkerRejoinsThroughRegisterAndBroadcast) {
       collectives::MassBalance(pushed, kept).Check(after[0].result, left);
   EXPECT_TRUE(conserved.ok()) << conserved;
 }
+
+INSTANTIATE_TEST_SUITE_P(EvictedFirstOrWithinTheTimeout, RestartTest,
+                         ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& param) {
+                           return param.param ? "AfterEviction"
+                                              : "WithinTheHeartbeatTimeout";
+                         });
 
 // 50 iterations of every algorithm on 4 and 6 processes: RunLocal checks each
 // iteration (bitwise-identical results on every worker, and the inputs equal

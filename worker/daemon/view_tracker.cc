@@ -17,6 +17,24 @@ class SystemClock final : public Clock {
   }
 };
 
+// The same processes: node ids, incarnations (empty counts as all 0) and,
+// where both views know it, the membership epoch. A node restarted within
+// the heartbeat timeout keeps its id but not its incarnation.
+bool SameMembers(const ViewInfo& a, const ViewInfo& b) {
+  if (a.member_ids != b.member_ids) return false;
+  if (a.membership_epoch != 0 && b.membership_epoch != 0 &&
+      a.membership_epoch != b.membership_epoch) {
+    return false;
+  }
+  auto incarnation = [](const ViewInfo& v, size_t i) -> uint64_t {
+    return i < v.incarnations.size() ? v.incarnations[i] : 0;
+  };
+  for (size_t i = 0; i < a.member_ids.size(); ++i) {
+    if (incarnation(a, i) != incarnation(b, i)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 Clock* RealClock() {
@@ -40,7 +58,7 @@ std::optional<ViewTracker::Change> ViewTracker::Install(const ViewInfo& view) {
   latest_epoch_ = view.epoch;
   Change change{.group = group};
   const bool same_members =
-      current_ != nullptr && current_->view.member_ids == view.member_ids;
+      current_ != nullptr && SameMembers(current_->view, view);
   change.late =
       same_members && last_step_.has_value() && view.start_step <= *last_step_;
   if (same_members && !change.late) {

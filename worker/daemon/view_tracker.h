@@ -4,7 +4,9 @@
 // The coordinator publishes views; the tracker turns each into a Group
 // through an injected factory (the daemon builds a gRPC transport, tests a
 // loopback one) and decides when it applies:
-//   - a view that changes membership applies at once; the group it replaces
+//   - a view that changes membership (node ids, incarnations, or the
+//     membership epoch: a node restarted within the heartbeat timeout is a
+//     new member under the same id) applies at once; the group it replaces
 //     is handed back to be aborted, failing its operations in flight with
 //     Aborted;
 //   - a plan change of the same members applies from its start step, so that

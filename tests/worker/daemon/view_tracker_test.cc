@@ -4,10 +4,13 @@
 #include <thread>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace gradmesh::daemon {
 namespace {
+
+using ::testing::HasSubstr;
 
 // Time that moves only when told; waits poll it.
 class FakeClock final : public Clock {
@@ -165,6 +168,36 @@ TEST_F(ViewTrackerTest, AMembershipChangeDisplacesEveryGroupOfThePlanSwitch) {
   for (const auto& g : change->replaced) epochs.push_back(g->view.epoch);
   std::sort(epochs.begin(), epochs.end());
   EXPECT_EQ(epochs, (std::vector<uint64_t>{1, 2}));
+}
+
+// A member restarted within the heartbeat timeout keeps its node id: the
+// coordinator's next view has the same ids but a new incarnation (and a new
+// membership epoch). That is a membership change, not a plan change: the
+// new process holds none of the old group's registrations or streams.
+TEST_F(ViewTrackerTest, ANewIncarnationOfAMemberIsAMembershipChange) {
+  ViewInfo first = View(1, {"a", "me"});
+  first.incarnations = {10, 20};
+  first.membership_epoch = 1;
+  ASSERT_TRUE(views_.Install(first).has_value());
+  EXPECT_EQ(EpochFor(3), 1u);
+  ViewInfo restarted = View(2, {"a", "me"});
+  restarted.incarnations = {11, 20};
+  restarted.membership_epoch = 2;
+  auto change = views_.Install(restarted);
+  ASSERT_TRUE(change.has_value());
+  EXPECT_FALSE(change->late);
+  ASSERT_EQ(change->replaced.size(), 1u);
+  EXPECT_EQ(change->replaced[0]->view.epoch, 1u);
+  EXPECT_THAT(change->description, HasSubstr("membership"));
+  EXPECT_EQ(EpochFor(2), 2u);  // at once, even for an earlier step
+  // A plan change of those members stays one.
+  ViewInfo plan = restarted;
+  plan.epoch = 3;
+  plan.start_step = 9;
+  change = views_.Install(plan);
+  ASSERT_TRUE(change.has_value());
+  EXPECT_TRUE(change->replaced.empty());
+  EXPECT_EQ(EpochFor(8), 2u);
 }
 
 TEST_F(ViewTrackerTest, LatePlanAppliesAtOnce) {
