@@ -264,6 +264,13 @@ void Coordinator::Tick(absl::Time now) {
   if (removed) MembershipChangedLocked();
 }
 
+void Coordinator::Excuse(absl::Duration unobserved, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [node_id, member] : members_) {
+    member.last_seen = std::min(member.last_seen + unobserved, now);
+  }
+}
+
 absl::Status Coordinator::Report(const IterationReport& report) {
   if (!std::isfinite(report.seconds) || report.seconds < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -173,6 +173,11 @@ class Coordinator {
   // one new epoch if any was removed.
   void Tick(absl::Time now);
 
+  // The coordinator could not watch for `unobserved` before `now` (its
+  // process was paused or starved): that silence is no member's. Moves every
+  // member's last sign of life forward by it, to `now` at most.
+  void Excuse(absl::Duration unobserved, absl::Time now);
+
   // Feeds the autotune, the link model and last_iteration_seconds().
   // InvalidArgument for negative or non-finite seconds. Reports for another
   // epoch than the current one, or from non-members, are ignored (OK).

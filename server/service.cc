@@ -13,6 +13,7 @@
 #include "common/grpc/health_server.h"
 #include "common/metrics/metrics_endpoint.h"
 #include "common/status_macros.h"
+#include "common/steady_clock.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -265,6 +266,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
       if (stopping_ || server_ == nullptr) return;
       stopping_ = true;
     }
+    tick_.Notify();
     if (ticker_.joinable()) ticker_.join();
     if (health_ != nullptr) health_->Stop();
     server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
@@ -297,7 +299,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                                    .gpus = node.gpus(),
                                    .gpu_name = node.gpu_name(),
                                    .incarnation = node.incarnation()},
-                                  absl::Now(), known ? &*known : nullptr);
+                                  SteadyNow(), known ? &*known : nullptr);
     if (!view.ok()) return ToGrpc(view.status());
     *response->mutable_view() = ToProto(*view, incarnation_);
     Log(absl::StrCat(node.node_id(), " joined",
@@ -312,7 +314,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                          v1::HeartbeatResponse* response) override {
     GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, request->node_id()));
     GM_RETURN_IF_ERROR_GRPC(
-        coordinator_.Heartbeat(request->node_id(), absl::Now()));
+        coordinator_.Heartbeat(request->node_id(), SteadyNow()));
     response->set_epoch(coordinator_.view().epoch);
     return grpc::Status::OK;
   }
@@ -406,17 +408,20 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     }
   }
 
-  // Expires silent members; counts departures.
+  // Expires silent members, on the steady clock; counts departures.
   void Tick() {
     uint64_t epoch = 0;
+    absl::Time last_tick = SteadyNow();
     while (true) {
+      tick_.WaitFor(kTickInterval);
       {
         absl::MutexLock lock(&mu_);
-        mu_.AwaitWithTimeout(absl::Condition(&stopping_),
-                             absl::Milliseconds(100));
         if (stopping_) return;
       }
-      coordinator_.Tick(absl::Now());
+      const absl::Time now = SteadyNow();
+      ExcuseAPause(now - last_tick, now);
+      last_tick = now;
+      coordinator_.Tick(now);
       View view = coordinator_.view();
       if (view.epoch != epoch) {
         // Every member's series exists from its arrival, at 0, so that
@@ -437,6 +442,18 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     }
   }
 
+  // A tick this late means the process was paused or starved: heartbeats
+  // could not be heard for most of the gap.
+  void ExcuseAPause(absl::Duration gap, absl::Time now) {
+    if (gap < kPauseGap) return;
+    coordinator_.Excuse(gap - kTickInterval, now);
+    Log(absl::StrCat("did not run for ", absl::FormatDuration(gap),
+                     "; that silence counts against no member"));
+  }
+
+  static constexpr absl::Duration kTickInterval = absl::Milliseconds(100);
+  static constexpr absl::Duration kPauseGap = absl::Seconds(1);
+
   const ServerOptions options_;
   // This run's id in its views: its start time.
   const uint64_t incarnation_ = absl::ToUnixMicros(absl::Now());
@@ -446,6 +463,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   std::unique_ptr<HealthServer> health_;
   std::string address_;
   std::thread ticker_;
+  Wakeup tick_;     // the ticker's wait: Stop wakes it
   View last_view_;  // the ticker's
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

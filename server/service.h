@@ -24,7 +24,10 @@
 // ReportStats) is refused with PermissionDenied, logged and counted unless
 // the caller's certificate names that member's host (grpc_util.h).
 //
-// Thread-safe. Membership is checked every 100 ms (heartbeat timeouts).
+// Thread-safe. Membership is checked every 100 ms (heartbeat timeouts), on
+// the steady clock: a step of the wall clock evicts nobody and keeps nobody.
+// A check more than 1 s late (the process was paused or starved) excuses
+// the members the silence it could not watch (Coordinator::Excuse).
 #ifndef GRADMESH_SERVER_SERVICE_H_
 #define GRADMESH_SERVER_SERVICE_H_
 

@@ -597,6 +597,28 @@ StepResults StepUntilAllSucceed(std::vector<Trainer>& trainers,
   return results;
 }
 
+// The coordinator is paused (SIGSTOP) for longer than the heartbeat timeout
+// and resumed: the silence it could not watch counts against nobody, so the
+// members keep their epoch and the next step runs on all three.
+TEST_F(ClusterTest, APausedCoordinatorEvictsNobody) {
+  Start(3,
+        {{"algo", "spardl"}, {"teams", "1"}, {"heartbeat_timeout_ms", "2000"}},
+        {{"operation_timeout_s", "8"}, {"heartbeat_interval_ms", "250"}});
+  std::vector<Trainer> trainers =
+      ConnectAll(*cluster_, "pause", 4000, absl::Seconds(20));
+  const StepResults before = RunStep(trainers, {0, 1, 2}, 0);
+  for (const auto& r : before) ASSERT_TRUE(r.status.ok()) << r.status;
+  cluster_->SignalCoordinator(SIGSTOP);
+  absl::SleepFor(absl::Seconds(5));
+  cluster_->SignalCoordinator(SIGCONT);
+  absl::SleepFor(absl::Seconds(1));
+  for (const auto& r : RunStep(trainers, {0, 1, 2}, 1)) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 3);
+    EXPECT_EQ(r.info.epoch, before[0].info.epoch);
+  }
+}
+
 // The coordinator dies and a new one takes its address: the members keep
 // their view (no new epoch, steps go on), and epochs only grow, so the view
 // after a later worker loss is newer than every view the workers ran, even

@@ -466,6 +466,32 @@ TEST(CoordinatorTest, TickRemovesSilentMembersAfterTheTimeout) {
   EXPECT_EQ(coordinator.view().epoch, 6u);
 }
 
+// A coordinator paused (SIGSTOP, a starved VM) heard no heartbeats while it
+// was: that silence is excused, and only the silence it watched counts.
+TEST(CoordinatorTest, SilenceTheCoordinatorDidNotWatchIsExcused) {
+  Coordinator coordinator({}, kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  ASSERT_TRUE(coordinator.Heartbeat("b", kT0 + absl::Seconds(4)).ok());
+  const absl::Duration paused = absl::Seconds(30);
+  const absl::Time resumed = kT0 + absl::Seconds(6) + paused;
+  coordinator.Excuse(paused, resumed);
+  coordinator.Tick(resumed);
+  EXPECT_EQ(coordinator.view().members.size(), 2u);
+  // a was last seen at kT0, 6 s of watched silence before the pause.
+  coordinator.Tick(kT0 + paused + kTimeout);
+  EXPECT_EQ(coordinator.view().members.size(), 2u);
+  coordinator.Tick(kT0 + paused + kTimeout + absl::Nanoseconds(1));
+  EXPECT_THAT(Ids(coordinator.view()), ElementsAre("b"));
+  // Never into the future: an excuse longer than the time since a member's
+  // heartbeat leaves it seen at `now`.
+  coordinator.Excuse(absl::Hours(1), resumed + absl::Seconds(1));
+  coordinator.Tick(resumed + absl::Seconds(1) + kTimeout);
+  EXPECT_THAT(Ids(coordinator.view()), ElementsAre("b"));
+  coordinator.Tick(resumed + absl::Seconds(1) + kTimeout +
+                   absl::Nanoseconds(1));
+  EXPECT_TRUE(coordinator.view().members.empty());
+}
+
 TEST(CoordinatorTest, WaitForViewWakesOnAChangeFromAnotherThread) {
   Coordinator coordinator({}, kTimeout);
   JoinAll(coordinator, {"a"});

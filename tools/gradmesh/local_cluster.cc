@@ -364,7 +364,14 @@ bool LocalCluster::Exited(int worker) {
 }
 
 void LocalCluster::Kill(int worker, int signal) {
-  Process& p = workers_[worker];
+  Signal(workers_[worker], signal);
+}
+
+void LocalCluster::SignalCoordinator(int signal) {
+  Signal(coordinator_, signal);
+}
+
+void LocalCluster::Signal(Process& p, int signal) {
   if (p.pid <= 0) return;
   kill(p.pid, signal);
   if (signal == SIGKILL) {

@@ -118,6 +118,8 @@ class LocalCluster {
   // next scheduled, which on a loaded machine can be after it has run a
   // while longer).
   void Kill(int worker, int signal);
+  // Kill's signals, to the coordinator (one this cluster started).
+  void SignalCoordinator(int signal);
   bool alive(int worker) const { return workers_[worker].pid > 0; }
   // Whether worker `worker`'s process has exited (reaping it if so).
   bool Exited(int worker);
@@ -154,6 +156,8 @@ class LocalCluster {
                      std::vector<std::string> args, const std::string& netns,
                      Process* process);
   absl::Status AwaitPortFile(Process* process, absl::Time deadline);
+  // Kill's work, for any process.
+  void Signal(Process& process, int signal);
   // Spawns the coordinator listening on `listen` and waits until it serves.
   absl::Status StartCoordinator(const std::string& listen, absl::Time deadline);
   // The work directory: options_.work_dir (made if absent) or a new

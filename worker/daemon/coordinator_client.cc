@@ -79,10 +79,12 @@ void CoordinatorClient::WatchLoop() {
     v1::View view;
     while (reader->Read(&view)) Seen(view);
     reader->Finish();
-    absl::MutexLock lock(&mu_);
-    watch_context_ = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      watch_context_ = nullptr;
+    }
     // Retry after a pause (the coordinator restarts, or is not up yet).
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(300));
+    watch_wake_.WaitFor(absl::Milliseconds(300));
   }
 }
 
@@ -119,11 +121,8 @@ void CoordinatorClient::HeartbeatLoop() {
       last_problem = problem;
     }
     FlushReports();
-    absl::MutexLock lock(&mu_);
-    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || !reports_.empty();
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&wake), heartbeat_interval_);
+    // Woken early by a report or Stop.
+    heartbeat_wake_.WaitFor(heartbeat_interval_);
   }
 }
 
@@ -132,7 +131,11 @@ void CoordinatorClient::Report(v1::IterationStats report, bool flush) {
     absl::MutexLock lock(&mu_);
     reports_.push_back(std::move(report));
   }
-  if (flush) FlushReports();
+  if (flush) {
+    FlushReports();
+  } else {
+    heartbeat_wake_.Notify();
+  }
 }
 
 void CoordinatorClient::FlushReports() {
@@ -162,6 +165,8 @@ void CoordinatorClient::Stop() {
     if (watch_context_ != nullptr) watch_context_->TryCancel();
     joined = joined_;
   }
+  watch_wake_.Notify();
+  heartbeat_wake_.Notify();
   if (joined) {
     grpc::ClientContext context;
     SetDeadline(&context, absl::Seconds(1));

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/steady_clock.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 
 namespace gradmesh::daemon {
@@ -64,6 +65,10 @@ class CoordinatorClient {
   const Log log_;
   std::thread watch_thread_;
   std::thread heartbeat_thread_;
+  // The loops' waits, on the steady clock (a wall-clock step must not hold
+  // back a heartbeat).
+  Wakeup watch_wake_;
+  Wakeup heartbeat_wake_;
 
   absl::Mutex flush_mu_;  // one flush at a time
   absl::Mutex mu_;
