@@ -18,7 +18,6 @@ namespace {
 constexpr size_t kMaxLinkSamples = 4096;
 
 // Epochs stay exact in the metrics' doubles.
-constexpr uint64_t kMaxEpoch = uint64_t{1} << 53;
 
 // The plan `config` names, with d = 1.
 // (`auto` reads as SparDL: its plans are SparDL's or the dense ring's.)
@@ -118,11 +117,15 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
   if (member.node_id.empty() || member.address.empty()) {
     return absl::InvalidArgumentError("node_id and address must be set");
   }
-  if (known != nullptr && known->epoch > kMaxEpoch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a known epoch of ", known->epoch, " is past 2^53"));
-  }
   absl::MutexLock lock(&mu_);
+  if (known != nullptr && known->epoch > epoch_) {
+    const uint64_t limit = epoch_ == 0 ? kMaxAdoptedEpoch : kMaxRaisedEpoch;
+    if (known->epoch > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a known epoch of ", known->epoch, " is past ", limit,
+                       ", which leaves no room for the epochs after it"));
+    }
+  }
   if (known != nullptr && epoch_ == 0 && AdoptLocked(*known, member, now)) {
     return ViewLocked();
   }

@@ -157,10 +157,18 @@ class Coordinator {
   //   - a member that joins again knowing the current epoch is the same
   //     process (it lost contact): it is marked alive, no new epoch;
   //   - a known epoch above the current one raises it, and a new epoch is
-  //     published past it, so epochs only grow across restarts (one past
-  //     2^53 is InvalidArgument).
+  //     published past it, so epochs only grow across restarts. It may
+  //     raise it to kMaxRaisedEpoch, or be adopted up to kMaxAdoptedEpoch
+  //     (InvalidArgument past that, nothing changed); a known epoch not
+  //     above the current one is always accepted. So the epochs published
+  //     later (2^31 between the two limits, 2^31 more to 2^53, the largest
+  //     that a double holds exactly) stay ones that Joins may carry.
   absl::StatusOr<View> Join(const MemberInfo& member, absl::Time now,
                             const View* known = nullptr);
+  static constexpr uint64_t kMaxRaisedEpoch =
+      (uint64_t{1} << 53) - (uint64_t{1} << 32);
+  static constexpr uint64_t kMaxAdoptedEpoch =
+      (uint64_t{1} << 53) - (uint64_t{1} << 31);
 
   // Marks the member alive at `now`. NotFound if it is not a member (it was
   // removed and must join again).

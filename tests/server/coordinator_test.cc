@@ -337,6 +337,47 @@ TEST(CoordinatorTest, KnownEpochsRaiseTheNextOne) {
   EXPECT_THAT(Ids(*view), ElementsAre("x", "y"));
 }
 
+// A known epoch can raise the epoch only so far that the epochs published
+// after it stay ones that Joins may carry: a worker evicted later can still
+// rejoin with its view, and a restarted coordinator can still adopt it.
+TEST(CoordinatorTest, AKnownEpochLeavesRoomForTheEpochsAfterIt) {
+  constexpr uint64_t k53 = uint64_t{1} << 53;
+  Coordinator coordinator({.teams = 1}, kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  View pushed = coordinator.view();
+  pushed.epoch = k53;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      coordinator.Join(Node("c"), kT0, &pushed).status()));
+  EXPECT_EQ(coordinator.view().epoch, 2u);
+
+  // The highest raise accepted, then two changes past it.
+  pushed.epoch = Coordinator::kMaxRaisedEpoch;
+  ASSERT_TRUE(coordinator.Join(Node("c"), kT0, &pushed).ok());
+  ASSERT_TRUE(coordinator.Heartbeat("a", kT0 + absl::Seconds(5)).ok());
+  ASSERT_TRUE(coordinator.Heartbeat("b", kT0 + absl::Seconds(5)).ok());
+  const View with_c = coordinator.view();
+  coordinator.Tick(kT0 + kTimeout + absl::Seconds(1));  // c is evicted
+  EXPECT_THAT(Ids(coordinator.view()), ElementsAre("a", "b"));
+  absl::StatusOr<View> view =
+      coordinator.Join(Node("c"), kT0 + absl::Seconds(12), &with_c);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_GT(view->epoch, Coordinator::kMaxRaisedEpoch + 1);
+
+  // A restarted coordinator adopts that view, and changes go on.
+  Coordinator restarted({.teams = 1}, kTimeout);
+  view = restarted.Join(Node("a"), kT0, &*view);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_THAT(Ids(*view), ElementsAre("a", "b", "c"));
+  ASSERT_TRUE(restarted.Leave("b").ok());
+  EXPECT_LT(restarted.view().epoch, k53);
+  // Adoption has its own limit, above the raise's.
+  View far = restarted.view();
+  far.epoch = k53;
+  Coordinator fresh({.teams = 1}, kTimeout);
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(fresh.Join(Node("a"), kT0, &far).status()));
+}
+
 // An adopted plan stays when this config would run it (an autotuned d
 // included); an autotune trial in progress, or another config, starts over.
 TEST(CoordinatorTest, AdoptedPlansStayOnlyWhereTheConfigRunsThem) {
