@@ -21,9 +21,12 @@ namespace gradmesh::testing {
 class GrpcNetwork {
  public:
   explicit GrpcNetwork(int size, uint64_t chunk_bytes = 1 << 20,
-                       uint64_t epoch = 0) {
+                       uint64_t epoch = 0,
+                       uint64_t held_bytes_per_peer =
+                           transport::PeerService::kDefaultHeldBytesPerPeer) {
     for (int r = 0; r < size; ++r) {
-      services_.push_back(std::make_unique<transport::PeerService>());
+      services_.push_back(
+          std::make_unique<transport::PeerService>(held_bytes_per_peer));
       grpc::ServerBuilder builder;
       builder.RegisterCallbackGenericService(services_.back().get());
       servers_.push_back(builder.BuildAndStart());

@@ -83,7 +83,8 @@ ViewInfo ToViewInfo(const v1::View& view) {
 
 class Daemon final : public WorkerDaemon {
  public:
-  explicit Daemon(const DaemonOptions& options) : options_(options) {}
+  explicit Daemon(const DaemonOptions& options)
+      : options_(options), peers_(options.peer_buffer_bytes) {}
   ~Daemon() override {
     Stop();
     // Scrapes read the data plane, which goes before metrics_ does.
@@ -156,10 +157,11 @@ absl::Status Daemon::Init() {
   }
   if (options_.operation_timeout <= absl::ZeroDuration() ||
       options_.heartbeat_interval <= absl::ZeroDuration() ||
-      options_.view_wait < absl::ZeroDuration()) {
+      options_.view_wait < absl::ZeroDuration() ||
+      options_.peer_buffer_bytes == 0) {
     return absl::InvalidArgumentError(
-        "the operation timeout and heartbeat interval must be positive, the "
-        "view wait not negative");
+        "the operation timeout, heartbeat interval and peer buffer must be "
+        "positive, the view wait not negative");
   }
   GM_ASSIGN_OR_RETURN(channel_credentials_, ChannelCredentials(options_.tls));
   GM_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_listen,
@@ -447,10 +449,15 @@ void Daemon::Refresh() {
   metrics_->calls_refused("malformed")
       .Increment(static_cast<double>(now.streams_refused -
                                      drops_seen_.streams_refused));
+  metrics_->frames_dropped("unclaimed_operation")
+      .Increment(static_cast<double>(now.messages_dropped_unclaimed -
+                                     drops_seen_.messages_dropped_unclaimed));
   metrics_->calls_refused("limits").Increment(static_cast<double>(
-      now.streams_refused_unopened_bytes + now.streams_refused_unopened_epochs -
+      now.streams_refused_unopened_bytes + now.streams_refused_unopened_epochs +
+      now.streams_refused_peer_budget -
       drops_seen_.streams_refused_unopened_bytes -
-      drops_seen_.streams_refused_unopened_epochs));
+      drops_seen_.streams_refused_unopened_epochs -
+      drops_seen_.streams_refused_peer_budget));
   metrics_->calls_refused("identity")
       .Increment(static_cast<double>(now.streams_refused_identity -
                                      drops_seen_.streams_refused_identity));

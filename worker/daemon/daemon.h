@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/grpc/grpc_util.h"
+#include "worker/transport/grpc/peer_service.h"
 
 namespace gradmesh::kernels {
 class TopKSelector;
@@ -61,6 +62,8 @@ struct DaemonOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   // How long a step cut by a membership change waits for the new view.
   absl::Duration view_wait = absl::Seconds(5);
+  // What one peer's messages may hold here (PeerService); 0 is refused.
+  uint64_t peer_buffer_bytes = transport::PeerService::kDefaultHeldBytesPerPeer;
   // Where the algorithms' top-k selections run (--topk); null: the CPU.
   const kernels::TopKSelector* topk = nullptr;
 };

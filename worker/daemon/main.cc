@@ -5,6 +5,7 @@
 //
 // Every flag may also come from GRADMESH_WORKER_<FLAG> in the environment.
 // SIGTERM or SIGINT: leave the coordinator and stop cleanly.
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/flags/flag.h"
@@ -47,6 +48,10 @@ ABSL_FLAG(int, view_wait_ms, 5000,
           "a step cut by a membership change waits this long for the new "
           "view, then runs again there (more than the coordinator's "
           "--heartbeat-timeout-ms)");
+ABSL_FLAG(int, peer_buffer_mib, 1024,
+          "what one peer's messages may hold here: those arriving, and those "
+          "of operations this worker has not started (the oldest of which "
+          "are dropped past it); a message larger than this is refused");
 ABSL_FLAG(std::string, topk, "auto", gradmesh::kernels::kTopKFlagHelp);
 ABSL_FLAG(std::string, port_file, "",
           "write the advertised address and metrics port here once serving "
@@ -88,6 +93,8 @@ int main(int argc, char** argv) {
        .heartbeat_interval =
            absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),
        .view_wait = absl::Milliseconds(absl::GetFlag(FLAGS_view_wait_ms)),
+       .peer_buffer_bytes =
+           uint64_t(std::max(absl::GetFlag(FLAGS_peer_buffer_mib), 0)) << 20,
        .topk = *topk});
   if (!daemon.ok()) {
     std::fprintf(stderr, "gradmesh-worker: %s\n",

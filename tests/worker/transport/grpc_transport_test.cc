@@ -504,5 +504,103 @@ TEST(GrpcTransportTest, BoundsHowManyEpochsNotStartedAreHeld) {
   EXPECT_EQ(*net.endpoint(1)->Recv(0, {open, 0, 0}, Soon()), "ok");
 }
 
+// A raw Exchange stream from rank 0 to `net`'s rank 1 whose first frame
+// starts a message of `announced` bytes in `epoch` (3 bytes of it sent).
+struct RawStream {
+  std::unique_ptr<gradmesh::v1::Peer::Stub> stub;
+  grpc::ClientContext context;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<gradmesh::v1::Frame, gradmesh::v1::PeerSignal>>
+      stream;
+
+  RawStream(GrpcNetwork& net, uint64_t epoch, uint64_t announced,
+            uint64_t operation = 0)
+      : stub(gradmesh::v1::Peer::NewStub(net.channel(1))),
+        stream(stub->Exchange(&context)) {
+    gradmesh::v1::Frame frame;
+    frame.set_epoch(epoch);
+    frame.set_operation(operation);
+    frame.set_from_rank(0);
+    frame.set_message_bytes(announced);
+    frame.set_data("abc");
+    stream->Write(frame);
+  }
+  grpc::StatusCode Finish() {
+    stream->WritesDone();
+    return stream->Finish().error_code();
+  }
+};
+
+// On any connection, plaintext too, one rank runs only so many streams of
+// an epoch at once; once they end, it may open new ones.
+TEST(GrpcTransportTest, BoundsTheStreamsOneRankRuns) {
+  GrpcNetwork net(2);
+  std::vector<std::unique_ptr<RawStream>> running;
+  for (size_t i = 0; i < PeerService::kMaxStreamsPerRank; ++i) {
+    running.push_back(std::make_unique<RawStream>(net, 5, 100));
+  }
+  // The server admits them as their first frames arrive: try until refused.
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (code == grpc::StatusCode::OK && absl::Now() < deadline) {
+    code = RawStream(net, 5, 100).Finish();
+  }
+  EXPECT_EQ(code, grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_GE(net.service(1)->stats().streams_refused_peer_budget, 1u);
+  for (auto& r : running) r->context.TryCancel();
+  for (auto& r : running) r->stream->Finish();
+  running.clear();
+  // The server frees their places as it sees them end.
+  const absl::Time freed = absl::Now() + absl::Seconds(5);
+  while (code != grpc::StatusCode::OK && absl::Now() < freed) {
+    code = RawStream(net, 5, 3).Finish();
+  }
+  EXPECT_EQ(code, grpc::StatusCode::OK);
+}
+
+// A message is charged its announced size from its first frame: one that
+// can never fit is refused before its data comes.
+TEST(GrpcTransportTest, ChargesAMessageFromItsFirstFrame) {
+  GrpcNetwork net(2, 1 << 20, 0, /*held_bytes_per_peer=*/1 << 20);
+  EXPECT_EQ(RawStream(net, 7, PeerService::kMaxUnopenedBytes).Finish(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(net.service(1)->stats().streams_refused_unopened_bytes, 1u);
+  EXPECT_EQ(RawStream(net, 0, (1 << 20) + 1).Finish(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(net.service(1)->stats().streams_refused_peer_budget, 1u);
+  // Within the budget: delivered.
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {0, 1, 0}, Bytes(1 << 19, 'a')).ok());
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, {0, 1, 0}, Soon()), Bytes(1 << 19, 'a'));
+}
+
+// Messages of operations this process has not started count against their
+// sender's budget; past it the oldest such operation's are dropped, and a
+// later Receive of them fails at once. Started operations are not charged.
+TEST(GrpcTransportTest, DropsTheOldestOperationNotStartedPastTheBudget) {
+  GrpcNetwork net(2, 1 << 20, 0, /*held_bytes_per_peer=*/1 << 20);
+  constexpr size_t kBytes = 300'000;
+  // Operation 50 is started here first: its message is not charged.
+  ASSERT_TRUE(net.endpoint(1)->Send(0, {0, 50, 0}, "started").ok());
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {0, 50, 0}, Bytes(kBytes, 's')).ok());
+  for (uint64_t op = 100; op < 105; ++op) {
+    ASSERT_TRUE(net.endpoint(0)->Send(1, {0, op, 0}, Bytes(kBytes, 'a')).ok());
+  }
+  // One stream delivers in order: once 104's is here, all are.
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, {0, 104, 0}, Soon()), Bytes(kBytes, 'a'));
+  for (uint64_t op : {100, 101}) {
+    const absl::Time start = absl::Now();
+    auto m = net.endpoint(1)->Recv(0, {0, op, 0}, Soon());
+    EXPECT_TRUE(absl::IsResourceExhausted(m.status())) << op << m.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  }
+  for (uint64_t op : {102, 103}) {
+    auto m = net.endpoint(1)->Recv(0, {0, op, 0}, Soon());
+    ASSERT_TRUE(m.ok()) << op << m.status();
+    EXPECT_EQ(*m, Bytes(kBytes, 'a'));
+  }
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, {0, 50, 0}, Soon()), Bytes(kBytes, 's'));
+  EXPECT_EQ(net.service(1)->stats().messages_dropped_unclaimed, 2u);
+}
+
 }  // namespace
 }  // namespace gradmesh::transport

@@ -27,6 +27,7 @@ absl::Status PeerService::OpenEpoch(uint64_t epoch, int rank,
   state.peers = std::move(peers);
   unopened_bytes_ -= state.unopened_bytes;
   state.unopened_bytes = 0;
+  MoveAssemblingToBudgetsLocked(state);
   VerifyHeldLocked(epoch, state);
   // Epochs below that were never opened never will be.
   for (auto& [e, other] : epochs_) {
@@ -112,6 +113,13 @@ absl::StatusOr<uint64_t> PeerService::IncomingStreamOpened(
   if (state.open) {
     GM_RETURN_IF_ERROR(CheckSenderLocked(state, from, names));
   }
+  Held& held = state.held[from];
+  if (held.streams >= kMaxStreamsPerRank) {
+    ++stats_.streams_refused_peer_budget;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("refused a stream of epoch ", epoch, " from rank ", from,
+                     ": ", held.streams, " of its streams run already"));
+  }
   if (!state.open && names != nullptr) {
     // Held until the epoch opens: its names count against what epochs not
     // started may hold, and a rank may have only so many such streams.
@@ -130,10 +138,12 @@ absl::StatusOr<uint64_t> PeerService::IncomingStreamOpened(
     const uint64_t number = state.next_number++;
     state.unverified[number] =
         Unverified{.from = from, .names = *names, .charge = charge};
+    ++held.streams;
     return number;
   }
   const uint64_t number = state.next_number++;
   state.newest_in[from] = number;
+  ++held.streams;
   return number;
 }
 

@@ -13,6 +13,12 @@ void PeerService::StreamEnded(uint64_t epoch, int from, uint64_t stream,
   absl::MutexLock lock(&mu_);
   if (RetiredLocked(epoch)) return;
   EpochState& state = StateLocked(epoch);
+  ReleaseLocked(state, stream);
+  if (auto held = state.held.find(from); held != state.held.end()) {
+    Held& h = held->second;
+    --h.streams;
+    if (h.streams == 0 && h.bytes == 0) state.held.erase(held);
+  }
   if (state.refused_streams.erase(stream) > 0) return;  // spoke for no one
   if (auto held = state.unverified.find(stream);
       held != state.unverified.end()) {
@@ -35,8 +41,9 @@ void PeerService::StreamEnded(uint64_t epoch, int from, uint64_t stream,
   BreakLocked(state, from, stream, state.newest_in[from], why);
 }
 
-absl::Status PeerService::NoteIncoming(uint64_t epoch, uint64_t stream,
-                                       uint64_t operation) {
+absl::Status PeerService::NoteIncoming(uint64_t epoch, int from,
+                                       uint64_t stream, uint64_t operation,
+                                       uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   if (RetiredLocked(epoch)) return absl::OkStatus();
   EpochState& state = StateLocked(epoch);
@@ -44,6 +51,8 @@ absl::Status PeerService::NoteIncoming(uint64_t epoch, uint64_t stream,
       refused != state.refused_streams.end()) {
     return refused->second;
   }
+  if (state.retired.contains(operation)) return absl::OkStatus();  // dropped
+  GM_RETURN_IF_ERROR(ChargeLocked(epoch, state, from, stream, bytes));
   if (!state.unverified.contains(stream)) {
     NoteOperationLocked(state, operation);
   }
@@ -53,7 +62,9 @@ absl::Status PeerService::NoteIncoming(uint64_t epoch, uint64_t stream,
 void PeerService::NoteOperation(uint64_t epoch, uint64_t operation) {
   absl::MutexLock lock(&mu_);
   if (RetiredLocked(epoch)) return;
-  NoteOperationLocked(StateLocked(epoch), operation);
+  EpochState& state = StateLocked(epoch);
+  NoteOperationLocked(state, operation);
+  ClaimLocked(state, operation);
 }
 
 void PeerService::NoteOperationLocked(EpochState& state, uint64_t operation) {

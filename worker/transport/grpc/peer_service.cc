@@ -28,21 +28,16 @@ absl::Status PeerService::Deliver(uint64_t epoch, int from, uint64_t stream,
     return refused->second;
   }
   if (state.retired.contains(tag.operation)) {
+    ReleaseLocked(state, stream);
     stats_.frames_dropped_retired_operation += frames;
     return absl::OkStatus();
   }
-  if (!state.open) {
-    const uint64_t cost = message.size() + kMessageOverheadBytes;
-    if (cost > kMaxUnopenedBytes - unopened_bytes_) {
-      ++stats_.streams_refused_unopened_bytes;
-      return absl::ResourceExhaustedError(
-          absl::StrCat("over ", kMaxUnopenedBytes,
-                       " bytes held for epochs not started "
-                       "here; refused a message of epoch ",
-                       epoch));
-    }
-    state.unopened_bytes += cost;
-    unopened_bytes_ += cost;
+  if (state.open) {
+    ReleaseLocked(state, stream);
+    HoldUnclaimedLocked(state, from, tag.operation, message.size());
+  } else {
+    // The charge taken at its first frame stays with the message.
+    state.assembling.erase(stream);
   }
   ++stats_.messages_delivered;
   if (auto held = state.unverified.find(stream);
@@ -62,7 +57,9 @@ absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
   const MessageKey key{from, tag};
   absl::MutexLock lock(&mu_);
   if (!RetiredLocked(epoch)) {
-    NoteOperationLocked(StateLocked(epoch), tag.operation);
+    EpochState& state = StateLocked(epoch);
+    NoteOperationLocked(state, tag.operation);
+    ClaimLocked(state, tag.operation);
   }
   // Why `from` can't send this message any more, or null.
   auto failed = [&]()
@@ -93,7 +90,10 @@ absl::StatusOr<std::string> PeerService::Receive(uint64_t epoch, int from,
   auto it = mailboxes_.find(key);
   if (it == mailboxes_.end() || it->second.empty()) {
     if (const absl::Status* why = failed(); why != nullptr) {
-      return absl::UnavailableError(
+      // Dropped for the budget stays ResourceExhausted; a break Unavailable.
+      return absl::Status(
+          absl::IsResourceExhausted(*why) ? absl::StatusCode::kResourceExhausted
+                                          : absl::StatusCode::kUnavailable,
           absl::StrCat(why->message(), " while waiting for ", ToString(tag)));
     }
     return absl::DeadlineExceededError(
@@ -162,6 +162,8 @@ void PeerService::RetireOperation(uint64_t epoch, uint64_t operation) {
     state.active_order.erase(std::next(it).base());
   }
   state.broken.erase(operation);
+  ClaimLocked(state, operation);  // releases what it held
+  state.claimed.erase(operation);
   if (!state.retired.insert(operation).second) return;
   state.retired_order.push_back(operation);
   if (state.retired_order.size() > kRetiredOperationsKept) {

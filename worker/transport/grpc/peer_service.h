@@ -10,6 +10,20 @@
 // start an epoch first), up to kMaxUnopenedBytes in all: past that the stream
 // is refused.
 //
+// What one peer may hold here (peer_budget.cc), on any connection:
+//   - kMaxStreamsPerRank incoming streams at once per epoch;
+//   - a message is charged its announced size from its first frame (against
+//     kMaxUnopenedBytes for an epoch not opened, else against the sender's
+//     budget, max_held_bytes_per_peer), so a false length is refused before
+//     its data comes;
+//   - messages of operations this process has not started (no local Send or
+//     Receive yet) count against the sender's budget until it starts them.
+//     Past it, the oldest such operation's messages from that sender are
+//     dropped and counted, and a later Receive of them fails at once with
+//     ResourceExhausted: an operation nobody here runs holds nothing for
+//     long. A message that does not fit even then ends its stream with
+//     ResourceExhausted.
+//
 // Identity: on a TLS connection, a stream speaks for the rank it claims only
 // if the caller's certificate names that rank's host (grpc_util.h); other
 // streams are refused with PermissionDenied and counted, and their end says
@@ -35,8 +49,8 @@
 //
 // One class, a file per concern: peer_stream.cc (an incoming stream's frames
 // into messages), peer_admission.cc (who may speak in an epoch),
-// peer_liveness.cc (what a broken stream fails) and peer_service.cc (the
-// mailboxes, and what ends them).
+// peer_liveness.cc (what a broken stream fails), peer_budget.cc (what one
+// peer may hold) and peer_service.cc (the mailboxes, and what ends them).
 #ifndef GRADMESH_WORKER_TRANSPORT_GRPC_PEER_SERVICE_H_
 #define GRADMESH_WORKER_TRANSPORT_GRPC_PEER_SERVICE_H_
 
@@ -60,7 +74,11 @@ namespace gradmesh::transport {
 
 class PeerService final : public grpc::CallbackGenericService {
  public:
-  PeerService() = default;
+  // Every peer may hold 1 GiB here by default.
+  static constexpr uint64_t kDefaultHeldBytesPerPeer = uint64_t{1} << 30;
+  explicit PeerService(
+      uint64_t max_held_bytes_per_peer = kDefaultHeldBytesPerPeer)
+      : max_held_bytes_per_peer_(max_held_bytes_per_peer) {}
   PeerService(const PeerService&) = delete;
   PeerService& operator=(const PeerService&) = delete;
 
@@ -96,12 +114,15 @@ class PeerService final : public grpc::CallbackGenericService {
   // counts kMessageOverheadBytes and its certificate's names); one that ends
   // having carried no message is forgotten at once.
   static constexpr size_t kMaxHeldStreamsPerRank = 16;
+  // Incoming streams of one epoch from one rank that may run at once.
+  static constexpr size_t kMaxStreamsPerRank = 16;
 
   // Blocks for the message from `from` with `tag` in `epoch`. Errors: the
   // epoch's abort status; Aborted once the epoch is retired or closed;
   // Unavailable once the sender's stream broke while the operation was in
   // flight, or the sender closed its stream, and no such message is
-  // waiting; DeadlineExceeded.
+  // waiting; ResourceExhausted once its messages were dropped for the
+  // sender's budget; DeadlineExceeded.
   absl::StatusOr<std::string> Receive(uint64_t epoch, int from, const Tag& tag,
                                       absl::Time deadline);
 
@@ -141,6 +162,10 @@ class PeerService final : public grpc::CallbackGenericService {
     uint64_t streams_refused_unopened_epochs = 0;
     // Certificates that do not name the host of the rank claimed.
     uint64_t streams_refused_identity = 0;
+    // Over kMaxStreamsPerRank, or a message past the sender's budget.
+    uint64_t streams_refused_peer_budget = 0;
+    // Messages of operations not started here, dropped for the budget.
+    uint64_t messages_dropped_unclaimed = 0;
   };
   Stats stats() const;
 
@@ -153,6 +178,18 @@ class PeerService final : public grpc::CallbackGenericService {
     uint64_t charge = 0;  // against the unopened bytes, for the entry itself
     std::deque<std::pair<Tag, std::string>> messages;
     std::optional<std::pair<bool, absl::Status>> ended;  // clean, why
+  };
+  // What one sender holds in an epoch (peer_budget.cc).
+  struct Held {
+    size_t streams = 0;  // incoming streams running
+    uint64_t bytes = 0;  // charged against max_held_bytes_per_peer_
+    std::deque<uint64_t> unclaimed_order;  // operations, oldest first
+  };
+  // A message in assembly: its announced size, charged where it went.
+  struct Assembling {
+    int from = -1;
+    uint64_t bytes = 0;
+    bool unopened = false;  // against the unopened bytes, else the budget
   };
   struct EpochState {
     absl::Status aborted;  // OK unless aborted
@@ -182,6 +219,12 @@ class PeerService final : public grpc::CallbackGenericService {
     absl::flat_hash_map<int, size_t> unverified_per_rank;  // claimed rank
     // Streams that failed that check and still run: why.
     absl::flat_hash_map<uint64_t, absl::Status> refused_streams;
+    absl::flat_hash_map<int, Held> held;                   // by sender
+    absl::flat_hash_map<uint64_t, Assembling> assembling;  // by stream
+    // Operations started here (a local Send or Receive), until retired.
+    absl::flat_hash_set<uint64_t> claimed;
+    // Delivered, not started here: operation -> sender -> bytes.
+    absl::flat_hash_map<uint64_t, absl::flat_hash_map<int, uint64_t>> unclaimed;
   };
   // Called by reactors. Deliver counts a drop when the message is stale;
   // it refuses (an error ends the stream) a message past the unopened bytes.
@@ -193,14 +236,42 @@ class PeerService final : public grpc::CallbackGenericService {
   // or for one epoch too many not opened here.
   absl::StatusOr<uint64_t> IncomingStreamOpened(
       uint64_t epoch, int from, const std::vector<std::string>* names);
-  // A message of `operation` starts on incoming stream `stream`: notes the
-  // operation in flight, unless the stream's sender is not known yet. The
-  // refusal of a stream refused when its epoch opened.
-  absl::Status NoteIncoming(uint64_t epoch, uint64_t stream,
-                            uint64_t operation);
-  // `clean`: the peer closed the stream itself (its epoch is over).
+  // A message of `operation` announcing `bytes` starts on incoming stream
+  // `stream` from `from`: notes the operation in flight, unless the
+  // stream's sender is not known yet, and charges the bytes. The refusal of
+  // a stream refused when its epoch opened; ResourceExhausted when the
+  // message does not fit.
+  absl::Status NoteIncoming(uint64_t epoch, int from, uint64_t stream,
+                            uint64_t operation, uint64_t bytes);
+  // `clean`: the peer closed the stream itself (its epoch is over). A
+  // message in assembly is released.
   void StreamEnded(uint64_t epoch, int from, uint64_t stream, bool clean,
                    absl::Status why);
+
+  // peer_budget.cc. Charges a message announcing `bytes` from `from` on
+  // `stream`, or says why it does not fit.
+  absl::Status ChargeLocked(uint64_t epoch, EpochState& state, int from,
+                            uint64_t stream, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the charge of `stream`'s message in assembly (delivered or
+  // cut short).
+  void ReleaseLocked(EpochState& state, uint64_t stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A delivered message of an operation not started here: charged to its
+  // sender until the operation starts or ends here.
+  void HoldUnclaimedLocked(EpochState& state, int from, uint64_t operation,
+                           uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `operation` started here (or ended): its messages no longer count.
+  void ClaimLocked(EpochState& state, uint64_t operation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the oldest unclaimed operation's messages from `from`; false if
+  // there is none.
+  bool DropOldestUnclaimedLocked(uint64_t epoch, EpochState& state, int from)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OpenEpoch: what was charged against the unopened bytes moves to the
+  // senders' budgets.
+  void MoveAssemblingToBudgetsLocked(EpochState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PeerBroke's work, for either direction's newest stream numbers.
   void BreakLocked(EpochState& state, int peer, uint64_t stream,
                    uint64_t newest, const absl::Status& status)
@@ -229,6 +300,7 @@ class PeerService final : public grpc::CallbackGenericService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   EpochState& StateLocked(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const uint64_t max_held_bytes_per_peer_;
   mutable absl::Mutex mu_;
   uint64_t min_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t unopened_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // over all epochs

@@ -127,8 +127,8 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
                          header.message_bytes, " bytes"));
       }
       tag_ = tag;
-      GM_RETURN_IF_ERROR(
-          service_->NoteIncoming(epoch_, stream_, tag.operation));
+      GM_RETURN_IF_ERROR(service_->NoteIncoming(
+          epoch_, from_, stream_, tag.operation, header.message_bytes));
       message_bytes_ = header.message_bytes;
       received_ = 0;
       try {
