@@ -11,6 +11,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -100,7 +101,11 @@ std::string SharedSegment::UniqueName(absl::string_view tag) {
   for (char c : tag.substr(0, 64)) {
     clean.push_back(std::isalnum(static_cast<unsigned char>(c)) ? c : '_');
   }
-  return absl::StrCat("/gradmesh-", getpid(), "-", counter++, "-", clean);
+  // The random part keeps other local users from creating it first.
+  thread_local absl::BitGen bitgen;
+  return absl::StrCat(
+      "/gradmesh-", getpid(), "-", counter++, "-",
+      absl::Hex(absl::Uniform<uint64_t>(bitgen), absl::kZeroPad16), "-", clean);
 }
 
 SharedSegment::SharedSegment(SharedSegment&& other) noexcept

@@ -60,7 +60,8 @@ class SharedSegment {
   // Removes the name (the mappings stay). OK if it is already gone.
   static absl::Status Unlink(const std::string& name);
 
-  // A name no other segment of this host has: /gradmesh-<pid>-<counter>-<tag>.
+  // A name no other segment of this host has, and that no other user can
+  // guess: /gradmesh-<pid>-<counter>-<64 random bits, hex>-<tag>.
   static std::string UniqueName(absl::string_view tag);
 
   SharedSegment() = default;

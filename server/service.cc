@@ -233,6 +233,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     GM_ASSIGN_OR_RETURN(auto credentials, ServerCredentials(options_.tls));
     GM_RETURN_IF_ERROR(metrics_.Serve(options_.metrics_listen));
     grpc::ServerBuilder builder;
+    ApplyServerKeepalive(builder);
     int port = 0;
     builder.AddListeningPort(options_.listen, credentials, &port);
     builder.RegisterService(this);

@@ -153,13 +153,33 @@ absl::Status CheckCaller(const grpc::ServerContextBase& context,
       hosts.empty() ? "no member" : absl::StrJoin(hosts, ", "), ")"));
 }
 
+namespace {
+constexpr int kKeepaliveTimeMs = 10000;
+constexpr int kKeepaliveTimeoutMs = 5000;
+}  // namespace
+
 grpc::ChannelArguments DefaultChannelArguments() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Reconnect within a second of a server's return however long it was
+  // gone (gRPC's default backoff grows to 120 s), so that members come back
+  // to a restarted coordinator before it gives up on them.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return args;
+}
+
+void ApplyServerKeepalive(grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             kKeepaliveTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+      kKeepaliveTimeMs / 2);
 }
 
 }  // namespace gradmesh

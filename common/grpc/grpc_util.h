@@ -71,8 +71,17 @@ absl::Status CheckCaller(const grpc::ServerContextBase& context,
                          const std::string& who);
 
 // Channel arguments used everywhere: unlimited receive size for the worker
-// service's tensors, keepalive so that a silent peer is noticed.
+// service's tensors, keepalive so that a silent peer is noticed, and a
+// reconnect backoff of 1 s at most, so that a server back after a long
+// outage is reached within about a second.
 grpc::ChannelArguments DefaultChannelArguments();
+
+// The servers' side of it: they accept those keepalive pings, with or
+// without calls in flight (gRPC's default server policy closes a connection
+// that pings more often than every 5 minutes without data, so an idle peer
+// stream or SDK connection died after about 30 s), and ping their clients
+// on the same period, so that the receiving end of a dead link notices too.
+void ApplyServerKeepalive(grpc::ServerBuilder& builder);
 
 }  // namespace gradmesh
 

@@ -5,6 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace gradmesh {
@@ -47,6 +50,26 @@ TEST(SharedSegmentTest, RefusesWhatAnotherProcessCouldGetWrong) {
   close(fd);
   EXPECT_TRUE(absl::IsPermissionDenied(SharedSegment::Open(name, 64).status()));
   ASSERT_TRUE(SharedSegment::Unlink(name).ok());
+}
+
+// Another local user who guesses the names a process will use and creates
+// them first must not stop it from registering: names are not guessable.
+TEST(SharedSegmentTest, NamesCannotBeGuessedAndTakenFirst) {
+  std::vector<std::string> taken;
+  for (int i = 0; i < 100; ++i) {
+    // The names a process id and a counter would give.
+    taken.push_back("/gradmesh-" + std::to_string(getpid()) + "-" +
+                    std::to_string(i) + "-g");
+    const int fd = shm_open(taken.back().c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    close(fd);
+  }
+  const std::string name = SharedSegment::UniqueName("g");
+  auto segment = SharedSegment::Create(name, 4096);
+  EXPECT_TRUE(segment.ok()) << segment.status();
+  EXPECT_NE(SharedSegment::UniqueName("g"), SharedSegment::UniqueName("g"));
+  SharedSegment::Unlink(name).IgnoreError();
+  for (const std::string& t : taken) shm_unlink(t.c_str());
 }
 
 TEST(SharedSegmentTest, LayoutHasFourRegionsOfNValues) {

@@ -619,6 +619,40 @@ TEST_F(ClusterTest, APausedCoordinatorEvictsNobody) {
   }
 }
 
+// The coordinator is down long enough (17 s) for gRPC's default reconnect
+// backoff to put a worker's next try many seconds after the restart, past
+// the heartbeat timeout that an adopted member has to come back. Every
+// worker must be back within that time, so that nobody is evicted and the
+// next step runs on all three under the same epoch.
+TEST_F(ClusterTest, EveryWorkerIsBackSoonAfterALongCoordinatorOutage) {
+  Start(3,
+        {{"algo", "spardl"}, {"teams", "1"}, {"heartbeat_timeout_ms", "3000"}},
+        {{"operation_timeout_s", "8"}, {"heartbeat_interval_ms", "250"}});
+  std::vector<Trainer> trainers =
+      ConnectAll(*cluster_, "outage", 4000, absl::Seconds(20));
+  const StepResults before = RunStep(trainers, {0, 1, 2}, 0);
+  for (const auto& r : before) ASSERT_TRUE(r.status.ok()) << r.status;
+  cluster_->SignalCoordinator(SIGKILL);
+  absl::SleepFor(absl::Seconds(30));
+  ASSERT_TRUE(cluster_->RestartCoordinator().ok());
+  // Past the time an adopted member has to come back, the new coordinator
+  // runs every member under the same epoch.
+  absl::SleepFor(absl::Seconds(4.5));
+  const std::string metrics =
+      FetchMetrics(cluster_->coordinator_metrics_port());
+  EXPECT_TRUE(absl::StrContains(metrics, "gradmesh_coordinator_members 3"))
+      << metrics;
+  EXPECT_TRUE(absl::StrContains(
+      metrics, absl::StrCat("gradmesh_coordinator_epoch ",
+                            before[0].info.epoch, "\n")))
+      << metrics;
+  for (const auto& r : RunStep(trainers, {0, 1, 2}, 1)) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 3);
+    EXPECT_EQ(r.info.epoch, before[0].info.epoch);
+  }
+}
+
 // The coordinator dies and a new one takes its address: the members keep
 // their view (no new epoch, steps go on), and epochs only grow, so the view
 // after a later worker loss is newer than every view the workers ran, even

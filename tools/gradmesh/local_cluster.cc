@@ -319,6 +319,10 @@ std::string LocalCluster::worker_log(int worker) const {
   return (fs::path(work_dir_) / (workers_[worker].name + ".log")).string();
 }
 
+std::string LocalCluster::coordinator_log() const {
+  return (fs::path(work_dir_) / (coordinator_.name + ".log")).string();
+}
+
 absl::Status LocalCluster::StartCoordinator(const std::string& listen,
                                             absl::Time deadline) {
   std::vector<std::string> args = coordinator_args_;

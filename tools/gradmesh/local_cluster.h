@@ -104,6 +104,8 @@ class LocalCluster {
   int coordinator_metrics_port() const { return coordinator_.metrics_port; }
   const std::string& work_dir() const { return work_dir_; }
   std::string worker_log(int worker) const;
+  // The log of the coordinator running now (a restarted one has its own).
+  std::string coordinator_log() const;
 
   // Kills the coordinator (SIGKILL, as a crash would) and starts a new one on
   // the same address; returns once it serves.

@@ -236,6 +236,8 @@ absl::Status Daemon::StartServer() {
   grpc::ServerBuilder builder;
   grpc::ServerBuilder sdk_builder;
   grpc::ServerBuilder& sdk_side = own_sdk_port ? sdk_builder : builder;
+  ApplyServerKeepalive(builder);
+  ApplyServerKeepalive(sdk_builder);
   int port = 0;
   int sdk_port = 0;
   builder.AddListeningPort(options_.listen, server_credentials, &port);
