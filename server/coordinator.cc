@@ -118,17 +118,20 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
     return absl::InvalidArgumentError("node_id and address must be set");
   }
   absl::MutexLock lock(&mu_);
-  if (known != nullptr && known->epoch > epoch_) {
-    const uint64_t limit = epoch_ == 0 ? kMaxAdoptedEpoch : kMaxRaisedEpoch;
-    if (known->epoch > limit) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a known epoch of ", known->epoch, " is past ", limit,
-                       ", which leaves no room for the epochs after it"));
+  // A known epoch past `limit` that would raise this one is refused.
+  auto check = [&](uint64_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (known == nullptr || known->epoch <= epoch_ || known->epoch <= limit) {
+      return absl::OkStatus();
     }
-  }
+    return absl::InvalidArgumentError(
+        absl::StrCat("a known epoch of ", known->epoch, " is past ", limit,
+                     ", which leaves no room for the epochs after it"));
+  };
+  GM_RETURN_IF_ERROR(check(kMaxAdoptedEpoch));
   if (known != nullptr && epoch_ == 0 && AdoptLocked(*known, member, now)) {
     return ViewLocked();
   }
+  GM_RETURN_IF_ERROR(check(kMaxRaisedEpoch));  // not adopted: a raise
   auto present = members_.find(member.node_id);
   if (known != nullptr && known->epoch == epoch_ && epoch_ > 0 &&
       present != members_.end() &&

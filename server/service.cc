@@ -446,7 +446,8 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   // A tick this late means the process was paused or starved: heartbeats
   // could not be heard for most of the gap.
   void ExcuseAPause(absl::Duration gap, absl::Time now) {
-    if (gap < kPauseGap) return;
+    // Late by more than 1 s, or by half the timeout where that is shorter.
+    if (gap < std::min(kPauseGap, options_.heartbeat_timeout / 2)) return;
     coordinator_.Excuse(gap - kTickInterval, now);
     Log(absl::StrCat("did not run for ", absl::FormatDuration(gap),
                      "; that silence counts against no member"));

@@ -26,8 +26,9 @@
 //
 // Thread-safe. Membership is checked every 100 ms (heartbeat timeouts), on
 // the steady clock: a step of the wall clock evicts nobody and keeps nobody.
-// A check more than 1 s late (the process was paused or starved) excuses
-// the members the silence it could not watch (Coordinator::Excuse).
+// A check more than 1 s late (or half the heartbeat timeout, if shorter:
+// the process was paused or starved) excuses the members the silence it
+// could not watch (Coordinator::Excuse).
 #ifndef GRADMESH_SERVER_SERVICE_H_
 #define GRADMESH_SERVER_SERVICE_H_
 

@@ -369,6 +369,8 @@ class RestartTest : public ClusterTest,
       residuals.push_back(r.residual);
     }
     residuals.erase(residuals.begin() + 2);  // worker 2's
+    const absl::StatusOr<Plan> plan = cluster_->GetPlan(0);
+    EXPECT_TRUE(plan.ok()) << plan.status();
     cluster_->Kill(2, SIGKILL);
     trainers[2] = {};
     if (evicted_first) {
@@ -381,6 +383,12 @@ class RestartTest : public ClusterTest,
     }
     EXPECT_TRUE(cluster_->RestartWorker(2).ok());
     EXPECT_TRUE(cluster_->WaitForView(4, absl::Seconds(20)).ok());
+    if (!evicted_first && plan.ok()) {
+      // One change, the new process's join: it was never evicted.
+      const absl::StatusOr<Plan> now = cluster_->GetPlan(0);
+      EXPECT_TRUE(now.ok() && now->epoch == plan->epoch + 1)
+          << plan->epoch << " then " << (now.ok() ? now->epoch : 0);
+    }
     return residuals;
   }
 };
@@ -643,8 +651,8 @@ TEST_F(ClusterTest, EveryWorkerIsBackSoonAfterALongCoordinatorOutage) {
   EXPECT_TRUE(absl::StrContains(metrics, "gradmesh_coordinator_members 3"))
       << metrics;
   EXPECT_TRUE(absl::StrContains(
-      metrics, absl::StrCat("gradmesh_coordinator_epoch ",
-                            before[0].info.epoch, "\n")))
+      metrics,
+      absl::StrCat("gradmesh_coordinator_epoch ", before[0].info.epoch, "\n")))
       << metrics;
   for (const auto& r : RunStep(trainers, {0, 1, 2}, 1)) {
     ASSERT_TRUE(r.status.ok()) << r.status;

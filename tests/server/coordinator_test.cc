@@ -376,6 +376,13 @@ TEST(CoordinatorTest, AKnownEpochLeavesRoomForTheEpochsAfterIt) {
   Coordinator fresh({.teams = 1}, kTimeout);
   EXPECT_TRUE(
       absl::IsInvalidArgument(fresh.Join(Node("a"), kT0, &far).status()));
+  // A view that does not list its sender is not adopted: past the raise's
+  // limit it is refused, and changes nothing.
+  View without_sender = restarted.view();
+  without_sender.epoch = Coordinator::kMaxRaisedEpoch + 1;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      fresh.Join(Node("z"), kT0, &without_sender).status()));
+  EXPECT_EQ(fresh.view().epoch, 0u);
 }
 
 // An adopted plan stays when this config would run it (an autotuned d

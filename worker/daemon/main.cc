@@ -49,9 +49,10 @@ ABSL_FLAG(int, view_wait_ms, 5000,
           "view, then runs again there (more than the coordinator's "
           "--heartbeat-timeout-ms)");
 ABSL_FLAG(int, peer_buffer_mib, 1024,
-          "what one peer's messages may hold here: those arriving, and those "
-          "of operations this worker has not started (the oldest of which "
-          "are dropped past it); a message larger than this is refused");
+          "what one peer's messages may hold here in an epoch: those "
+          "arriving, and those of operations this worker has not started "
+          "(the oldest of which are dropped past it); a message larger than "
+          "this is refused");
 ABSL_FLAG(std::string, topk, "auto", gradmesh::kernels::kTopKFlagHelp);
 ABSL_FLAG(std::string, port_file, "",
           "write the advertised address and metrics port here once serving "

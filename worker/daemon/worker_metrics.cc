@@ -113,7 +113,8 @@ void WorkerMetrics::StartSeriesAtZero() {
   for (const char* reason : {"malformed", "limits", "identity", "token"}) {
     calls_refused(reason);
   }
-  for (const char* reason : {"old_epoch", "retired_operation"}) {
+  for (const char* reason :
+       {"old_epoch", "retired_operation", "unclaimed_operation"}) {
     frames_dropped(reason);
   }
 }

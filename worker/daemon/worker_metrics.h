@@ -13,9 +13,9 @@
 //   gradmesh_worker_teams / _epoch / _rank / _world_size gauges
 //   gradmesh_worker_operations_total{code}              counter (OK or error;
 //       every code's series exists from the start, at 0)
-//   gradmesh_worker_frames_dropped_total{reason}        counter: old_epoch,
-//       retired_operation, unclaimed_operation (messages dropped for a
-//       peer's budget, --peer_buffer_mib)
+//   gradmesh_worker_frames_dropped_total{reason}        counter: frames of
+//       an old_epoch or a retired_operation; for unclaimed_operation,
+//       messages dropped for a peer's budget (--peer_buffer_mib)
 //   gradmesh_worker_calls_refused_total{reason}         counter: peer streams
 //       and calls refused: malformed, limits (held epochs' bounds, a peer's
 //       streams or budget), identity

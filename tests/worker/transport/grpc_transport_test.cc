@@ -602,5 +602,21 @@ TEST(GrpcTransportTest, DropsTheOldestOperationNotStartedPastTheBudget) {
   EXPECT_EQ(net.service(1)->stats().messages_dropped_unclaimed, 2u);
 }
 
+// Empty messages cost their overhead: a flood of them for operations never
+// started here stays within the budget too.
+TEST(GrpcTransportTest, EmptyMessagesOfOperationsNotStartedCountToo) {
+  GrpcNetwork net(2, 1 << 20, 0, /*held_bytes_per_peer=*/64 << 10);
+  constexpr uint64_t kMessages = 2000;  // 2000 x 64 bytes: past 64 KiB
+  for (uint64_t op = 1; op <= kMessages; ++op) {
+    ASSERT_TRUE(net.endpoint(0)->Send(1, {0, op, 0}, "").ok());
+  }
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, {0, kMessages, 0}, Soon()), "");
+  const uint64_t kept = (64 << 10) / PeerService::kMessageOverheadBytes;
+  EXPECT_GE(net.service(1)->stats().messages_dropped_unclaimed,
+            kMessages - kept);
+  EXPECT_TRUE(absl::IsResourceExhausted(
+      net.endpoint(1)->Recv(0, {0, 1, 0}, Soon()).status()));
+}
+
 }  // namespace
 }  // namespace gradmesh::transport

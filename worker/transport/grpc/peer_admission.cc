@@ -67,6 +67,10 @@ void PeerService::VerifyHeldLocked(uint64_t epoch, EpochState& state) {
         if (!absl::IsPermissionDenied(allowed)) ++stats_.streams_refused;
       } else {
         state.refused_streams[number] = allowed;
+        // Its place among the rank's streams and its charge go now, so a
+        // silent impostor holds nothing of the rank it claimed.
+        ReleaseLocked(state, number);
+        --state.held[held.from].streams;
       }
     }
   }

@@ -1,5 +1,6 @@
 // PeerService, what one peer may hold: its streams, its messages in
 // assembly, and its messages of operations not started here.
+#include <deque>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -11,8 +12,8 @@ namespace gradmesh::transport {
 absl::Status PeerService::ChargeLocked(uint64_t epoch, EpochState& state,
                                        int from, uint64_t stream,
                                        uint64_t bytes) {
+  const uint64_t cost = bytes + kMessageOverheadBytes;
   if (!state.open) {
-    const uint64_t cost = bytes + kMessageOverheadBytes;
     if (cost > kMaxUnopenedBytes - unopened_bytes_) {
       ++stats_.streams_refused_unopened_bytes;
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -30,7 +31,7 @@ absl::Status PeerService::ChargeLocked(uint64_t epoch, EpochState& state,
   // their epoch opened.
   auto fits = [&] {
     return held.bytes <= max_held_bytes_per_peer_ &&
-           bytes <= max_held_bytes_per_peer_ - held.bytes;
+           cost <= max_held_bytes_per_peer_ - held.bytes;
   };
   while (!fits() && DropOldestUnclaimedLocked(epoch, state, from)) {
   }
@@ -41,8 +42,8 @@ absl::Status PeerService::ChargeLocked(uint64_t epoch, EpochState& state,
         held.bytes, " held already; a peer may hold ", max_held_bytes_per_peer_,
         " bytes here"));
   }
-  held.bytes += bytes;
-  state.assembling[stream] = {.from = from, .bytes = bytes};
+  held.bytes += cost;
+  state.assembling[stream] = {.from = from, .bytes = cost};
   return absl::OkStatus();
 }
 
@@ -63,19 +64,41 @@ void PeerService::HoldUnclaimedLocked(EpochState& state, int from,
                                       uint64_t operation, uint64_t bytes) {
   if (state.claimed.contains(operation)) return;
   Held& held = state.held[from];
-  uint64_t& charged = state.unclaimed[operation][from];
-  if (charged == 0) held.unclaimed_order.push_back(operation);
+  auto [charged, fresh] = state.unclaimed[operation].try_emplace(from, 0);
+  if (fresh) {
+    held.unclaimed_order.push_back(operation);
+    ++held.live;
+    TrimOrderLocked(state, from, held);
+  }
   // Over the budget only by what ChargeLocked let in while it assembled.
-  charged += bytes;
-  held.bytes += bytes;
+  const uint64_t cost = bytes + kMessageOverheadBytes;
+  charged->second += cost;
+  held.bytes += cost;
 }
 
 void PeerService::ClaimLocked(EpochState& state, uint64_t operation) {
+  if (state.retired.contains(operation)) return;
   state.claimed.insert(operation);
   auto it = state.unclaimed.find(operation);
   if (it == state.unclaimed.end()) return;
-  for (const auto& [from, bytes] : it->second) state.held[from].bytes -= bytes;
-  state.unclaimed.erase(it);  // its place in unclaimed_order goes lazily
+  const absl::flat_hash_map<int, uint64_t> senders = std::move(it->second);
+  state.unclaimed.erase(it);
+  for (const auto& [from, bytes] : senders) {
+    Held& held = state.held[from];
+    held.bytes -= bytes;
+    --held.live;
+    TrimOrderLocked(state, from, held);
+  }
+}
+
+void PeerService::TrimOrderLocked(EpochState& state, int from, Held& held) {
+  auto stale = [&](uint64_t operation) {
+    auto it = state.unclaimed.find(operation);
+    return it == state.unclaimed.end() || !it->second.contains(from);
+  };
+  std::deque<uint64_t>& order = held.unclaimed_order;
+  while (!order.empty() && stale(order.front())) order.pop_front();
+  if (order.size() > 2 * held.live + 64) std::erase_if(order, stale);
 }
 
 bool PeerService::DropOldestUnclaimedLocked(uint64_t epoch, EpochState& state,
@@ -89,6 +112,7 @@ bool PeerService::DropOldestUnclaimedLocked(uint64_t epoch, EpochState& state,
     auto sender = it->second.find(from);
     if (sender == it->second.end()) continue;
     state.held[from].bytes -= sender->second;
+    --state.held[from].live;
     it->second.erase(sender);
     if (it->second.empty()) state.unclaimed.erase(it);
     absl::erase_if(mailboxes_, [&](const auto& m) {

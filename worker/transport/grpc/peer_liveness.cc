@@ -13,13 +13,14 @@ void PeerService::StreamEnded(uint64_t epoch, int from, uint64_t stream,
   absl::MutexLock lock(&mu_);
   if (RetiredLocked(epoch)) return;
   EpochState& state = StateLocked(epoch);
+  // Spoke for no one: its place and charge went at its refusal.
+  if (state.refused_streams.erase(stream) > 0) return;
   ReleaseLocked(state, stream);
   if (auto held = state.held.find(from); held != state.held.end()) {
     Held& h = held->second;
     --h.streams;
     if (h.streams == 0 && h.bytes == 0) state.held.erase(held);
   }
-  if (state.refused_streams.erase(stream) > 0) return;  // spoke for no one
   if (auto held = state.unverified.find(stream);
       held != state.unverified.end()) {
     if (!held->second.messages.empty()) {
@@ -41,22 +42,32 @@ void PeerService::StreamEnded(uint64_t epoch, int from, uint64_t stream,
   BreakLocked(state, from, stream, state.newest_in[from], why);
 }
 
-absl::Status PeerService::NoteIncoming(uint64_t epoch, int from,
-                                       uint64_t stream, uint64_t operation,
-                                       uint64_t bytes) {
+absl::StatusOr<bool> PeerService::NoteIncoming(uint64_t epoch, int from,
+                                               uint64_t stream,
+                                               uint64_t operation,
+                                               uint64_t bytes) {
   absl::MutexLock lock(&mu_);
-  if (RetiredLocked(epoch)) return absl::OkStatus();
+  if (RetiredLocked(epoch)) return false;
   EpochState& state = StateLocked(epoch);
   if (auto refused = state.refused_streams.find(stream);
       refused != state.refused_streams.end()) {
     return refused->second;
   }
-  if (state.retired.contains(operation)) return absl::OkStatus();  // dropped
+  if (state.retired.contains(operation)) return false;
   GM_RETURN_IF_ERROR(ChargeLocked(epoch, state, from, stream, bytes));
   if (!state.unverified.contains(stream)) {
     NoteOperationLocked(state, operation);
   }
-  return absl::OkStatus();
+  return true;
+}
+
+void PeerService::Discarded(uint64_t epoch, uint64_t frames) {
+  absl::MutexLock lock(&mu_);
+  if (RetiredLocked(epoch)) {
+    stats_.frames_dropped_old_epoch += frames;
+  } else {
+    stats_.frames_dropped_retired_operation += frames;
+  }
 }
 
 void PeerService::NoteOperation(uint64_t epoch, uint64_t operation) {

@@ -12,10 +12,12 @@
 //
 // What one peer may hold here (peer_budget.cc), on any connection:
 //   - kMaxStreamsPerRank incoming streams at once per epoch;
-//   - a message is charged its announced size from its first frame (against
-//     kMaxUnopenedBytes for an epoch not opened, else against the sender's
-//     budget, max_held_bytes_per_peer), so a false length is refused before
-//     its data comes;
+//   - a message is charged its announced size (plus kMessageOverheadBytes)
+//     from its first frame (against kMaxUnopenedBytes for an epoch not
+//     opened, else against the sender's budget in that epoch,
+//     max_held_bytes_per_peer), so a false length is refused before its
+//     data comes; a message of a retired epoch or operation is read into
+//     nothing;
 //   - messages of operations this process has not started (no local Send or
 //     Receive yet) count against the sender's budget until it starts them.
 //     Past it, the oldest such operation's messages from that sender are
@@ -183,7 +185,11 @@ class PeerService final : public grpc::CallbackGenericService {
   struct Held {
     size_t streams = 0;  // incoming streams running
     uint64_t bytes = 0;  // charged against max_held_bytes_per_peer_
-    std::deque<uint64_t> unclaimed_order;  // operations, oldest first
+    // Its operations in `unclaimed`, oldest first; entries claimed since
+    // go from the front as they surface, and all at once when they
+    // outnumber the live ones (`live`) twice over.
+    std::deque<uint64_t> unclaimed_order;
+    size_t live = 0;
   };
   // A message in assembly: its announced size, charged where it went.
   struct Assembling {
@@ -238,11 +244,16 @@ class PeerService final : public grpc::CallbackGenericService {
       uint64_t epoch, int from, const std::vector<std::string>* names);
   // A message of `operation` announcing `bytes` starts on incoming stream
   // `stream` from `from`: notes the operation in flight, unless the
-  // stream's sender is not known yet, and charges the bytes. The refusal of
+  // stream's sender is not known yet, and charges the bytes. Returns
+  // whether to keep its data: false when its epoch or operation is retired
+  // (the reactor reads it into nothing and calls Discarded). The refusal of
   // a stream refused when its epoch opened; ResourceExhausted when the
   // message does not fit.
-  absl::Status NoteIncoming(uint64_t epoch, int from, uint64_t stream,
-                            uint64_t operation, uint64_t bytes);
+  absl::StatusOr<bool> NoteIncoming(uint64_t epoch, int from, uint64_t stream,
+                                    uint64_t operation, uint64_t bytes);
+  // A message NoteIncoming said not to keep has ended after `frames`
+  // frames: counts them dropped.
+  void Discarded(uint64_t epoch, uint64_t frames);
   // `clean`: the peer closed the stream itself (its epoch is over). A
   // message in assembly is released.
   void StreamEnded(uint64_t epoch, int from, uint64_t stream, bool clean,
@@ -263,6 +274,9 @@ class PeerService final : public grpc::CallbackGenericService {
                            uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `operation` started here (or ended): its messages no longer count.
   void ClaimLocked(EpochState& state, uint64_t operation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `from`'s entries of `held`'s order that are no longer unclaimed.
+  void TrimOrderLocked(EpochState& state, int from, Held& held)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the oldest unclaimed operation's messages from `from`; false if
   // there is none.

@@ -54,9 +54,14 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
     buffer_.Clear();
     if (accepted.ok()) {
       ++frames_;
+      if (!keep_) message_.clear();  // read into nothing
       if (received_ == message_bytes_) {
-        accepted = service_->Deliver(epoch_, from_, stream_, tag_,
-                                     std::move(message_), frames_);
+        if (keep_) {
+          accepted = service_->Deliver(epoch_, from_, stream_, tag_,
+                                       std::move(message_), frames_);
+        } else {
+          service_->Discarded(epoch_, frames_);
+        }
         message_ = std::string();
         frames_ = 0;
       }
@@ -127,12 +132,15 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
                          header.message_bytes, " bytes"));
       }
       tag_ = tag;
-      GM_RETURN_IF_ERROR(service_->NoteIncoming(
-          epoch_, from_, stream_, tag.operation, header.message_bytes));
+      GM_ASSIGN_OR_RETURN(
+          keep_, service_->NoteIncoming(epoch_, from_, stream_, tag.operation,
+                                        header.message_bytes));
       message_bytes_ = header.message_bytes;
       received_ = 0;
       try {
-        message_.reserve(std::min(message_bytes_, kReservedMessageBytes));
+        if (keep_) {
+          message_.reserve(std::min(message_bytes_, kReservedMessageBytes));
+        }
       } catch (const std::bad_alloc&) {
         // Not now (memory limits): the message grows as its data comes.
       }
@@ -163,6 +171,7 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
   uint64_t message_bytes_ = 0;
   uint64_t received_ = 0;
   uint64_t frames_ = 0;
+  bool keep_ = true;  // false: its epoch or operation is retired here
   std::string message_;
 };
 
