@@ -135,6 +135,10 @@ class DataPlane {
   absl::Status SaveResidual(const BucketName& name, absl::Time deadline);
   absl::Status LoadResidual(const BucketName& name, absl::Time deadline);
 
+  // Errors are the step's; DataLoss once a step was applied on every
+  // member after this worker's client had given up (its result never
+  // reached the trainer), until a Broadcast of the bucket. A refused step's
+  // gradient is kept in the residual.
   absl::StatusOr<ReduceResult> AllReduce(const ReduceCall& call,
                                          absl::Time deadline);
 
@@ -191,9 +195,10 @@ class DataPlane {
                               const Group& g, absl::Span<const float> gradient,
                               absl::Time deadline, StepState* state);
   // After every member voted to apply the step: its result into the
-  // segment, its figures recorded.
-  absl::StatusOr<ReduceResult> Applied(const ReduceCall& call,
-                                       const Bucket& bucket, const Group& g,
+  // segment, its figures recorded (or, when the client has given up, the
+  // bucket marked as having missed it).
+  absl::StatusOr<ReduceResult> Applied(const ReduceCall& call, Bucket& bucket,
+                                       const Group& g,
                                        const sparse::SparseBlock& result,
                                        ReduceResult out);
   // One attempt of a step on `g`; *retriable tells whether its failure came

@@ -35,7 +35,14 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   absl::Status refused;
   {
     absl::MutexLock lock(&bucket.mu);
-    if (bucket.last_step.has_value() && call.step <= *bucket.last_step) {
+    if (bucket.missed_step.has_value()) {
+      refused = absl::DataLossError(absl::StrCat(
+          "step ", *bucket.missed_step, " of bucket '", call.name.bucket,
+          "' was applied on every member after this worker's client had "
+          "given up, so this replica missed it: Broadcast the parameters "
+          "(the gradient of step ",
+          call.step, " is kept in the residual)"));
+    } else if (bucket.last_step.has_value() && call.step <= *bucket.last_step) {
       refused = absl::InvalidArgumentError(
           absl::StrCat("step ", call.step, " is not after step ",
                        *bucket.last_step, " of bucket '", call.name.bucket,
@@ -156,11 +163,16 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
 }
 
 absl::StatusOr<ReduceResult> DataPlane::Applied(
-    const ReduceCall& call, const Bucket& bucket, const Group& g,
+    const ReduceCall& call, Bucket& bucket, const Group& g,
     const sparse::SparseBlock& result, ReduceResult out) {
-  // The client gave up after voting to apply the step (a narrow window):
-  // its memory is its own again.
+  // The client gave up after voting to apply the step (a narrow window, or
+  // in doubt at its deadline): its memory is its own again, and its replica
+  // is behind until a Broadcast.
   if (call.cancelled != nullptr && call.cancelled()) {
+    {
+      absl::MutexLock lock(&bucket.mu);
+      bucket.missed_step = call.step;
+    }
     return absl::CancelledError(absl::StrCat(
         "step ", call.step, " of bucket '", call.name.bucket,
         "' was applied on every member, but this worker's client gave up "

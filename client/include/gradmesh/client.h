@@ -63,10 +63,16 @@
 //     was destroyed with the call in flight. After either, the memory is the
 //     caller's again: a worker that had not started the step drops it
 //     without reading the gradient (it is not kept); one that had started
-//     it votes it down on every member, so nobody applies it. (A narrow
-//     window remains: a caller that gives up after its worker voted to apply
-//     misses a step the others applied; its worker counts the call under
-//     gradmesh_worker_operations_total{code="CANCELLED"}.)
+//     it votes it down on every member, so nobody applies it. (A caller
+//     that gives up after its worker voted to apply, or while the worker is
+//     still learning the outcome past the deadline, can miss a step the
+//     others applied; the bucket's next AllReduce then fails at once with
+//     DataLoss, below.)
+//   - DataLoss: this replica may differ from the others: a step was applied
+//     on every member after this caller had given up on it, or its worker
+//     could not learn whether its peers applied one. Take the parameters
+//     through Broadcast (which clears it), then go on; the refused step's
+//     gradient is in the residual.
 //   - InvalidArgument: bad names or sizes; buckets that differ between
 //     workers (reported on every worker, without a hang); NaN or Inf in any
 //     worker's gradient (policy: the step is skipped on every worker,

@@ -31,7 +31,9 @@ Every error this package raises is a GradmeshError, whose .code is the
 status code's name: "ABORTED" (membership changed: go on with the next
 step), "UNAVAILABLE", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT" (bad input,
 buckets that differ between processes, NaN or Inf in a gradient; also a
-ValueError or TypeError), "FAILED_PRECONDITION" (a call out of order). When
+ValueError or TypeError), "FAILED_PRECONDITION" (a call out of order),
+"DATA_LOSS" (this process's copy may differ from the others': a step was
+applied while it had given up on it; broadcast the parameters). When
 this process's own worker is gone, the error is a WorkerGoneError (a
 GradmeshError): stop; the other processes go on without this one, and
 `gradmesh run` lets them.

@@ -858,6 +858,71 @@ TEST(DataPlaneTest, AWorkerInDoubtAppliesTheStepItsPeerApplied) {
                     {Residual(segments[0], kN), Residual(segments[1], kN)}));
 }
 
+// Worker 1 misses worker 0's vote and is still in doubt at its deadline,
+// when its client gives up; it then learns that worker 0 applied the step.
+// Its trainer never gets the result (its call ended at the deadline), so
+// its replica missed a step the others applied: its next step fails at once
+// with DataLoss (the gradient kept) until a Broadcast re-syncs the bucket.
+TEST(DataPlaneTest, AStepAppliedAfterTheClientGaveUpIsReportedNextTime) {
+  constexpr uint64_t kN = 300;
+  Workers w(2);
+  w.DropSendsIf(0, IsVote);
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  WriteGradients(segments, kN, 70);
+  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  std::vector<absl::StatusOr<ReduceResult>> out(2, absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      out[r] = w.plane(r).AllReduce(
+          {.name = {"job", "b"},
+           .step = 1,
+           .sparse = true,
+           .cancelled = [deadline] { return absl::Now() > deadline; }},
+          deadline);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(out[0].ok()) << out[0].status();
+  ASSERT_FALSE(out[1].ok());  // its client had given up
+
+  // Alone, and at once: this replica knows it is behind.
+  ASSERT_TRUE(w.plane(1).SaveResidual({"job", "b"}, Soon()).ok());
+  const std::vector<float> before = Residual(segments[1], kN);
+  const std::vector<float> gradient = WriteGradients(segments, kN, 71)[1];
+  const absl::Time start = absl::Now();
+  const absl::StatusOr<ReduceResult> next =
+      w.plane(1).AllReduce({.name = {"job", "b"}, .step = 2}, Soon());
+  EXPECT_TRUE(absl::IsDataLoss(next.status())) << next.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  ASSERT_TRUE(w.plane(1).SaveResidual({"job", "b"}, Soon()).ok());
+  const std::vector<float> kept = Residual(segments[1], kN);
+  for (uint64_t i = 0; i < kN; ++i) {
+    ASSERT_FLOAT_EQ(kept[i], before[i] + gradient[i]) << i;
+  }
+
+  // A Broadcast brings it the parameters; then steps run again.
+  std::vector<absl::StatusOr<Membership>> synced(2, absl::UnknownError(""));
+  threads.clear();
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      synced[r] = w.plane(r).Broadcast({"job", "b"}, 0, /*root=*/0, Soon());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(synced[r].ok()) << synced[r].status();
+  // Votes flow again from the next view's transports.
+  w.DropSendsIf(
+      0, [](int, const transport::Tag&, absl::string_view) { return false; });
+  w.Install(0, w.View(2, {0, 1}));
+  w.Install(1, w.View(2, {0, 1}));
+  for (const auto& r :
+       AllReduceAllUntil(w, {.name = {"job", "b"}, .step = 3}, Soon())) {
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+}
+
 // Both workers miss the other's vote: both in doubt, neither applied it, so
 // both give the step up, and the next step carries every gradient.
 TEST(DataPlaneTest, WorkersAllInDoubtGiveTheStepUpTogether) {
