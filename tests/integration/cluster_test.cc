@@ -661,6 +661,38 @@ TEST_F(ClusterTest, EveryWorkerIsBackSoonAfterALongCoordinatorOutage) {
   }
 }
 
+// A worker restarted three times comes back on a new port each time: its
+// peers keep channels to the addresses of the newest view only, not to
+// every address a member ever had.
+TEST_F(ClusterTest, ChannelsToAddressesNoViewHasAreDropped) {
+  Start(3, {{"algo", "spardl"}, {"teams", "1"}},
+        {{"heartbeat_interval_ms", "250"}});
+  // A barrier on every worker: each sends to its peers.
+  auto barrier = [&] {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < 3; ++w) {
+      threads.emplace_back([&, w] {
+        auto client = Client::Connect({.worker = cluster_->sdk_address(w),
+                                       .job = "prune",
+                                       .timeout = absl::Seconds(20)});
+        ASSERT_TRUE(client.ok()) << client.status();
+        EXPECT_TRUE((*client)->Barrier().ok());
+      });
+    }
+    for (auto& t : threads) t.join();
+  };
+  barrier();
+  for (int restart = 0; restart < 3; ++restart) {
+    ASSERT_TRUE(cluster_->RestartWorker(2).ok());
+    ASSERT_TRUE(cluster_->WaitForView(3, absl::Seconds(20)).ok());
+    barrier();
+  }
+  // Its coordinator and its two peers now.
+  const std::string metrics = FetchMetrics(cluster_->worker_metrics_port(0));
+  EXPECT_TRUE(absl::StrContains(metrics, "gradmesh_worker_peer_channels 3\n"))
+      << metrics.substr(metrics.rfind("gradmesh_worker_peer_channels "), 40);
+}
+
 // The coordinator dies and a new one takes its address: the members keep
 // their view (no new epoch, steps go on), and epochs only grow, so the view
 // after a later worker loss is newer than every view the workers ran, even

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -117,6 +118,8 @@ class Daemon final : public WorkerDaemon {
   void ReapLoop();
   // The Commit service's check: on TLS, the caller's certificate names the
   // host of a member of `epoch` (of any view remembered, for an older one).
+  // Drops cached channels to addresses the newest view does not have.
+  void PruneChannelsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unavailable for an epoch newer than every view installed here.
   absl::Status AdmitAsker(const grpc::ServerContext& context, uint64_t epoch);
   static constexpr size_t kViewsRemembered = 16;
@@ -314,6 +317,7 @@ std::shared_ptr<grpc::Channel> Daemon::Channel(const std::string& address) {
   if (channel == nullptr) {
     channel = grpc::CreateCustomChannel(address, channel_credentials_,
                                         DefaultChannelArguments());
+    metrics_->peer_channels().Set(static_cast<double>(channels_.size()));
   }
   return channel;
 }
@@ -389,6 +393,18 @@ void Daemon::InstallView(const v1::View& view) {
       [](uint64_t epoch, const auto& entry) { return epoch < entry.first; });
   recent_members_.emplace(at, group.view.epoch, group.view.addresses);
   if (recent_members_.size() > kViewsRemembered) recent_members_.pop_front();
+  PruneChannelsLocked();
+}
+
+void Daemon::PruneChannelsLocked() {
+  // Transports hold the channels they use, and an ask about an older
+  // epoch's step makes its channel again: the cache keeps the newest view's.
+  absl::flat_hash_set<std::string> wanted = {options_.coordinator};
+  const std::vector<std::string>& newest = recent_members_.back().second;
+  wanted.insert(newest.begin(), newest.end());
+  absl::erase_if(channels_,
+                 [&](const auto& c) { return !wanted.contains(c.first); });
+  metrics_->peer_channels().Set(static_cast<double>(channels_.size()));
 }
 
 absl::Status Daemon::AdmitAsker(const grpc::ServerContext& context,

@@ -81,6 +81,9 @@ void WorkerMetrics::RegisterSingleSeries(prometheus::Registry& r) {
   world_size_ =
       &Gauges(r, "gradmesh_worker_world_size", "Members of the current view")
            .Add({});
+  peer_channels_ = &Gauges(r, "gradmesh_worker_peer_channels",
+                           "gRPC channels kept to peers and the coordinator")
+                        .Add({});
   late_views_ = &Counters(r, "gradmesh_worker_late_views_total",
                           "Plan changes that arrived after their start step")
                      .Add({});

@@ -20,6 +20,8 @@
 //       and calls refused: malformed, limits (held epochs' bounds, a peer's
 //       streams or budget), identity
 //       (a certificate not naming the member's host), token (SDK over TCP)
+//   gradmesh_worker_peer_channels                       gauge: channels kept
+//       (to the newest view's members, and the coordinator)
 //   gradmesh_worker_late_views_total                    counter
 //   gradmesh_worker_step_retries_total                  counter: steps run
 //       again on a new view after membership changed under them
@@ -86,6 +88,7 @@ class WorkerMetrics {
   prometheus::Gauge& epoch() { return *epoch_; }
   prometheus::Gauge& rank() { return *rank_; }
   prometheus::Gauge& world_size() { return *world_size_; }
+  prometheus::Gauge& peer_channels() { return *peer_channels_; }
   prometheus::Counter& late_views() { return *late_views_; }
   prometheus::Counter& retries() { return *retries_; }
   prometheus::Counter& unresolved() { return *unresolved_; }
@@ -120,6 +123,7 @@ class WorkerMetrics {
   prometheus::Gauge* epoch_;
   prometheus::Gauge* rank_;
   prometheus::Gauge* world_size_;
+  prometheus::Gauge* peer_channels_;
   prometheus::Counter* late_views_;
   prometheus::Counter* retries_;
   prometheus::Counter* unresolved_;
