@@ -93,6 +93,10 @@ std::pair<std::string, int> SplitHostPort(const std::string& address) {
   return {address.substr(0, colon), port};
 }
 
+bool OverUnixSocket(const grpc::ServerContextBase& context) {
+  return absl::StartsWith(context.peer(), "unix:");
+}
+
 bool OverTls(const grpc::AuthContext& auth) {
   const std::vector<grpc::string_ref> type =
       auth.FindPropertyValues(GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME);

@@ -53,6 +53,9 @@ std::pair<std::string, int> SplitHostPort(const std::string& address);
 // Whether the connection of `auth` is TLS (with mutual TLS: a certificate of
 // the CA, whatever names it holds).
 bool OverTls(const grpc::AuthContext& auth);
+// Whether the caller came over a unix-domain socket (the SDK's: a local
+// trainer, never a peer).
+bool OverUnixSocket(const grpc::ServerContextBase& context);
 // The subject alternative names of the certificate `auth` was authenticated
 // with; empty on plaintext or for a certificate without any.
 std::vector<std::string> CertificateNames(const grpc::AuthContext& auth);

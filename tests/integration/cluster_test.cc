@@ -693,6 +693,39 @@ TEST_F(ClusterTest, ChannelsToAddressesNoViewHasAreDropped) {
       << metrics.substr(metrics.rfind("gradmesh_worker_peer_channels "), 40);
 }
 
+// The SDK's unix socket is served by the same server as the peers (the
+// default, and the Kubernetes one): a process that reaches that socket is a
+// trainer, not a peer, and may neither send Exchange frames for a rank nor
+// ask about (and so make a worker promise to refuse) a step.
+TEST_F(ClusterTest, PeerCallsOverTheSdkSocketAreRefused) {
+  Start(2, {{"algo", "spardl"}, {"teams", "1"}});
+  const absl::StatusOr<Plan> plan = cluster_->GetPlan(0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto channel = grpc::CreateChannel(cluster_->sdk_address(0),
+                                     grpc::InsecureChannelCredentials());
+  auto peer = gradmesh::v1::Peer::NewStub(channel);
+  grpc::ClientContext context;
+  auto stream = peer->Exchange(&context);
+  gradmesh::v1::Frame frame;
+  frame.set_epoch(plan->epoch);
+  frame.set_from_rank(1);
+  frame.set_message_bytes(3);
+  frame.set_data("abc");
+  stream->Write(frame);
+  stream->WritesDone();
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+
+  auto commit = gradmesh::v1::Commit::NewStub(channel);
+  grpc::ClientContext ask;
+  ask.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  gradmesh::v1::OutcomeRequest request;
+  request.set_epoch(plan->epoch);
+  request.set_step(1);
+  gradmesh::v1::OutcomeResponse response;
+  EXPECT_EQ(commit->Outcome(&ask, request, &response).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+}
+
 // The coordinator dies and a new one takes its address: the members keep
 // their view (no new epoch, steps go on), and epochs only grow, so the view
 // after a later worker loss is newer than every view the workers ran, even

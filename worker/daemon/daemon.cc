@@ -409,6 +409,11 @@ void Daemon::PruneChannelsLocked() {
 
 absl::Status Daemon::AdmitAsker(const grpc::ServerContext& context,
                                 uint64_t epoch) {
+  if (OverUnixSocket(context)) {
+    metrics_->calls_refused("identity").Increment();
+    return absl::PermissionDeniedError(
+        "outcome asks are not taken over the SDK's unix socket");
+  }
   std::vector<std::string> members;
   {
     absl::MutexLock lock(&mu_);

@@ -31,7 +31,9 @@
 // streams are refused with PermissionDenied and counted, and their end says
 // nothing about the rank they claimed. A stream of an epoch not opened yet
 // is checked when it opens: until then its messages are held apart. On a
-// plaintext connection the network is trusted and nothing is checked.
+// plaintext connection the network is trusted and nothing is checked, but a
+// stream over a unix-domain socket (the SDK's, when it shares this server)
+// is refused with PermissionDenied: local trainers are not peers.
 //
 // Failures, and what they fail:
 //   - a stream that breaks (either direction: the peer's incoming stream, or

@@ -177,15 +177,22 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
 
 grpc::ServerGenericBidiReactor* PeerService::CreateReactor(
     grpc::GenericCallbackServerContext* context) {
+  class Refuse final : public grpc::ServerGenericBidiReactor {
+   public:
+    explicit Refuse(grpc::Status status) { Finish(std::move(status)); }
+    void OnDone() override { delete this; }
+  };
   if (context->method() != kExchangeMethod) {
-    class Unimplemented final : public grpc::ServerGenericBidiReactor {
-     public:
-      Unimplemented() {
-        Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, ""));
-      }
-      void OnDone() override { delete this; }
-    };
-    return new Unimplemented;
+    return new Refuse(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, ""));
+  }
+  if (OverUnixSocket(*context)) {
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.streams_refused_identity;
+    }
+    return new Refuse(
+        grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                     "peer streams are not taken over the SDK's unix socket"));
   }
   return new Reactor(this, context);
 }
