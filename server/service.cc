@@ -300,7 +300,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                                    .gpus = node.gpus(),
                                    .gpu_name = node.gpu_name(),
                                    .incarnation = node.incarnation()},
-                                  SteadyNow(), known ? &*known : nullptr);
+                                  Heard(), known ? &*known : nullptr);
     if (!view.ok()) return ToGrpc(view.status());
     *response->mutable_view() = ToProto(*view, incarnation_);
     Log(absl::StrCat(node.node_id(), " joined",
@@ -315,7 +315,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                          v1::HeartbeatResponse* response) override {
     GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, request->node_id()));
     GM_RETURN_IF_ERROR_GRPC(
-        coordinator_.Heartbeat(request->node_id(), SteadyNow()));
+        coordinator_.Heartbeat(request->node_id(), Heard()));
     response->set_epoch(coordinator_.view().epoch);
     return grpc::Status::OK;
   }
@@ -420,7 +420,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
         if (stopping_) return;
       }
       const absl::Time now = SteadyNow();
-      ExcuseAPause(now - last_tick, now);
+      ExcuseAPause(last_tick, now);
       last_tick = now;
       coordinator_.Tick(now);
       View view = coordinator_.view();
@@ -443,13 +443,33 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     }
   }
 
-  // A tick this late means the process was paused or starved: heartbeats
-  // could not be heard for most of the gap.
-  void ExcuseAPause(absl::Duration gap, absl::Time now) {
-    // Late by more than 1 s, or by half the timeout where that is shorter.
-    if (gap < std::min(kPauseGap, options_.heartbeat_timeout / 2)) return;
-    coordinator_.Excuse(gap - kTickInterval, now);
-    Log(absl::StrCat("did not run for ", absl::FormatDuration(gap),
+  // The steady time of a Join or Heartbeat being handled now, noted as the
+  // first since the last tick if it is.
+  absl::Time Heard() {
+    const absl::Time now = SteadyNow();
+    absl::MutexLock lock(&mu_);
+    if (!heard_since_tick_.has_value()) heard_since_tick_ = now;
+    return now;
+  }
+
+  // The time from the last tick until this process first heard a member
+  // again (or until now) was unwatched when it is long (more than 1 s, or
+  // half the timeout where that is shorter): the process was paused or
+  // starved, and heartbeats could not be heard. A tick late while calls are
+  // handled all along excuses nothing.
+  void ExcuseAPause(absl::Time last_tick, absl::Time now) {
+    absl::Time heard = now;
+    {
+      absl::MutexLock lock(&mu_);
+      heard = std::min(heard_since_tick_.value_or(now), now);
+      heard_since_tick_.reset();
+    }
+    const absl::Duration unwatched = heard - last_tick;
+    if (unwatched < std::min(kPauseGap, options_.heartbeat_timeout / 2)) {
+      return;
+    }
+    coordinator_.Excuse(unwatched - kTickInterval, now);
+    Log(absl::StrCat("did not run for ", absl::FormatDuration(unwatched),
                      "; that silence counts against no member"));
   }
 
@@ -469,6 +489,8 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   View last_view_;  // the ticker's
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // When a member was first heard after the last tick (Heard).
+  std::optional<absl::Time> heard_since_tick_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

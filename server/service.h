@@ -26,9 +26,9 @@
 //
 // Thread-safe. Membership is checked every 100 ms (heartbeat timeouts), on
 // the steady clock: a step of the wall clock evicts nobody and keeps nobody.
-// A check more than 1 s late (or half the heartbeat timeout, if shorter:
-// the process was paused or starved) excuses the members the silence it
-// could not watch (Coordinator::Excuse).
+// When it goes more than 1 s (or half the heartbeat timeout, if shorter)
+// from one check without checking or hearing any member (the process was
+// paused or starved), that silence is excused (Coordinator::Excuse).
 #ifndef GRADMESH_SERVER_SERVICE_H_
 #define GRADMESH_SERVER_SERVICE_H_
 
