@@ -627,7 +627,7 @@ TEST_F(ClusterTest, APausedCoordinatorEvictsNobody) {
   }
 }
 
-// The coordinator is down long enough (17 s) for gRPC's default reconnect
+// The coordinator is down long enough (30 s) for gRPC's default reconnect
 // backoff to put a worker's next try many seconds after the restart, past
 // the heartbeat timeout that an adopted member has to come back. Every
 // worker must be back within that time, so that nobody is evicted and the
@@ -690,7 +690,7 @@ TEST_F(ClusterTest, ChannelsToAddressesNoViewHasAreDropped) {
   // Its coordinator and its two peers now.
   const std::string metrics = FetchMetrics(cluster_->worker_metrics_port(0));
   EXPECT_TRUE(absl::StrContains(metrics, "gradmesh_worker_peer_channels 3\n"))
-      << metrics.substr(metrics.rfind("gradmesh_worker_peer_channels "), 40);
+      << metrics;
 }
 
 // The SDK's unix socket is served by the same server as the peers (the

@@ -116,11 +116,12 @@ class Daemon final : public WorkerDaemon {
   // Destroys retired groups (their streams' close may wait) off the
   // operations' path, until Stop.
   void ReapLoop();
-  // The Commit service's check: on TLS, the caller's certificate names the
-  // host of a member of `epoch` (of any view remembered, for an older one).
   // Drops cached channels to addresses the newest view does not have.
   void PruneChannelsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Unavailable for an epoch newer than every view installed here.
+  // The Commit service's check: not over a unix socket, and on TLS, the
+  // caller's certificate names the host of a member of `epoch` (of any view
+  // remembered, for an older one). Unavailable for an epoch newer than
+  // every view installed here.
   absl::Status AdmitAsker(const grpc::ServerContext& context, uint64_t epoch);
   static constexpr size_t kViewsRemembered = 16;
 

@@ -185,15 +185,19 @@ Outcome DataPlane::Decide(const OutcomeKey& key) {
   return protocol_.Decide(key, known);
 }
 
-absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
+absl::Status DataPlane::Commit(const Group& g, Bucket& bucket,
                                const ReduceCall& call,
                                const sparse::SparseBlock& result,
                                absl::Time deadline, bool* refused_by_vote) {
   // Yes, unless the client gave up.
   const bool yes = call.cancelled == nullptr || !call.cancelled();
-  return protocol_.Vote(g, {bucket.id, call.step, g.view.epoch},
-                        OperationId("commit", bucket.buffer, call.step), yes,
-                        sparse::Digest(result), deadline, refused_by_vote);
+  absl::Status vote =
+      protocol_.Vote(g, {bucket.id, call.step, g.view.epoch},
+                     OperationId("commit", bucket.buffer, call.step), yes,
+                     sparse::Digest(result), deadline, refused_by_vote);
+  // The others may have applied it: this replica may be behind.
+  if (absl::IsDataLoss(vote)) MarkMissed(bucket, call.step);
+  return vote;
 }
 
 }  // namespace gradmesh::daemon

@@ -135,10 +135,11 @@ class DataPlane {
   absl::Status SaveResidual(const BucketName& name, absl::Time deadline);
   absl::Status LoadResidual(const BucketName& name, absl::Time deadline);
 
-  // Errors are the step's; DataLoss once a step was applied on every
-  // member after this worker's client had given up (its result never
-  // reached the trainer), until a Broadcast of the bucket. A refused step's
-  // gradient is kept in the residual.
+  // Errors are the step's. DataLoss on every member while a member's
+  // replica of the bucket is behind: a step was applied on the others after
+  // its client had given up (its result never reached the trainer), or it
+  // could not learn a step's outcome; until a Broadcast from a rank whose
+  // replica is whole. A refused step's gradient is kept in the residual.
   absl::StatusOr<ReduceResult> AllReduce(const ReduceCall& call,
                                          absl::Time deadline);
 
@@ -208,9 +209,13 @@ class DataPlane {
                                        absl::Span<const float> gradient,
                                        absl::Time deadline, bool* retriable);
   // The members' vote on `result` (StepProtocol::Vote).
-  absl::Status Commit(const Group& g, const Bucket& bucket,
-                      const ReduceCall& call, const sparse::SparseBlock& result,
-                      absl::Time deadline, bool* refused_by_vote);
+  absl::Status Commit(const Group& g, Bucket& bucket, const ReduceCall& call,
+                      const sparse::SparseBlock& result, absl::Time deadline,
+                      bool* refused_by_vote);
+  // Bucket::missed_step: set to `step`; as StepRecord::missed (1 + it, or
+  // 0 when none).
+  static void MarkMissed(Bucket& bucket, uint64_t step);
+  static uint64_t MissedMark(Bucket& bucket);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
                    const sparse::SparseBlock& result, int world_size);
 

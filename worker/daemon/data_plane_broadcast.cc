@@ -41,7 +41,8 @@ absl::StatusOr<Membership> DataPlane::BroadcastHeld(Bucket& bucket,
       *group, bucket.name.bucket, OperationId("broadcast-agree", scope, number),
       {.fingerprint = bucket.fingerprint,
        .values = bucket.layout.n,
-       .root = root},
+       .root = root,
+       .missed = MissedMark(bucket)},
       deadline));
   // Flat: the root sends its values to every member directly.
   const uint64_t op = OperationId("broadcast", scope, number);

@@ -17,6 +17,16 @@ bool PerTensor(const Bucket& bucket, const PlanInfo& plan) {
 
 }  // namespace
 
+void DataPlane::MarkMissed(Bucket& bucket, uint64_t step) {
+  absl::MutexLock lock(&bucket.mu);
+  bucket.missed_step = step;
+}
+
+uint64_t DataPlane::MissedMark(Bucket& bucket) {
+  absl::MutexLock lock(&bucket.mu);
+  return bucket.missed_step.has_value() ? *bucket.missed_step + 1 : 0;
+}
+
 absl::StatusOr<ReduceResult> DataPlane::AllReduce(const ReduceCall& call,
                                                   absl::Time deadline) {
   absl::StatusOr<ReduceResult> result = WithBucket<ReduceResult>(
@@ -35,14 +45,7 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   absl::Status refused;
   {
     absl::MutexLock lock(&bucket.mu);
-    if (bucket.missed_step.has_value()) {
-      refused = absl::DataLossError(absl::StrCat(
-          "step ", *bucket.missed_step, " of bucket '", call.name.bucket,
-          "' was applied on every member after this worker's client had "
-          "given up, so this replica missed it: Broadcast the parameters "
-          "(the gradient of step ",
-          call.step, " is kept in the residual)"));
-    } else if (bucket.last_step.has_value() && call.step <= *bucket.last_step) {
+    if (bucket.last_step.has_value() && call.step <= *bucket.last_step) {
       refused = absl::InvalidArgumentError(
           absl::StrCat("step ", call.step, " is not after step ",
                        *bucket.last_step, " of bucket '", call.name.bucket,
@@ -101,7 +104,8 @@ engine::Request DataPlane::StepRequest(const ReduceCall& call, Bucket& bucket,
           [this, &bucket, &g, deadline, agree_op, state](uint64_t nonfinite) {
             const StepRecord record{.fingerprint = bucket.fingerprint,
                                     .values = bucket.layout.n,
-                                    .nonfinite = nonfinite};
+                                    .nonfinite = nonfinite,
+                                    .missed = MissedMark(bucket)};
             // Its wait is the operation's (peers' skew lands there); its
             // rounds and bytes are not the algorithm's and stay out of the
             // stats.
@@ -169,10 +173,7 @@ absl::StatusOr<ReduceResult> DataPlane::Applied(
   // in doubt at its deadline): its memory is its own again, and its replica
   // is behind until a Broadcast.
   if (call.cancelled != nullptr && call.cancelled()) {
-    {
-      absl::MutexLock lock(&bucket.mu);
-      bucket.missed_step = call.step;
-    }
+    MarkMissed(bucket, call.step);
     return absl::CancelledError(absl::StrCat(
         "step ", call.step, " of bucket '", call.name.bucket,
         "' was applied on every member, but this worker's client gave up "

@@ -51,8 +51,8 @@ ABSL_FLAG(int, view_wait_ms, 5000,
 ABSL_FLAG(int, peer_buffer_mib, 1024,
           "what one peer's messages may hold here in an epoch: those "
           "arriving, and those of operations this worker has not started "
-          "(the oldest of which are dropped past it); a message larger than "
-          "this is refused");
+          "(the oldest of which are dropped past it); a message that does not "
+          "fit (with 64 bytes of overhead) is refused");
 ABSL_FLAG(std::string, topk, "auto", gradmesh::kernels::kTopKFlagHelp);
 ABSL_FLAG(std::string, port_file, "",
           "write the advertised address and metrics port here once serving "

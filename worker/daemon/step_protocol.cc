@@ -33,13 +33,14 @@ absl::Status StepProtocol::Agree(const Group& g, absl::string_view bucket,
                                             g.size(), " members"));
   }
   std::vector<std::string> nonfinite;
+  std::vector<StepRecord> records(g.size());
   for (int r = 0; r < g.size(); ++r) {
     if (all[r].size() != sizeof(StepRecord)) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", r, " sent an agreement record of ",
                        all[r].size(), " bytes"));
     }
-    StepRecord theirs;
+    StepRecord& theirs = records[r];
     std::memcpy(&theirs, all[r].data(), sizeof(theirs));
     if (theirs.fingerprint != mine.fingerprint || theirs.root != mine.root) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -52,6 +53,7 @@ absl::Status StepProtocol::Agree(const Group& g, absl::string_view bucket,
       nonfinite.push_back(absl::StrCat("rank ", r, ": ", theirs.nonfinite));
     }
   }
+  GM_RETURN_IF_ERROR(CheckNoneBehind(bucket, records, mine.root));
   if (!nonfinite.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "non-finite values (NaN or Inf) in the gradient of bucket '", bucket,
@@ -60,6 +62,28 @@ absl::Status StepProtocol::Agree(const Group& g, absl::string_view bucket,
         "in the residuals"));
   }
   return absl::OkStatus();
+}
+
+absl::Status StepProtocol::CheckNoneBehind(
+    absl::string_view bucket, const std::vector<StepRecord>& records,
+    int64_t root) {
+  const int size = static_cast<int>(records.size());
+  int behind = -1;
+  int whole = -1;  // a rank to broadcast from
+  for (int r = 0; r < size; ++r) {
+    (records[r].missed > 0 ? behind : whole) = r;
+  }
+  // A broadcast is the cure, unless its root is behind.
+  if (root >= 0) behind = root < size ? static_cast<int>(root) : -1;
+  if (behind < 0 || records[behind].missed == 0) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "rank ", behind, "'s replica of bucket '", bucket, "' missed step ",
+      records[behind].missed - 1,
+      " (applied on the others after its client had given up, or its "
+      "outcome unknown there): every member refuses its steps until a "
+      "Broadcast from a rank whose replica is whole",
+      whole >= 0 ? absl::StrCat(" (rank ", whole, ")") : "",
+      "; the gradient is kept in the residual"));
 }
 
 absl::Status StepProtocol::Vote(const Group& g, const OutcomeKey& key,

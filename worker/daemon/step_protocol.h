@@ -71,6 +71,8 @@ struct StepRecord {
   uint64_t values = 0;       // its length
   uint64_t nonfinite = 0;    // NaN and Inf in this member's gradient
   int64_t root = -1;         // a broadcast's root; -1 for an all-reduce
+  // 1 + a step this member's replica missed (Bucket::missed_step); 0: none.
+  uint64_t missed = 0;
 };
 
 struct StepPeers {
@@ -109,10 +111,12 @@ class StepProtocol {
 
   // The members' agreement before a step of `bucket` (named in errors), under
   // operation id `operation`. OK when every member's fingerprint and root
-  // equal this one's and no member's gradient holds non-finite values;
-  // otherwise InvalidArgument naming a rank, on every member alike (all see
-  // the same records). The gather's error when it fails. `waited` (may be
-  // null) accumulates the time blocked on peers.
+  // equal this one's, no member's gradient holds non-finite values, and no
+  // member's replica missed a step (for a broadcast: not the root's);
+  // otherwise InvalidArgument naming a rank, or DataLoss naming the replica
+  // behind and a rank to broadcast from, on every member alike (all see the
+  // same records). The gather's error when it fails. `waited` (may be null)
+  // accumulates the time blocked on peers.
   absl::Status Agree(const Group& g, absl::string_view bucket,
                      uint64_t operation, const StepRecord& mine,
                      absl::Time deadline, double* waited = nullptr);
@@ -149,6 +153,11 @@ class StepProtocol {
   };
 
   // Records this worker's vote; returns whether it is yes.
+  // Agree's check that no replica is behind (for a broadcast of `root`:
+  // that the root's is not).
+  static absl::Status CheckNoneBehind(absl::string_view bucket,
+                                      const std::vector<StepRecord>& records,
+                                      int64_t root);
   bool RecordVote(const OutcomeKey& key, bool yes);
   // Aborted naming the member that refused, or whose result differs; OK if
   // every vote equals `mine`.

@@ -66,13 +66,15 @@
 //     it votes it down on every member, so nobody applies it. (A caller
 //     that gives up after its worker voted to apply, or while the worker is
 //     still learning the outcome past the deadline, can miss a step the
-//     others applied; the bucket's next AllReduce then fails at once with
-//     DataLoss, below.)
-//   - DataLoss: this replica may differ from the others: a step was applied
-//     on every member after this caller had given up on it, or its worker
-//     could not learn whether its peers applied one. Take the parameters
-//     through Broadcast (which clears it), then go on; the refused step's
-//     gradient is in the residual.
+//     others applied; the bucket's next AllReduce then fails with DataLoss
+//     on every process, below.)
+//   - DataLoss: a replica may differ from the others (the message names its
+//     rank): a step was applied on the other members after its caller had
+//     given up on it, or its worker could not learn whether its peers
+//     applied one. Every process gets it at the same step, until all take
+//     the parameters through Broadcast from a rank the message names as
+//     whole (a Broadcast from the rank behind is refused the same way);
+//     the refused step's gradient is in the residual.
 //   - InvalidArgument: bad names or sizes; buckets that differ between
 //     workers (reported on every worker, without a hang); NaN or Inf in any
 //     worker's gradient (policy: the step is skipped on every worker,

@@ -808,10 +808,10 @@ TEST_P(WorkerDiesInPhaseTest, SurvivorsRunTheStepAgainWithoutIt) {
 
 INSTANTIATE_TEST_SUITE_P(
     Phases, WorkerDiesInPhaseTest,
-    // Agreement records are 32 bytes, votes 9; the schedule's phases
+    // Agreement records are 40 bytes, votes 9; the schedule's phases
     // number their rounds from 0, 4096 and 8192.
     ::testing::Values(DeathPoint{"agreement", 0, DeathPoint::kVictimFails, 0,
-                                 32},
+                                 sizeof(StepRecord)},
                       DeathPoint{"srs", 3, DeathPoint::kVictimFails, 0, 0},
                       DeathPoint{"sag", 4, DeathPoint::kVictimFails, 4096, 0},
                       DeathPoint{"bruck", 5, DeathPoint::kVictimFails, 8192, 0},
@@ -819,7 +819,7 @@ INSTANTIATE_TEST_SUITE_P(
                       DeathPoint{"vote_round_2", 7, DeathPoint::kEither, 1, 9}),
     [](const auto& p) { return p.param.phase; });
 
-// A yes vote: "y" and the result's 8-byte hash (agreement records are 32
+// A yes vote: "y" and the result's 8-byte hash (agreement records are 40
 // bytes).
 bool IsVote(int, const transport::Tag&, absl::string_view payload) {
   return payload.size() == 9 && payload[0] == 'y';
@@ -861,8 +861,10 @@ TEST(DataPlaneTest, AWorkerInDoubtAppliesTheStepItsPeerApplied) {
 // Worker 1 misses worker 0's vote and is still in doubt at its deadline,
 // when its client gives up; it then learns that worker 0 applied the step.
 // Its trainer never gets the result (its call ended at the deadline), so
-// its replica missed a step the others applied: its next step fails at once
-// with DataLoss (the gradient kept) until a Broadcast re-syncs the bucket.
+// its replica missed a step the others applied. From then on every member
+// refuses the bucket's steps at once with DataLoss (gradients kept), naming
+// the replica behind, until a Broadcast from a whole replica; a Broadcast
+// from the one behind is refused too.
 TEST(DataPlaneTest, AStepAppliedAfterTheClientGaveUpIsReportedNextTime) {
   constexpr uint64_t kN = 300;
   Workers w(2);
@@ -886,37 +888,54 @@ TEST(DataPlaneTest, AStepAppliedAfterTheClientGaveUpIsReportedNextTime) {
   for (auto& t : threads) t.join();
   ASSERT_TRUE(out[0].ok()) << out[0].status();
   ASSERT_FALSE(out[1].ok());  // its client had given up
-
-  // Alone, and at once: this replica knows it is behind.
-  ASSERT_TRUE(w.plane(1).SaveResidual({"job", "b"}, Soon()).ok());
-  const std::vector<float> before = Residual(segments[1], kN);
-  const std::vector<float> gradient = WriteGradients(segments, kN, 71)[1];
-  const absl::Time start = absl::Now();
-  const absl::StatusOr<ReduceResult> next =
-      w.plane(1).AllReduce({.name = {"job", "b"}, .step = 2}, Soon());
-  EXPECT_TRUE(absl::IsDataLoss(next.status())) << next.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
-  ASSERT_TRUE(w.plane(1).SaveResidual({"job", "b"}, Soon()).ok());
-  const std::vector<float> kept = Residual(segments[1], kN);
-  for (uint64_t i = 0; i < kN; ++i) {
-    ASSERT_FLOAT_EQ(kept[i], before[i] + gradient[i]) << i;
-  }
-
-  // A Broadcast brings it the parameters; then steps run again.
-  std::vector<absl::StatusOr<Membership>> synced(2, absl::UnknownError(""));
-  threads.clear();
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      synced[r] = w.plane(r).Broadcast({"job", "b"}, 0, /*root=*/0, Soon());
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < 2; ++r) ASSERT_TRUE(synced[r].ok()) << synced[r].status();
   // Votes flow again from the next view's transports.
   w.DropSendsIf(
       0, [](int, const transport::Tag&, absl::string_view) { return false; });
   w.Install(0, w.View(2, {0, 1}));
   w.Install(1, w.View(2, {0, 1}));
+
+  // On every member, at once: rank 1 is behind.
+  std::vector<std::vector<float>> before;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.plane(r).SaveResidual({"job", "b"}, Soon()).ok());
+    before.push_back(Residual(segments[r], kN));
+  }
+  const auto gradients = WriteGradients(segments, kN, 71);
+  const absl::Time start = absl::Now();
+  for (const auto& r :
+       AllReduceAllUntil(w, {.name = {"job", "b"}, .step = 2}, Soon())) {
+    EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+    EXPECT_THAT(r.status().message(), ::testing::HasSubstr("rank 1's replica"));
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.plane(r).SaveResidual({"job", "b"}, Soon()).ok());
+    const std::vector<float> kept = Residual(segments[r], kN);
+    for (uint64_t i = 0; i < kN; ++i) {
+      ASSERT_FLOAT_EQ(kept[i], before[r][i] + gradients[r][i]) << r << i;
+    }
+  }
+
+  // A Broadcast from the replica behind is refused; from a whole one it
+  // brings the parameters, and steps run again.
+  uint64_t sequence = 0;
+  for (int root : {1, 0}) {
+    std::vector<absl::StatusOr<Membership>> synced(2, absl::UnknownError(""));
+    threads.clear();
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        synced[r] = w.plane(r).Broadcast({"job", "b"}, sequence, root, Soon());
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(synced[r].ok(), root == 0) << synced[r].status();
+      if (root == 1) {
+        EXPECT_TRUE(absl::IsDataLoss(synced[r].status()));
+      }
+    }
+    ++sequence;
+  }
   for (const auto& r :
        AllReduceAllUntil(w, {.name = {"job", "b"}, .step = 3}, Soon())) {
     EXPECT_TRUE(r.ok()) << r.status();
@@ -989,7 +1008,7 @@ TEST(DataPlaneTest, InDoubtWithAnUnreachableMemberSaysItDoesNotKnow) {
   EXPECT_TRUE(absl::IsDataLoss(out[1].status())) << out[1].status();
 }
 
-// Faults on worker 1's messages of the schedule (not the 32-byte agreement
+// Faults on worker 1's messages of the schedule (not the 40-byte agreement
 // records or the 9-byte votes), during one step of three workers.
 enum class MessageFault { kDuplicate, kDelay, kTruncate, kCorrupt };
 
@@ -1007,7 +1026,7 @@ TEST_P(MessageFaultTest, EndsInTheSameResultEverywhereOrAnErrorEverywhere) {
     }
     t.MangleSends([&, fault](int, const transport::Tag&, std::string p) {
       std::vector<std::string> out;
-      if (on && p.size() > 32) {
+      if (on && p.size() > sizeof(StepRecord)) {  // not agreement, votes
         if (fault == MessageFault::kDuplicate) out.push_back(p);
         if (fault == MessageFault::kTruncate) p.resize(p.size() / 2);
         if (fault == MessageFault::kCorrupt) p.back() ^= 0x40;

@@ -67,9 +67,9 @@ void PeerService::VerifyHeldLocked(uint64_t epoch, EpochState& state) {
         if (!absl::IsPermissionDenied(allowed)) ++stats_.streams_refused;
       } else {
         state.refused_streams[number] = allowed;
-        // Its place among the rank's streams and its charge go now, so a
-        // silent impostor holds nothing of the rank it claimed.
-        ReleaseLocked(state, number);
+        // Its place among the rank's streams goes now, so that a silent
+        // impostor does not lock the rank out; the charge of a message it
+        // is still sending goes when its stream ends.
         --state.held[held.from].streams;
       }
     }

@@ -13,9 +13,9 @@ void PeerService::StreamEnded(uint64_t epoch, int from, uint64_t stream,
   absl::MutexLock lock(&mu_);
   if (RetiredLocked(epoch)) return;
   EpochState& state = StateLocked(epoch);
-  // Spoke for no one: its place and charge went at its refusal.
-  if (state.refused_streams.erase(stream) > 0) return;
   ReleaseLocked(state, stream);
+  // Spoke for no one: its place went at its refusal.
+  if (state.refused_streams.erase(stream) > 0) return;
   if (auto held = state.held.find(from); held != state.held.end()) {
     Held& h = held->second;
     --h.streams;
