@@ -446,8 +446,8 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   // The steady time of a Join or Heartbeat being handled now, noted as the
   // first since the last tick if it is.
   absl::Time Heard() {
+    absl::MutexLock lock(&mu_);  // read under it: never before a tick
     const absl::Time now = SteadyNow();
-    absl::MutexLock lock(&mu_);
     if (!heard_since_tick_.has_value()) heard_since_tick_ = now;
     return now;
   }

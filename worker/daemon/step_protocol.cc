@@ -73,8 +73,15 @@ absl::Status StepProtocol::CheckNoneBehind(
   for (int r = 0; r < size; ++r) {
     (records[r].missed > 0 ? behind : whole) = r;
   }
-  // A broadcast is the cure, unless its root is behind.
-  if (root >= 0) behind = root < size ? static_cast<int>(root) : -1;
+  // A broadcast is the cure, unless its root is behind while another
+  // replica is whole (with none whole, any root makes them equal again).
+  if (root >= 0) {
+    if (root >= size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast root ", root, " is not a rank of ", size));
+    }
+    behind = whole >= 0 ? static_cast<int>(root) : -1;
+  }
   if (behind < 0 || records[behind].missed == 0) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
       "rank ", behind, "'s replica of bucket '", bucket, "' missed step ",
@@ -208,7 +215,9 @@ absl::Status StepProtocol::Resolve(const Group& g, const OutcomeKey& key,
       return absl::DataLossError(absl::StrCat(
           "this worker could not learn whether its peers applied the step (",
           why.message(),
-          "); replicas may differ: broadcast the parameters again"));
+          "); replicas may differ: go on, and when the bucket's next step "
+          "fails with DataLoss on every member, Broadcast from the rank it "
+          "names"));
     }
     Pause(pause);
     pause = std::min(2 * pause, absl::Milliseconds(320));

@@ -152,12 +152,12 @@ class StepProtocol {
     absl::Time at;          // recorded
   };
 
-  // Records this worker's vote; returns whether it is yes.
   // Agree's check that no replica is behind (for a broadcast of `root`:
-  // that the root's is not).
+  // that the root's is not, unless no replica is whole).
   static absl::Status CheckNoneBehind(absl::string_view bucket,
                                       const std::vector<StepRecord>& records,
                                       int64_t root);
+  // Records this worker's vote; returns whether it is yes.
   bool RecordVote(const OutcomeKey& key, bool yes);
   // Aborted naming the member that refused, or whose result differs; OK if
   // every vote equals `mine`.

@@ -942,6 +942,35 @@ TEST(DataPlaneTest, AStepAppliedAfterTheClientGaveUpIsReportedNextTime) {
   }
 }
 
+// Alone in its group, a worker whose client gave up after its yes vote
+// holds a replica behind with no whole one to take the parameters from: a
+// Broadcast from itself makes it whole again (with none whole, any root
+// does), and steps run again.
+TEST(DataPlaneTest, WithNoReplicaWholeABroadcastFromAnyRootClearsIt) {
+  constexpr uint64_t kN = 300;
+  Workers w(1);
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  WriteGradients(segments, kN, 60);
+  // Yes at the vote, gone when the result is written: the worker looks
+  // when it takes the bucket, at the vote, and before writing the result.
+  auto asked = std::make_shared<int>(0);
+  const absl::StatusOr<ReduceResult> gave_up =
+      w.plane(0).AllReduce({.name = {"job", "b"},
+                            .step = 1,
+                            .cancelled = [asked] { return ++*asked > 2; }},
+                           Soon());
+  ASSERT_TRUE(absl::IsCancelled(gave_up.status())) << gave_up.status();
+  EXPECT_TRUE(
+      absl::IsDataLoss(w.plane(0)
+                           .AllReduce({.name = {"job", "b"}, .step = 2}, Soon())
+                           .status()));
+  ASSERT_TRUE(w.plane(0).Broadcast({"job", "b"}, 0, /*root=*/0, Soon()).ok());
+  const absl::StatusOr<ReduceResult> after =
+      w.plane(0).AllReduce({.name = {"job", "b"}, .step = 3}, Soon());
+  EXPECT_TRUE(after.ok()) << after.status();
+}
+
 // Both workers miss the other's vote: both in doubt, neither applied it, so
 // both give the step up, and the next step carries every gradient.
 TEST(DataPlaneTest, WorkersAllInDoubtGiveTheStepUpTogether) {
