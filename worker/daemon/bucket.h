@@ -65,11 +65,6 @@ struct Bucket {
   bool busy ABSL_GUARDED_BY(mu) = false;  // a call runs on it
   std::optional<uint64_t> last_step ABSL_GUARDED_BY(mu);
   bool forgotten ABSL_GUARDED_BY(mu) = false;  // unregistered or replaced
-  // A step this replica may have missed: applied on the others after its
-  // client had given up, or whose outcome it could not learn (DataLoss).
-  // The agreement tells every member, which then refuse the bucket's steps
-  // with DataLoss until a Broadcast brings the parameters again.
-  std::optional<uint64_t> missed_step ABSL_GUARDED_BY(mu);
 
   absl::Span<float> values() const {
     return {segment.at<float>(layout.values), layout.n};

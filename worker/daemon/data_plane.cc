@@ -120,6 +120,11 @@ absl::Status DataPlane::Unregister(const BucketName& name) {
     }
     bucket = std::move(it->second);
     buckets_.erase(it);
+    // A job with no bucket left here has no replica left to be behind.
+    const bool last = std::none_of(
+        buckets_.begin(), buckets_.end(),
+        [&](const auto& b) { return b.second->name.job == name.job; });
+    if (last) missed_.erase(name.job);
   }
   Forget(*bucket);
   return absl::OkStatus();

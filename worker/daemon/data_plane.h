@@ -136,10 +136,11 @@ class DataPlane {
   absl::Status LoadResidual(const BucketName& name, absl::Time deadline);
 
   // Errors are the step's. DataLoss on every member while a member's
-  // replica of the bucket is behind: a step was applied on the others after
-  // its client had given up (its result never reached the trainer), or it
-  // could not learn a step's outcome; until a Broadcast from a rank whose
-  // replica is whole. A refused step's gradient is kept in the residual.
+  // replica of the job is behind: a step of one of its buckets was applied
+  // on the others after its client had given up (its result never reached
+  // the trainer), or it could not learn a step's outcome; until a Broadcast
+  // of one of the job's buckets from a rank whose replica is whole. A
+  // refused step's gradient is kept in the residual.
   absl::StatusOr<ReduceResult> AllReduce(const ReduceCall& call,
                                          absl::Time deadline);
 
@@ -212,10 +213,12 @@ class DataPlane {
   absl::Status Commit(const Group& g, Bucket& bucket, const ReduceCall& call,
                       const sparse::SparseBlock& result, absl::Time deadline,
                       bool* refused_by_vote);
-  // Bucket::missed_step: set to `step`; as StepRecord::missed (1 + it, or
-  // 0 when none).
-  static void MarkMissed(Bucket& bucket, uint64_t step);
-  static uint64_t MissedMark(Bucket& bucket);
+  // missed_: notes that the replica of `bucket`'s job missed `step`; the
+  // job's mark as StepRecord::missed (1 + the step, or 0 when none); and
+  // forgets it (a Broadcast of one of the job's buckets made it whole).
+  void MarkMissed(const Bucket& bucket, uint64_t step);
+  uint64_t MissedMark(const Bucket& bucket) const;
+  void ClearMissed(const Bucket& bucket);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
                    const sparse::SparseBlock& result, int world_size);
 
@@ -238,6 +241,12 @@ class DataPlane {
     uint64_t base = 0;
   };
   absl::flat_hash_map<std::string, Numbering> numbering_ ABSL_GUARDED_BY(mu_);
+  // A step each job's replica may have missed: applied on the others after
+  // its client had given up, or whose outcome could not be learned
+  // (DataLoss). The agreement tells every member, which then refuse the
+  // job's steps with DataLoss until a Broadcast of one of its buckets
+  // brings the parameters again.
+  absl::flat_hash_map<std::string, uint64_t> missed_ ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
   StepProtocol protocol_;
 };

@@ -48,10 +48,7 @@ absl::StatusOr<Membership> DataPlane::BroadcastHeld(Bucket& bucket,
   const uint64_t op = OperationId("broadcast", scope, number);
   GM_RETURN_IF_ERROR(engine::BroadcastValues(PlaceOf(*group), op, root,
                                              bucket.values(), deadline));
-  {
-    absl::MutexLock lock(&bucket.mu);
-    bucket.missed_step.reset();  // the parameters are the root's again
-  }
+  ClearMissed(bucket);  // the parameters are the root's again
   return MembershipOf(*group);
 }
 

@@ -17,14 +17,20 @@ bool PerTensor(const Bucket& bucket, const PlanInfo& plan) {
 
 }  // namespace
 
-void DataPlane::MarkMissed(Bucket& bucket, uint64_t step) {
-  absl::MutexLock lock(&bucket.mu);
-  bucket.missed_step = step;
+void DataPlane::MarkMissed(const Bucket& bucket, uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  missed_[bucket.name.job] = step;
 }
 
-uint64_t DataPlane::MissedMark(Bucket& bucket) {
-  absl::MutexLock lock(&bucket.mu);
-  return bucket.missed_step.has_value() ? *bucket.missed_step + 1 : 0;
+uint64_t DataPlane::MissedMark(const Bucket& bucket) const {
+  absl::MutexLock lock(&mu_);
+  auto it = missed_.find(bucket.name.job);
+  return it == missed_.end() ? 0 : it->second + 1;
+}
+
+void DataPlane::ClearMissed(const Bucket& bucket) {
+  absl::MutexLock lock(&mu_);
+  missed_.erase(bucket.name.job);
 }
 
 absl::StatusOr<ReduceResult> DataPlane::AllReduce(const ReduceCall& call,

@@ -84,11 +84,14 @@ absl::Status StepProtocol::CheckNoneBehind(
   }
   if (behind < 0 || records[behind].missed == 0) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
-      "rank ", behind, "'s replica of bucket '", bucket, "' missed step ",
+      "rank ", behind, "'s replica is behind: it missed step ",
       records[behind].missed - 1,
-      " (applied on the others after its client had given up, or its "
-      "outcome unknown there): every member refuses its steps until a "
-      "Broadcast from a rank whose replica is whole",
+      " of one of the job's buckets (applied on the others after its client "
+      "had given up, or its outcome unknown there); every member refuses "
+      "the job's steps (here of bucket '",
+      bucket,
+      "') until a Broadcast of the parameters from a rank whose "
+      "replica is whole",
       whole >= 0 ? absl::StrCat(" (rank ", whole, ")") : "",
       "; the gradient is kept in the residual"));
 }

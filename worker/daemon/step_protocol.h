@@ -71,7 +71,7 @@ struct StepRecord {
   uint64_t values = 0;       // its length
   uint64_t nonfinite = 0;    // NaN and Inf in this member's gradient
   int64_t root = -1;         // a broadcast's root; -1 for an all-reduce
-  // 1 + a step this member's replica missed (Bucket::missed_step); 0: none.
+  // 1 + a step this member's replica of the job missed; 0: none.
   uint64_t missed = 0;
 };
 

@@ -73,10 +73,10 @@
 //     given up on it, or its worker could not learn whether its peers
 //     applied one. Every process gets it at the same step (the next one,
 //     when the worker's own vote ended in DataLoss: that process alone
-//     goes on), until all take the parameters through Broadcast from a
-//     rank the message names as whole (a Broadcast from the rank behind is
-//     refused the same way); the refused step's gradient is in the
-//     residual.
+//     goes on), on every bucket of the job, until all take the parameters
+//     through Broadcast (of any of the job's sets) from a rank the message
+//     names as whole (a Broadcast from the rank behind is refused the same
+//     way); the refused step's gradient is in the residual.
 //   - InvalidArgument: bad names or sizes; buckets that differ between
 //     workers (reported on every worker, without a hang); NaN or Inf in any
 //     worker's gradient (policy: the step is skipped on every worker,

@@ -864,13 +864,16 @@ TEST(DataPlaneTest, AWorkerInDoubtAppliesTheStepItsPeerApplied) {
 // its replica missed a step the others applied. From then on every member
 // refuses the bucket's steps at once with DataLoss (gradients kept), naming
 // the replica behind, until a Broadcast from a whole replica; a Broadcast
-// from the one behind is refused too.
+// from the one behind is refused too. The mark is the job's: a Broadcast of
+// the parameters' bucket clears it for the gradients' bucket.
 TEST(DataPlaneTest, AStepAppliedAfterTheClientGaveUpIsReportedNextTime) {
   constexpr uint64_t kN = 300;
   Workers w(2);
   w.DropSendsIf(0, IsVote);
   w.Start();
   auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  // The parameters go through a bucket of their own, as in Python.
+  auto params = w.RegisterAll({"job", "params"}, {{"w", kN}});
   WriteGradients(segments, kN, 70);
   const absl::Time deadline = absl::Now() + absl::Seconds(1);
   std::vector<absl::StatusOr<ReduceResult>> out(2, absl::UnknownError(""));
@@ -905,7 +908,8 @@ TEST(DataPlaneTest, AStepAppliedAfterTheClientGaveUpIsReportedNextTime) {
   for (const auto& r :
        AllReduceAllUntil(w, {.name = {"job", "b"}, .step = 2}, Soon())) {
     EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
-    EXPECT_THAT(r.status().message(), ::testing::HasSubstr("rank 1's replica"));
+    EXPECT_THAT(r.status().message(),
+                ::testing::HasSubstr("rank 1's replica is behind"));
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   for (int r = 0; r < 2; ++r) {
@@ -924,7 +928,8 @@ TEST(DataPlaneTest, AStepAppliedAfterTheClientGaveUpIsReportedNextTime) {
     threads.clear();
     for (int r = 0; r < 2; ++r) {
       threads.emplace_back([&, r] {
-        synced[r] = w.plane(r).Broadcast({"job", "b"}, sequence, root, Soon());
+        synced[r] =
+            w.plane(r).Broadcast({"job", "params"}, sequence, root, Soon());
       });
     }
     for (auto& t : threads) t.join();
