@@ -94,7 +94,10 @@ std::pair<std::string, int> SplitHostPort(const std::string& address) {
 }
 
 bool OverUnixSocket(const grpc::ServerContextBase& context) {
-  return absl::StartsWith(context.peer(), "unix:");
+  // "unix:PATH", or "unix-abstract:NAME" for a socket in the abstract
+  // namespace.
+  return absl::StartsWith(context.peer(), "unix:") ||
+         absl::StartsWith(context.peer(), "unix-abstract:");
 }
 
 bool OverTls(const grpc::AuthContext& auth) {
