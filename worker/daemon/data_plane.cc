@@ -190,7 +190,7 @@ Outcome DataPlane::Decide(const OutcomeKey& key) {
   return protocol_.Decide(key, known);
 }
 
-absl::Status DataPlane::Commit(const Group& g, Bucket& bucket,
+absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,
                                const ReduceCall& call,
                                const sparse::SparseBlock& result,
                                absl::Time deadline, bool* refused_by_vote) {

@@ -198,9 +198,9 @@ class DataPlane {
                               absl::Time deadline, StepState* state);
   // After every member voted to apply the step: its result into the
   // segment, its figures recorded (or, when the client has given up, the
-  // bucket marked as having missed it).
-  absl::StatusOr<ReduceResult> Applied(const ReduceCall& call, Bucket& bucket,
-                                       const Group& g,
+  // job marked as having missed it).
+  absl::StatusOr<ReduceResult> Applied(const ReduceCall& call,
+                                       const Bucket& bucket, const Group& g,
                                        const sparse::SparseBlock& result,
                                        ReduceResult out);
   // One attempt of a step on `g`; *retriable tells whether its failure came
@@ -210,9 +210,9 @@ class DataPlane {
                                        absl::Span<const float> gradient,
                                        absl::Time deadline, bool* retriable);
   // The members' vote on `result` (StepProtocol::Vote).
-  absl::Status Commit(const Group& g, Bucket& bucket, const ReduceCall& call,
-                      const sparse::SparseBlock& result, absl::Time deadline,
-                      bool* refused_by_vote);
+  absl::Status Commit(const Group& g, const Bucket& bucket,
+                      const ReduceCall& call, const sparse::SparseBlock& result,
+                      absl::Time deadline, bool* refused_by_vote);
   // missed_: notes that the replica of `bucket`'s job missed `step`; the
   // job's mark as StepRecord::missed (1 + the step, or 0 when none); and
   // forgets it (a Broadcast of one of the job's buckets made it whole).

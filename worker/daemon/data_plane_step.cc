@@ -173,7 +173,7 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
 }
 
 absl::StatusOr<ReduceResult> DataPlane::Applied(
-    const ReduceCall& call, Bucket& bucket, const Group& g,
+    const ReduceCall& call, const Bucket& bucket, const Group& g,
     const sparse::SparseBlock& result, ReduceResult out) {
   // The client gave up after voting to apply the step (a narrow window, or
   // in doubt at its deadline): its memory is its own again, and its replica
