@@ -57,6 +57,10 @@ class FaultInjectingTransport : public Transport {
   void EndOperation(uint64_t epoch, uint64_t operation) override {
     base_->EndOperation(epoch, operation);
   }
+  std::optional<absl::Time> UnclaimedSince(uint64_t epoch,
+                                           uint64_t operation) const override {
+    return base_->UnclaimedSince(epoch, operation);
+  }
   Counters counters() const override { return base_->counters(); }
 
  private:

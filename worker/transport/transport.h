@@ -29,6 +29,7 @@
 #define GRADMESH_WORKER_TRANSPORT_TRANSPORT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -104,6 +105,15 @@ class Transport {
   static constexpr size_t kEndedOperationsKept = 4096;
 
   virtual Counters counters() const = 0;
+
+  // When the first message of `operation` that waits here, not started at
+  // this endpoint, arrived (SteadyNow() time): peers started an operation
+  // this rank has not. nullopt when none waits, once the operation started
+  // here, and always on transports that do not track it.
+  virtual std::optional<absl::Time> UnclaimedSince(uint64_t epoch,
+                                                   uint64_t operation) const {
+    return std::nullopt;
+  }
 };
 
 // Ends an operation on a transport when it goes out of scope, however the

@@ -4,6 +4,7 @@
 #include <string>
 #include <thread>
 
+#include "common/steady_clock.h"
 #include "gmock/gmock.h"
 #include "gradmesh/v1/peer.grpc.pb.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -616,6 +617,26 @@ TEST(GrpcTransportTest, EmptyMessagesOfOperationsNotStartedCountToo) {
             kMessages - kept);
   EXPECT_TRUE(absl::IsResourceExhausted(
       net.endpoint(1)->Recv(0, {0, 1, 0}, Soon()).status()));
+}
+
+TEST(GrpcTransportTest, TellsSinceWhenPeersRunAnOperationNotStartedHere) {
+  GrpcNetwork net(2, 1 << 20);
+  const absl::Time before = SteadyNow();
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {0, 7, 0}, "a").ok());
+  ASSERT_TRUE(net.endpoint(0)->Send(1, {0, 7, 1}, "b").ok());
+  // Delivered asynchronously: wait for the first message to be noted.
+  std::optional<absl::Time> since;
+  for (int i = 0; i < 500 && !since.has_value(); ++i) {
+    since = net.endpoint(1)->UnclaimedSince(0, 7);
+    if (!since.has_value()) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(since.has_value());
+  EXPECT_GE(*since, before);
+  EXPECT_LE(*since, SteadyNow());
+  EXPECT_FALSE(net.endpoint(1)->UnclaimedSince(0, 8).has_value());
+  // Started here: no longer unclaimed, though a message still waits.
+  EXPECT_EQ(*net.endpoint(1)->Recv(0, {0, 7, 0}, Soon()), "a");
+  EXPECT_FALSE(net.endpoint(1)->UnclaimedSince(0, 7).has_value());
 }
 
 }  // namespace

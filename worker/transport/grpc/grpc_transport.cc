@@ -341,6 +341,11 @@ void GrpcTransport::EndOperation(uint64_t epoch, uint64_t operation) {
   options_.service->RetireOperation(epoch, operation);
 }
 
+std::optional<absl::Time> GrpcTransport::UnclaimedSince(
+    uint64_t epoch, uint64_t operation) const {
+  return options_.service->UnclaimedSince(epoch, operation);
+}
+
 Counters GrpcTransport::counters() const {
   absl::MutexLock lock(&mu_);
   return counters_;

@@ -65,6 +65,8 @@ class GrpcTransport final : public Transport {
                                    absl::Time deadline) override;
   void Abort(const absl::Status& status) override;
   void EndOperation(uint64_t epoch, uint64_t operation) override;
+  std::optional<absl::Time> UnclaimedSince(uint64_t epoch,
+                                           uint64_t operation) const override;
   Counters counters() const override;
 
  private:

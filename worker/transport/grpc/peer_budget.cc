@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/steady_clock.h"
 #include "worker/transport/grpc/peer_service.h"
 
 namespace gradmesh::transport {
@@ -65,6 +66,7 @@ void PeerService::HoldUnclaimedLocked(EpochState& state, int from,
   if (state.claimed.contains(operation)) return;
   Held& held = state.held[from];
   auto [charged, fresh] = state.unclaimed[operation].try_emplace(from, 0);
+  state.unclaimed_since.try_emplace(operation, SteadyNow());
   if (fresh) {
     held.unclaimed_order.push_back(operation);
     ++held.live;
@@ -76,6 +78,16 @@ void PeerService::HoldUnclaimedLocked(EpochState& state, int from,
   held.bytes += cost;
 }
 
+std::optional<absl::Time> PeerService::UnclaimedSince(
+    uint64_t epoch, uint64_t operation) const {
+  absl::MutexLock lock(&mu_);
+  auto state = epochs_.find(epoch);
+  if (state == epochs_.end()) return std::nullopt;
+  auto since = state->second.unclaimed_since.find(operation);
+  if (since == state->second.unclaimed_since.end()) return std::nullopt;
+  return since->second;
+}
+
 void PeerService::ClaimLocked(EpochState& state, uint64_t operation) {
   if (state.retired.contains(operation)) return;
   state.claimed.insert(operation);
@@ -83,6 +95,7 @@ void PeerService::ClaimLocked(EpochState& state, uint64_t operation) {
   if (it == state.unclaimed.end()) return;
   const absl::flat_hash_map<int, uint64_t> senders = std::move(it->second);
   state.unclaimed.erase(it);
+  state.unclaimed_since.erase(operation);
   for (const auto& [from, bytes] : senders) {
     Held& held = state.held[from];
     held.bytes -= bytes;
@@ -114,7 +127,10 @@ bool PeerService::DropOldestUnclaimedLocked(uint64_t epoch, EpochState& state,
     state.held[from].bytes -= sender->second;
     --state.held[from].live;
     it->second.erase(sender);
-    if (it->second.empty()) state.unclaimed.erase(it);
+    if (it->second.empty()) {
+      state.unclaimed.erase(it);
+      state.unclaimed_since.erase(operation);
+    }
     absl::erase_if(mailboxes_, [&](const auto& m) {
       const bool dropped = m.first.from == from && m.first.tag.epoch == epoch &&
                            m.first.tag.operation == operation;

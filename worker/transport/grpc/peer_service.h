@@ -134,6 +134,12 @@ class PeerService final : public grpc::CallbackGenericService {
   // Receive and delivery mark it too), so that a stream break fails it.
   void NoteOperation(uint64_t epoch, uint64_t operation);
 
+  // When the first message of `operation` of `epoch` that waits here, not
+  // started here, was delivered (SteadyNow() time); nullopt when none waits
+  // or the operation has started.
+  std::optional<absl::Time> UnclaimedSince(uint64_t epoch,
+                                           uint64_t operation) const;
+
   // Fails present and future Receive calls of `epoch` with `status`.
   void AbortEpoch(uint64_t epoch, const absl::Status& status);
 
@@ -231,8 +237,10 @@ class PeerService final : public grpc::CallbackGenericService {
     absl::flat_hash_map<uint64_t, Assembling> assembling;  // by stream
     // Operations started here (a local Send or Receive), until retired.
     absl::flat_hash_set<uint64_t> claimed;
-    // Delivered, not started here: operation -> sender -> bytes.
+    // Delivered, not started here: operation -> sender -> bytes, and when
+    // its first message was delivered (steady clock).
     absl::flat_hash_map<uint64_t, absl::flat_hash_map<int, uint64_t>> unclaimed;
+    absl::flat_hash_map<uint64_t, absl::Time> unclaimed_since;
   };
   // Called by reactors. Deliver counts a drop when the message is stale;
   // it refuses (an error ends the stream) a message past the unopened bytes.
