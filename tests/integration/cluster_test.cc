@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc/grpc_util.h"
 #include "common/grpc/health_server.h"
+#include "gmock/gmock.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "gradmesh/v1/peer.grpc.pb.h"
 #include "gradmesh/v1/worker.grpc.pb.h"
@@ -475,6 +476,70 @@ INSTANTIATE_TEST_SUITE_P(EvictedFirstOrWithinTheTimeout, RestartTest,
                            return param.param ? "AfterEviction"
                                               : "WithinTheHeartbeatTimeout";
                          });
+
+// Trainer 2 stops taking part (it hangs, or is stopped) while its worker
+// lives on and heartbeats. The others' step would wait out the operation
+// timeout at every step; instead, once they have waited the step-join
+// timeout (2 s), worker 2 steps out of the group and they run the step
+// without it. Trainer 2's next call rejoins the worker as a new member and
+// fails with FailedPrecondition saying why; the others' next step fails
+// the same way (a member restarted); all register again, a broadcast from
+// a survivor brings trainer 2 the parameters, and steps run on all three.
+TEST_F(ClusterTest, ATrainerThatStopsJoiningStepsOutAndTheOthersGoOn) {
+  constexpr absl::Duration kTimeout = absl::Seconds(20);
+  constexpr uint64_t kN = 5000;
+  Start(3, {{"algo", "spardl"}, {"heartbeat_timeout_ms", "1500"}},
+        {{"operation_timeout_s", "20"},
+         {"step_join_timeout_s", "2"},
+         {"heartbeat_interval_ms", "250"}});
+  std::vector<Trainer> trainers = ConnectAll(*cluster_, "stall", kN, kTimeout);
+  for (const auto& r : RunStep(trainers, {0, 1, 2}, 0)) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+  }
+
+  absl::Time start = absl::Now();
+  const StepResults without = RunStep(trainers, {0, 1}, 1);
+  const absl::Duration waited = absl::Now() - start;
+  for (const auto& r : without) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 2);
+    EXPECT_EQ(r.result.values, without[0].result.values);
+  }
+  EXPECT_GE(waited, absl::Seconds(2));
+  EXPECT_LT(waited, absl::Seconds(8)) << "not the 20 s operation timeout";
+
+  // Trainer 2 comes back at the step it missed.
+  start = absl::Now();
+  const StepResults late = RunStep(trainers, {2}, 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(late[0].status)) << late[0].status;
+  EXPECT_THAT(late[0].status.message(),
+              testing::HasSubstr("stepped out of the group"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+  ASSERT_TRUE(cluster_->WaitForView(3, absl::Seconds(10)).ok());
+  for (const auto& r : RunStep(trainers, {0, 1}, 2)) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(r.status)) << r.status;
+  }
+
+  // Every process registers again; rank 0's parameters go everywhere.
+  for (Trainer& t : trainers) t.set.reset();
+  std::vector<std::thread> threads;
+  for (Trainer& t : trainers) {
+    threads.emplace_back([&t] {
+      auto set = t.client->Register("g", {{"g", kN}});
+      ASSERT_TRUE(set.ok()) << set.status();
+      t.set = *std::move(set);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_FALSE(HasFailure());
+  ExpectBroadcastReachesAll(trainers, /*root=*/0);
+  const StepResults back = RunStep(trainers, {0, 1, 2}, 0);
+  for (const auto& r : back) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 3);
+    EXPECT_EQ(r.result.values, back[0].result.values);
+  }
+}
 
 // 50 iterations of every algorithm on 4 and 6 processes: RunLocal checks each
 // iteration (bitwise-identical results on every worker, and the inputs equal

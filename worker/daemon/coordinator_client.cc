@@ -22,10 +22,10 @@ CoordinatorClient::CoordinatorClient(
     std::unique_ptr<v1::Coordinator::Stub> stub, v1::NodeInfo node,
     absl::Duration heartbeat_interval, OnView on_view, Log log)
     : stub_(std::move(stub)),
-      node_(std::move(node)),
       heartbeat_interval_(heartbeat_interval),
       on_view_(std::move(on_view)),
-      log_(std::move(log)) {}
+      log_(std::move(log)),
+      node_(std::move(node)) {}
 
 CoordinatorClient::~CoordinatorClient() { Stop(); }
 
@@ -36,9 +36,9 @@ void CoordinatorClient::Start() {
 
 absl::Status CoordinatorClient::Join() {
   v1::JoinRequest request;
-  *request.mutable_node() = node_;
   {
     absl::MutexLock lock(&mu_);
+    *request.mutable_node() = node_;
     if (latest_.epoch() > 0) *request.mutable_view() = latest_;
   }
   grpc::ClientContext context;
@@ -74,7 +74,10 @@ void CoordinatorClient::WatchLoop() {
       watch_context_ = &context;
       request.set_after_epoch(latest_.epoch());
     }
-    request.set_node_id(node_.node_id());
+    {
+      absl::MutexLock lock(&mu_);
+      request.set_node_id(node_.node_id());
+    }
     auto reader = stub_->WatchViews(&context, request);
     v1::View view;
     while (reader->Read(&view)) Seen(view);
@@ -91,28 +94,36 @@ void CoordinatorClient::WatchLoop() {
 void CoordinatorClient::HeartbeatLoop() {
   std::string last_problem;
   while (true) {
-    bool joined;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-      joined = joined_;
-    }
     absl::Status status;
-    if (!joined) {
-      status = Join();
-      absl::MutexLock lock(&mu_);
-      joined_ = status.ok();
-    } else {
-      grpc::ClientContext context;
-      SetDeadline(&context, absl::Seconds(2));
-      v1::HeartbeatRequest request;
-      request.set_node_id(node_.node_id());
-      v1::HeartbeatResponse response;
-      status = ToAbsl(stub_->Heartbeat(&context, request, &response));
-      // NotFound: the coordinator dropped us (a missed heartbeat, or it
-      // restarted); join again.
-      absl::MutexLock lock(&mu_);
-      joined_ = !absl::IsNotFound(status);
+    {
+      absl::MutexLock calling(&call_mu_);
+      bool joined, out;
+      std::string node_id;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+        joined = joined_;
+        out = stepped_out_;
+        node_id = node_.node_id();
+      }
+      if (out) {
+        // Out of the group until Rejoin.
+      } else if (!joined) {
+        status = Join();
+        absl::MutexLock lock(&mu_);
+        joined_ = status.ok();
+      } else {
+        grpc::ClientContext context;
+        SetDeadline(&context, absl::Seconds(2));
+        v1::HeartbeatRequest request;
+        request.set_node_id(node_id);
+        v1::HeartbeatResponse response;
+        status = ToAbsl(stub_->Heartbeat(&context, request, &response));
+        // NotFound: the coordinator dropped us (a missed heartbeat, or it
+        // restarted); join again.
+        absl::MutexLock lock(&mu_);
+        joined_ = !absl::IsNotFound(status);
+      }
     }
     const std::string problem = status.ok() ? "" : status.ToString();
     if (problem != last_problem) {
@@ -121,9 +132,41 @@ void CoordinatorClient::HeartbeatLoop() {
       last_problem = problem;
     }
     FlushReports();
-    // Woken early by a report or Stop.
+    // Woken early by a report, Rejoin or Stop.
     heartbeat_wake_.WaitFor(heartbeat_interval_);
   }
+}
+
+void CoordinatorClient::StepOut() {
+  absl::MutexLock calling(&call_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    stepped_out_ = true;
+  }
+  Leave();
+}
+
+void CoordinatorClient::Rejoin(uint64_t incarnation) {
+  {
+    absl::MutexLock lock(&mu_);
+    node_.set_incarnation(incarnation);
+    stepped_out_ = false;
+  }
+  heartbeat_wake_.Notify();
+}
+
+void CoordinatorClient::Leave() {
+  v1::LeaveRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!joined_) return;
+    joined_ = false;
+    request.set_node_id(node_.node_id());
+  }
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(1));
+  v1::LeaveResponse response;
+  stub_->Leave(&context, request, &response);
 }
 
 void CoordinatorClient::Report(v1::IterationStats report, bool flush) {
@@ -157,23 +200,17 @@ void CoordinatorClient::FlushReports() {
 }
 
 void CoordinatorClient::Stop() {
-  bool joined;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
     if (watch_context_ != nullptr) watch_context_->TryCancel();
-    joined = joined_;
   }
   watch_wake_.Notify();
   heartbeat_wake_.Notify();
-  if (joined) {
-    grpc::ClientContext context;
-    SetDeadline(&context, absl::Seconds(1));
-    v1::LeaveRequest request;
-    request.set_node_id(node_.node_id());
-    v1::LeaveResponse response;
-    stub_->Leave(&context, request, &response);
+  {
+    absl::MutexLock calling(&call_mu_);
+    Leave();
   }
   if (watch_thread_.joinable()) watch_thread_.join();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();

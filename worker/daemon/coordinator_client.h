@@ -47,11 +47,21 @@ class CoordinatorClient {
   // member has reached). Reports are best effort.
   void Report(gradmesh::v1::IterationStats report, bool flush);
 
+  // Leaves the group and stays out (no heartbeats, no joins) until Rejoin:
+  // this worker's trainer stopped taking part, so the others go on without
+  // it. Returns once the coordinator was told (or could not be).
+  void StepOut();
+  // Joins again, as a new member with `incarnation` (its replica missed
+  // the steps taken without it), after StepOut.
+  void Rejoin(uint64_t incarnation);
+
   // Leaves the coordinator (if joined) and joins the threads. Idempotent.
   void Stop();
 
  private:
   absl::Status Join();
+  // Sends Leave if joined, and forgets the join.
+  void Leave() ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_mu_);
   // Keeps `view` if it is the newest seen, then passes it on.
   void Seen(const gradmesh::v1::View& view);
   void WatchLoop();
@@ -59,7 +69,6 @@ class CoordinatorClient {
   void FlushReports();
 
   const std::unique_ptr<gradmesh::v1::Coordinator::Stub> stub_;
-  const gradmesh::v1::NodeInfo node_;
   const absl::Duration heartbeat_interval_;
   const OnView on_view_;
   const Log log_;
@@ -71,7 +80,12 @@ class CoordinatorClient {
   Wakeup heartbeat_wake_;
 
   absl::Mutex flush_mu_;  // one flush at a time
+  // Held across a Join, Heartbeat or Leave call, so that StepOut's Leave
+  // comes after any join in flight.
+  absl::Mutex call_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
+  gradmesh::v1::NodeInfo node_ ABSL_GUARDED_BY(mu_);
+  bool stepped_out_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool joined_ ABSL_GUARDED_BY(mu_) = false;
   gradmesh::v1::View latest_ ABSL_GUARDED_BY(mu_);  // epoch 0: none yet

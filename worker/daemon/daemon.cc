@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <deque>
 #include <fstream>
@@ -30,6 +31,7 @@
 #include "worker/daemon/data_plane.h"
 #include "worker/daemon/outcome_service.h"
 #include "worker/daemon/sdk_service.h"
+#include "worker/daemon/trainer_watch.h"
 #include "worker/daemon/view_tracker.h"
 #include "worker/daemon/worker_metrics.h"
 #include "worker/transport/grpc/grpc_transport.h"
@@ -113,6 +115,10 @@ class Daemon final : public WorkerDaemon {
   // The SDK and outcome services StartServer serves.
   absl::Status MakeServices();
   v1::NodeInfo Node() const;
+  // TrainerWatch's hooks: leave the group; join again as a new member, and
+  // wait (up to view_wait) for a view that has it.
+  TrainerWatch::Hooks TrainerHooks();
+  void RejoinAsNewMember();
   // Destroys retired groups (their streams' close may wait) off the
   // operations' path, until Stop.
   void ReapLoop();
@@ -126,8 +132,10 @@ class Daemon final : public WorkerDaemon {
   static constexpr size_t kViewsRemembered = 16;
 
   const DaemonOptions options_;
-  // This process's start, as peers see it in views (NodeInfo.incarnation).
-  const uint64_t incarnation_ = absl::Uniform<uint64_t>(absl::BitGen());
+  // This member's incarnation, as peers see it in views
+  // (NodeInfo.incarnation): new at the process's start, and when it rejoins
+  // after stepping out.
+  std::atomic<uint64_t> incarnation_ = absl::Uniform<uint64_t>(absl::BitGen());
   std::string advertise_;
   std::string sdk_address_;
   std::string node_id_;
@@ -142,6 +150,8 @@ class Daemon final : public WorkerDaemon {
   std::unique_ptr<grpc::Server> sdk_server_;  // with `sdk_listen` only
   std::unique_ptr<HealthServer> health_;
   std::unique_ptr<CoordinatorClient> coordinator_;
+  std::unique_ptr<TrainerWatch> trainer_watch_;
+  absl::Notification trainer_watched_;  // trainer_watch_ is set
   absl::Notification stop_reaping_;
   std::thread reaper_;
 
@@ -162,10 +172,11 @@ absl::Status Daemon::Init() {
   if (options_.operation_timeout <= absl::ZeroDuration() ||
       options_.heartbeat_interval <= absl::ZeroDuration() ||
       options_.view_wait < absl::ZeroDuration() ||
+      options_.step_join_timeout < absl::ZeroDuration() ||
       options_.peer_buffer_bytes == 0) {
     return absl::InvalidArgumentError(
         "the operation timeout, heartbeat interval and peer buffer must be "
-        "positive, the view wait not negative");
+        "positive, the view wait and step-join timeout not negative");
   }
   GM_ASSIGN_OR_RETURN(channel_credentials_, ChannelCredentials(options_.tls));
   GM_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_listen,
@@ -206,6 +217,9 @@ absl::Status Daemon::Init() {
           ? absl::StrCat(", health checks on port ", health_->port())
           : ""));
   coordinator_->Start();
+  trainer_watch_ = std::make_unique<TrainerWatch>(options_.step_join_timeout,
+                                                  TrainerHooks());
+  trainer_watched_.Notify();
   reaper_ = std::thread([this] { ReapLoop(); });
   return absl::OkStatus();
 }
@@ -219,11 +233,18 @@ absl::Status Daemon::MakeServices() {
       plane_.get(), views_.get(),
       SdkService::Options{.operation_timeout = options_.operation_timeout,
                           .token = std::move(token),
-                          .on_refused = [this](const absl::Status& why) {
-                            metrics_->calls_refused("token").Increment();
-                            Log(absl::StrCat("refused an SDK call: ",
-                                             why.message()));
-                          }});
+                          .on_refused =
+                              [this](const absl::Status& why) {
+                                metrics_->calls_refused("token").Increment();
+                                Log(absl::StrCat("refused an SDK call: ",
+                                                 why.message()));
+                              },
+                          .before_call =
+                              [this] {
+                                return trainer_watched_.HasBeenNotified()
+                                           ? trainer_watch_->BeforeCall()
+                                           : absl::OkStatus();
+                              }});
   outcomes_ = std::make_unique<OutcomeService>(
       plane_.get(), [this](const grpc::ServerContext& context, uint64_t epoch) {
         return AdmitAsker(context, epoch);
@@ -284,6 +305,32 @@ absl::Status Daemon::StartServer() {
   node_id_ = options_.node_id.empty() ? advertise_ : options_.node_id;
   sdk_->set_node_id(node_id_);
   return absl::OkStatus();
+}
+
+TrainerWatch::Hooks Daemon::TrainerHooks() {
+  return {
+      .absent = [this] { return plane_->Absent(options_.step_join_timeout); },
+      .step_out = [this] { coordinator_->StepOut(); },
+      .rejoin = [this] { RejoinAsNewMember(); },
+      .log = [this](const std::string& line) { Log(line); }};
+}
+
+void Daemon::RejoinAsNewMember() {
+  const uint64_t incarnation = absl::Uniform<uint64_t>(absl::BitGen());
+  incarnation_.store(incarnation);
+  coordinator_->Rejoin(incarnation);
+  const absl::Time deadline = absl::Now() + options_.view_wait;
+  while (true) {
+    const std::shared_ptr<Group> group = views_->current();
+    if (group != nullptr && group->rank >= 0 &&
+        group->view.incarnations[group->rank] == incarnation) {
+      return;
+    }
+    if (!views_->AwaitNewer(group == nullptr ? 0 : group->view.epoch,
+                            deadline)) {
+      return;
+    }
+  }
 }
 
 v1::NodeInfo Daemon::Node() const {
@@ -515,6 +562,7 @@ void Daemon::Stop() {
     stop_reaping_.Notify();
     reaper_.join();
   }
+  if (trainer_watch_ != nullptr) trainer_watch_->Stop();
   if (coordinator_ != nullptr) coordinator_->Stop();  // null: Init failed
   // Close this worker's streams first, so that peers stopping at the same
   // time see theirs end; then stop serving (what peers still send is cut).

@@ -62,6 +62,9 @@ struct DaemonOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   // How long a step cut by a membership change waits for the new view.
   absl::Duration view_wait = absl::Seconds(5);
+  // Peers that started a step this worker's trainer has not joined for this
+  // long go on without it (TrainerWatch); zero: never.
+  absl::Duration step_join_timeout = absl::Seconds(10);
   // What one peer's messages may hold here (PeerService); 0 is refused.
   uint64_t peer_buffer_bytes = transport::PeerService::kDefaultHeldBytesPerPeer;
   // Where the algorithms' top-k selections run (--topk); null: the CPU.

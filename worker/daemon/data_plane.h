@@ -158,6 +158,14 @@ class DataPlane {
   // with an operation (not waited for).
   std::vector<std::pair<std::string, double>> ResidualNorms() const;
 
+  // Why this worker's trainer counts as absent, or nullopt: the peers of
+  // the current view started the next step of a bucket (one that has
+  // stepped before, and that no call of this worker runs) at least
+  // `join_timeout` ago, and this worker's client has not. Its first step
+  // after a registration is never counted (start-up is slow and uneven).
+  // Needs a transport that tracks UnclaimedSince (gRPC's).
+  std::optional<std::string> Absent(absl::Duration join_timeout) const;
+
  private:
   absl::StatusOr<std::shared_ptr<Bucket>> Find(const BucketName& name) const;
   // Runs `body` on bucket `name` once no other call runs on it (until

@@ -48,6 +48,13 @@ ABSL_FLAG(int, view_wait_ms, 5000,
           "a step cut by a membership change waits this long for the new "
           "view, then runs again there (more than the coordinator's "
           "--heartbeat-timeout-ms)");
+ABSL_FLAG(double, step_join_timeout_s, 10,
+          "when the peers started a step this worker's trainer has not joined "
+          "for this long, the worker steps out of the group and the others go "
+          "on without it; the trainer's next call rejoins it and fails, so "
+          "that every process registers again and broadcasts (0: never; "
+          "raise it where one rank pauses longer between steps, e.g. to "
+          "evaluate alone)");
 ABSL_FLAG(int, peer_buffer_mib, 1024,
           "what one peer's messages may hold here in an epoch: those "
           "arriving, and those of operations this worker has not started "
@@ -94,6 +101,8 @@ int main(int argc, char** argv) {
        .heartbeat_interval =
            absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),
        .view_wait = absl::Milliseconds(absl::GetFlag(FLAGS_view_wait_ms)),
+       .step_join_timeout =
+           absl::Seconds(absl::GetFlag(FLAGS_step_join_timeout_s)),
        .peer_buffer_bytes =
            uint64_t(std::max(absl::GetFlag(FLAGS_peer_buffer_mib), 0)) << 20,
        .topk = *topk});

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
+#include "common/status_macros.h"
 #include "proto/plan_proto.h"
 
 namespace gradmesh::daemon {
@@ -47,6 +48,11 @@ absl::Status SdkService::Admit(const grpc::ServerContext& context) const {
   return refused;
 }
 
+absl::Status SdkService::AdmitStep(const grpc::ServerContext& context) const {
+  GM_RETURN_IF_ERROR(Admit(context));
+  return options_.before_call ? options_.before_call() : absl::OkStatus();
+}
+
 absl::Time SdkService::Deadline(const grpc::ServerContext& context) const {
   const absl::Time cap = absl::Now() + options_.operation_timeout;
   const auto client = context.deadline();
@@ -61,7 +67,7 @@ absl::Time SdkService::Deadline(const grpc::ServerContext& context) const {
 grpc::Status SdkService::Register(grpc::ServerContext* context,
                                   const v1::RegisterRequest* request,
                                   v1::RegisterResponse* response) {
-  GM_RETURN_IF_ERROR_GRPC(Admit(*context));
+  GM_RETURN_IF_ERROR_GRPC(AdmitStep(*context));
   std::vector<TensorSpec> tensors;
   for (const v1::TensorSpec& t : request->tensors()) {
     tensors.push_back({.name = t.name(), .size = t.size()});
@@ -88,7 +94,7 @@ grpc::Status SdkService::Unregister(grpc::ServerContext* context,
 grpc::Status SdkService::AllReduce(grpc::ServerContext* context,
                                    const v1::AllReduceRequest* request,
                                    v1::AllReduceResponse* response) {
-  GM_RETURN_IF_ERROR_GRPC(Admit(*context));
+  GM_RETURN_IF_ERROR_GRPC(AdmitStep(*context));
   const ReduceCall call{
       .name = {request->job(), request->bucket()},
       .step = request->step(),
@@ -118,7 +124,7 @@ grpc::Status SdkService::AllReduce(grpc::ServerContext* context,
 grpc::Status SdkService::Broadcast(grpc::ServerContext* context,
                                    const v1::BroadcastRequest* request,
                                    v1::BroadcastResponse* response) {
-  GM_RETURN_IF_ERROR_GRPC(Admit(*context));
+  GM_RETURN_IF_ERROR_GRPC(AdmitStep(*context));
   const absl::Time start = absl::Now();
   absl::StatusOr<Membership> done = plane_->Broadcast(
       {request->job(), request->bucket()}, request->sequence(), request->root(),

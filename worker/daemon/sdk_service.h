@@ -33,6 +33,9 @@ class SdkService final : public gradmesh::v1::Worker::Service {
     std::string token;  // empty: no calls over TCP
     // Told of each refused call (the daemon counts and logs it).
     std::function<void(const absl::Status&)> on_refused;
+    // Before a Register, AllReduce or Broadcast: an error refuses the call
+    // (TrainerWatch::BeforeCall). Empty: none.
+    std::function<absl::Status()> before_call;
   };
   SdkService(DataPlane* plane, ViewTracker* views, Options options)
       : plane_(plane), views_(views), options_(std::move(options)) {}
@@ -66,6 +69,9 @@ class SdkService final : public gradmesh::v1::Worker::Service {
   absl::Time Deadline(const grpc::ServerContext& context) const;
   // The token check above, first in every handler.
   absl::Status Admit(const grpc::ServerContext& context) const;
+  // Admit, then Options::before_call: first in the handlers that reach
+  // peers.
+  absl::Status AdmitStep(const grpc::ServerContext& context) const;
 
   DataPlane* const plane_;
   ViewTracker* const views_;

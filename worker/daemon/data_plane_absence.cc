@@ -1,0 +1,46 @@
+// The data plane's view of whether this worker's trainer takes part: peers
+// that started a step this worker's client has not (see DataPlane::Absent).
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/steady_clock.h"
+#include "worker/daemon/data_plane_internal.h"
+
+namespace gradmesh::daemon {
+
+std::optional<std::string> DataPlane::Absent(
+    absl::Duration join_timeout) const {
+  const std::shared_ptr<Group> group = views_->current();
+  if (group == nullptr || group->rank < 0 || group->transport == nullptr) {
+    return std::nullopt;
+  }
+  std::vector<std::shared_ptr<Bucket>> buckets;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, bucket] : buckets_) buckets.push_back(bucket);
+  }
+  const absl::Time now = SteadyNow();
+  for (const std::shared_ptr<Bucket>& bucket : buckets) {
+    uint64_t next;
+    {
+      absl::MutexLock lock(&bucket->mu);
+      if (bucket->busy || bucket->forgotten || !bucket->last_step) continue;
+      next = *bucket->last_step + 1;
+    }
+    const std::optional<absl::Time> since = group->transport->UnclaimedSince(
+        group->view.epoch, OperationId("agree", bucket->buffer, next));
+    if (!since.has_value() || now - *since < join_timeout) continue;
+    return absl::StrFormat(
+        "its peers started step %d of bucket '%s' (job '%s') %.1f s before, "
+        "and its trainer had not (--step_join_timeout=%s)",
+        next, bucket->name.bucket, bucket->name.job,
+        absl::ToDoubleSeconds(now - *since),
+        absl::FormatDuration(join_timeout));
+  }
+  return std::nullopt;
+}
+
+}  // namespace gradmesh::daemon

@@ -1,0 +1,66 @@
+#include "worker/daemon/trainer_watch.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradmesh::daemon {
+
+TrainerWatch::TrainerWatch(absl::Duration join_timeout, Hooks hooks)
+    : join_timeout_(join_timeout), hooks_(std::move(hooks)) {
+  if (join_timeout_ > absl::ZeroDuration()) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+}
+
+TrainerWatch::~TrainerWatch() { Stop(); }
+
+void TrainerWatch::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  wake_.Notify();
+  if (thread_.joinable()) thread_.join();
+}
+
+void TrainerWatch::Loop() {
+  const absl::Duration period = std::min(absl::Seconds(1), join_timeout_ / 4);
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+    }
+    if (std::optional<std::string> why = hooks_.absent(); why.has_value()) {
+      absl::MutexLock transition(&transition_mu_);
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+        out_ = *why;
+      }
+      hooks_.log(absl::StrCat("stepping out of the group: ", *why));
+      hooks_.step_out();
+    }
+    wake_.WaitFor(period);
+  }
+}
+
+absl::Status TrainerWatch::BeforeCall() {
+  absl::MutexLock transition(&transition_mu_);
+  std::string why;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!out_.has_value()) return absl::OkStatus();
+    why = *std::exchange(out_, std::nullopt);
+  }
+  hooks_.log("the trainer is back: rejoining the group as a new member");
+  hooks_.rejoin();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this worker stepped out of the group because ", why,
+      "; the others went on without it. It has rejoined as a new member: "
+      "register every bucket again on every process and broadcast the "
+      "parameters from a survivor (gradmesh.torch.elastic does both)"));
+}
+
+}  // namespace gradmesh::daemon
