@@ -192,6 +192,16 @@ def shutdown():
         _client = None
 
 
+def _forget_buckets():
+    """Forgets the buckets of allreduce and allgather by name and numbers
+    broadcasts from 0 again: after a new membership, every process
+    registers them again, alike (gradmesh.torch.elastic)."""
+    global _broadcasts
+    with _lock:
+        _buckets.clear()
+        _broadcasts = 0
+
+
 def _the_client():
     if _client is None:
         raise _error("FAILED_PRECONDITION",

@@ -30,9 +30,10 @@ back; the selection then runs in the worker daemon. Not yet run with a
 PyTorch that has CUDA.
 """
 
+from gradmesh.torch import elastic
 from gradmesh.torch.ddp import HookState, allreduce_hook
 from gradmesh.torch.optimizer import (DistributedOptimizer,
                                       broadcast_optimizer_state)
 
 __all__ = ["DistributedOptimizer", "HookState", "allreduce_hook",
-           "broadcast_optimizer_state"]
+           "broadcast_optimizer_state", "elastic"]

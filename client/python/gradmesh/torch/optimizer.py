@@ -91,10 +91,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                    momentum_correction)
         self._gradmesh_name = (f"{gradmesh._RESERVED}optimizer"
                                f"{next(_instances)}")
+        self._gradmesh_runs = _bucket_plan(list(reversed(named)), num_buckets)
+        self._gradmesh_fusion = fusion
+        self._gradmesh_hooks = {}  # id(p) -> (accumulator, hook handle)
+        self._gradmesh_register()
+        self._gradmesh_step_scale = None  # this step's loss scale, once read
+        self._gradmesh_closed = False
+        self._gradmesh_skip = False  # inside skip_synchronize()
+        self._gradmesh_failed = False  # the last synchronize() failed
+        self.last_infos = []  # each bucket's ReduceInfo of the last step
+        self._gradmesh_hook_trainable()
+
+    def _gradmesh_register(self):
+        """Registers the buckets and the checkpoint's gather bucket with the
+        worker (every process at the same point)."""
         self._gradmesh_buckets = [
-            _Bucket(f"{self._gradmesh_name}.{i}", run, fusion)
-            for i, run in enumerate(_bucket_plan(list(reversed(named)),
-                                                 num_buckets))
+            _Bucket(f"{self._gradmesh_name}.{i}", run, self._gradmesh_fusion)
+            for i, run in enumerate(self._gradmesh_runs)
         ]
         correction = self._gradmesh_correction
         self._gradmesh_gather = checkpoint.Gather(
@@ -104,15 +117,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 sum(t.numel() for _, t in correction.tensors())))
         self._gradmesh_where = {}
         for b in self._gradmesh_buckets:
+            b.hooked = sum(id(p) in self._gradmesh_hooks for p in b.params)
             for i, p in enumerate(b.params):
                 self._gradmesh_where[id(p)] = (b, i)
-        self._gradmesh_hooks = {}  # id(p) -> (accumulator, hook handle)
-        self._gradmesh_step_scale = None  # this step's loss scale, once read
-        self._gradmesh_closed = False
-        self._gradmesh_skip = False  # inside skip_synchronize()
-        self._gradmesh_failed = False  # the last synchronize() failed
-        self.last_infos = []  # each bucket's ReduceInfo of the last step
-        self._gradmesh_hook_trainable()
+
+    def register_again(self):
+        """Registers every bucket again, empty: what a new membership asks
+        for (FAILED_PRECONDITION "register ... again", after a member
+        restarted or rejoined). Every process calls it at the same point;
+        the step in flight and the residuals are dropped (load_state_dict()
+        brings committed ones back). gradmesh.torch.elastic calls it."""
+        self._gradmesh_check_open()
+        for b in self._gradmesh_buckets:
+            if b.pending is not None:
+                try:  # the worker owns the memory until the call ends
+                    b.pending.wait()
+                except gradmesh.GradmeshError:
+                    pass
+                b.pending = None
+        # The old registrations go first: a TensorSet unregisters its
+        # bucket's name when it is freed, the new one's too if that came
+        # first.
+        self._gradmesh_buckets, self._gradmesh_where = [], {}
+        self._gradmesh_gather = None
+        self._gradmesh_register()
+        self._gradmesh_new_step()
+        self._gradmesh_failed = False
 
     def _gradmesh_named(self, named_parameters):
         """Every parameter of the optimizer with its name, frozen ones too
