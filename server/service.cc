@@ -412,17 +412,14 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   // Expires silent members, on the steady clock; counts departures.
   void Tick() {
     uint64_t epoch = 0;
-    absl::Time last_tick = SteadyNow();
     while (true) {
       tick_.WaitFor(kTickInterval);
       {
         absl::MutexLock lock(&mu_);
         if (stopping_) return;
       }
-      const absl::Time now = SteadyNow();
-      ExcuseAPause(last_tick, now);
-      last_tick = now;
-      coordinator_.Tick(now);
+      ExcuseAPause();
+      coordinator_.Tick(SteadyNow());
       View view = coordinator_.view();
       if (view.epoch != epoch) {
         // Every member's series exists from its arrival, at 0, so that
@@ -443,33 +440,38 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     }
   }
 
-  // The steady time of a Join or Heartbeat being handled now, noted as the
-  // first since the last tick if it is.
+  // The steady time of a Join or Heartbeat being handled now; notes the
+  // gap since this process last ran a tick or a handler.
   absl::Time Heard() {
     absl::MutexLock lock(&mu_);  // read under it: never before a tick
+    return AwakeLocked();
+  }
+
+  // Now, and the longest gap since the last tick during which this process
+  // ran no tick and no handler, for `now`.
+  absl::Time AwakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const absl::Time now = SteadyNow();
-    if (!heard_since_tick_.has_value()) heard_since_tick_ = now;
+    longest_gap_ = std::max(longest_gap_, now - last_awake_);
+    last_awake_ = now;
     return now;
   }
 
-  // The time from the last tick until this process first heard a member
-  // again (or until now) was unwatched when it is long (more than 1 s, or
-  // half the timeout where that is shorter): the process was paused or
-  // starved, and heartbeats could not be heard. A tick late while calls are
-  // handled all along excuses nothing.
-  void ExcuseAPause(absl::Time last_tick, absl::Time now) {
-    absl::Time heard = now;
+  // A long gap (more than 1 s, or half the timeout where that is shorter)
+  // in which this process ran neither a tick nor a handler: it was paused
+  // or starved, and heartbeats could not be heard, so that silence counts
+  // against no member. A tick late while calls are handled all along
+  // excuses nothing.
+  void ExcuseAPause() {
+    absl::Duration gap;
+    absl::Time now;
     {
       absl::MutexLock lock(&mu_);
-      heard = std::min(heard_since_tick_.value_or(now), now);
-      heard_since_tick_.reset();
+      now = AwakeLocked();
+      gap = std::exchange(longest_gap_, absl::ZeroDuration());
     }
-    const absl::Duration unwatched = heard - last_tick;
-    if (unwatched < std::min(kPauseGap, options_.heartbeat_timeout / 2)) {
-      return;
-    }
-    coordinator_.Excuse(unwatched - kTickInterval, now);
-    Log(absl::StrCat("did not run for ", absl::FormatDuration(unwatched),
+    if (gap < std::min(kPauseGap, options_.heartbeat_timeout / 2)) return;
+    coordinator_.Excuse(gap - kTickInterval, now);
+    Log(absl::StrCat("did not run for ", absl::FormatDuration(gap),
                      "; that silence counts against no member"));
   }
 
@@ -489,8 +491,10 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   View last_view_;  // the ticker's
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // When a member was first heard after the last tick (Heard).
-  std::optional<absl::Time> heard_since_tick_ ABSL_GUARDED_BY(mu_);
+  // When this process last ran a tick or a handler, and the longest gap
+  // between such runs since the last tick.
+  absl::Time last_awake_ ABSL_GUARDED_BY(mu_) = SteadyNow();
+  absl::Duration longest_gap_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
