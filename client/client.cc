@@ -134,6 +134,7 @@ struct TensorSet::State {
   std::vector<uint64_t> offsets;  // tensors.size() + 1
   SegmentLayout layout{0};
   SharedSegment segment;
+  std::string shm_name;  // names this registration in Unregister
 };
 
 struct Handle::Call {
@@ -157,6 +158,7 @@ TensorSet::~TensorSet() {
   v1::UnregisterRequest request;
   request.set_job(state_->client->job);
   request.set_bucket(state_->bucket);
+  request.set_shm_name(state_->shm_name);
   v1::UnregisterResponse response;
   // Best effort: a worker that is gone has forgotten the bucket anyway.
   state_->client->stub->Unregister(&context, request, &response);
@@ -366,6 +368,7 @@ absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
   GM_ASSIGN_OR_RETURN(state->segment,
                       SharedSegment::Create(name, state->layout.bytes));
   request.set_shm_name(name);
+  state->shm_name = name;
   {
     absl::MutexLock lock(&impl_->mu);
     request.set_index(impl_->next_registration++);

@@ -78,6 +78,7 @@ absl::StatusOr<std::shared_ptr<Bucket>> OpenBucket(
   bucket->layout = SegmentLayout(n);
   GM_ASSIGN_OR_RETURN(bucket->segment,
                       SharedSegment::Open(shm_name, bucket->layout.bytes));
+  bucket->shm_name = shm_name;
   // Mapped: the name can go, so a client killed now leaves nothing behind.
   SharedSegment::Unlink(shm_name).IgnoreError();
   return bucket;

@@ -52,6 +52,7 @@ struct Bucket {
   uint64_t id = 0;         // this registration's, agreed by the members
   std::string buffer;      // the engine's buffer: key and id
   std::string descriptor;  // bucket name, tensor names and sizes, options
+  std::string shm_name;    // the segment's name at registration
   uint64_t fingerprint = 0;
   std::vector<uint64_t> tensor_starts;  // each tensor's first index
   // The members (node id, incarnation) that registered it: a step on a view

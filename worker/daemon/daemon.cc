@@ -321,15 +321,13 @@ void Daemon::RejoinAsNewMember() {
   coordinator_->Rejoin(incarnation);
   const absl::Time deadline = absl::Now() + options_.view_wait;
   while (true) {
+    const uint64_t seen = views_->latest_epoch();
     const std::shared_ptr<Group> group = views_->current();
     if (group != nullptr && group->rank >= 0 &&
         group->view.incarnations[group->rank] == incarnation) {
       return;
     }
-    if (!views_->AwaitNewer(group == nullptr ? 0 : group->view.epoch,
-                            deadline)) {
-      return;
-    }
+    if (!views_->AwaitNewer(seen, deadline)) return;
   }
 }
 

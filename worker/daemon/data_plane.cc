@@ -108,7 +108,8 @@ void DataPlane::Forget(Bucket& bucket) {
   Release(bucket);
 }
 
-absl::Status DataPlane::Unregister(const BucketName& name) {
+absl::Status DataPlane::Unregister(const BucketName& name,
+                                   absl::string_view shm_name) {
   std::shared_ptr<Bucket> bucket;
   {
     absl::MutexLock lock(&mu_);
@@ -117,6 +118,10 @@ absl::Status DataPlane::Unregister(const BucketName& name) {
       return absl::NotFoundError(absl::StrCat("bucket '", name.bucket,
                                               "' of job '", name.job,
                                               "' is not registered"));
+    }
+    // An older registration's end (its TensorSet freed late).
+    if (!shm_name.empty() && it->second->shm_name != shm_name) {
+      return absl::OkStatus();
     }
     bucket = std::move(it->second);
     buckets_.erase(it);

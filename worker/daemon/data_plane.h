@@ -124,8 +124,11 @@ class DataPlane {
                                       uint64_t index, absl::Time deadline,
                                       const BucketOptions& options = {});
 
-  // Unmaps the bucket and forgets its residual. NotFound if unknown.
-  absl::Status Unregister(const BucketName& name);
+  // Unmaps the bucket and forgets its residual. NotFound if unknown. With
+  // `shm_name`, only the registration made with that segment: a later one
+  // (the name registered again) is left alone, and OK is returned.
+  absl::Status Unregister(const BucketName& name,
+                          absl::string_view shm_name = "");
 
   // Copies the bucket's residual into its segment's residual region (save),
   // or the region's values into the residual, replacing it (load), for a

@@ -13,10 +13,11 @@ namespace gradmesh::daemon {
 
 std::optional<std::string> DataPlane::Absent(
     absl::Duration join_timeout) const {
-  const std::shared_ptr<Group> group = views_->current();
-  if (group == nullptr || group->rank < 0 || group->transport == nullptr) {
-    return std::nullopt;
-  }
+  std::vector<std::shared_ptr<Group>> groups = views_->groups();
+  std::erase_if(groups, [](const std::shared_ptr<Group>& g) {
+    return g->rank < 0 || g->transport == nullptr;
+  });
+  if (groups.empty()) return std::nullopt;
   std::vector<std::shared_ptr<Bucket>> buckets;
   {
     absl::MutexLock lock(&mu_);
@@ -30,15 +31,19 @@ std::optional<std::string> DataPlane::Absent(
       if (bucket->busy || bucket->forgotten || !bucket->last_step) continue;
       next = *bucket->last_step + 1;
     }
-    const std::optional<absl::Time> since = group->transport->UnclaimedSince(
-        group->view.epoch, OperationId("agree", bucket->buffer, next));
-    if (!since.has_value() || now - *since < join_timeout) continue;
-    return absl::StrFormat(
-        "its peers started step %d of bucket '%s' (job '%s') %.1f s before, "
-        "and its trainer had not (--step_join_timeout=%s)",
-        next, bucket->name.bucket, bucket->name.job,
-        absl::ToDoubleSeconds(now - *since),
-        absl::FormatDuration(join_timeout));
+    const uint64_t agree = OperationId("agree", bucket->buffer, next);
+    // Peers run the step on whichever group it falls in.
+    for (const std::shared_ptr<Group>& group : groups) {
+      const std::optional<absl::Time> since =
+          group->transport->UnclaimedSince(group->view.epoch, agree);
+      if (!since.has_value() || now - *since < join_timeout) continue;
+      return absl::StrFormat(
+          "its peers started step %d of bucket '%s' (job '%s') %.1f s "
+          "before, and its trainer had not (--step_join_timeout_s=%g)",
+          next, bucket->name.bucket, bucket->name.job,
+          absl::ToDoubleSeconds(now - *since),
+          absl::ToDoubleSeconds(join_timeout));
+    }
   }
   return std::nullopt;
 }

@@ -88,7 +88,8 @@ grpc::Status SdkService::Unregister(grpc::ServerContext* context,
                                     const v1::UnregisterRequest* request,
                                     v1::UnregisterResponse* response) {
   GM_RETURN_IF_ERROR_GRPC(Admit(*context));
-  return ToGrpc(plane_->Unregister({request->job(), request->bucket()}));
+  return ToGrpc(plane_->Unregister({request->job(), request->bucket()},
+                                   request->shm_name()));
 }
 
 grpc::Status SdkService::AllReduce(grpc::ServerContext* context,

@@ -26,27 +26,37 @@ void TrainerWatch::Stop() {
 }
 
 void TrainerWatch::Loop() {
-  const absl::Duration period = std::min(absl::Seconds(1), join_timeout_ / 4);
+  const absl::Duration period =
+      std::clamp(join_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
   while (true) {
     {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-    }
-    if (std::optional<std::string> why = hooks_.absent(); why.has_value()) {
+      // Asked and acted on under the transition lock: not while a
+      // returning trainer rejoins, and not again once out.
       absl::MutexLock transition(&transition_mu_);
       {
         absl::MutexLock lock(&mu_);
         if (stopping_) return;
-        out_ = *why;
       }
-      hooks_.log(absl::StrCat("stepping out of the group: ", *why));
-      hooks_.step_out();
+      if (!out_flag_.load()) StepOutIfAbsent();
     }
     wake_.WaitFor(period);
   }
 }
 
+void TrainerWatch::StepOutIfAbsent() {
+  const std::optional<std::string> why = hooks_.absent();
+  if (!why.has_value()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    out_ = *why;
+  }
+  out_flag_.store(true);
+  hooks_.log(absl::StrCat("stepping out of the group: ", *why));
+  hooks_.step_out();
+}
+
 absl::Status TrainerWatch::BeforeCall() {
+  if (!out_flag_.load()) return absl::OkStatus();  // the usual case
   absl::MutexLock transition(&transition_mu_);
   std::string why;
   {
@@ -54,6 +64,7 @@ absl::Status TrainerWatch::BeforeCall() {
     if (!out_.has_value()) return absl::OkStatus();
     why = *std::exchange(out_, std::nullopt);
   }
+  out_flag_.store(false);
   hooks_.log("the trainer is back: rejoining the group as a new member");
   hooks_.rejoin();
   return absl::FailedPreconditionError(absl::StrCat(

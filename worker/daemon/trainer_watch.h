@@ -18,6 +18,7 @@
 #ifndef GRADMESH_WORKER_DAEMON_TRAINER_WATCH_H_
 #define GRADMESH_WORKER_DAEMON_TRAINER_WATCH_H_
 
+#include <atomic>
 #include <functional>
 #include <optional>
 #include <string>
@@ -41,8 +42,8 @@ class TrainerWatch {
     std::function<void(const std::string&)> log;
   };
 
-  // Watches every min(1 s, join_timeout / 4); a zero `join_timeout` watches
-  // nothing (BeforeCall is then always OK).
+  // Watches every join_timeout / 4 (10 ms to 1 s); a zero `join_timeout`
+  // watches nothing (BeforeCall is then always OK).
   TrainerWatch(absl::Duration join_timeout, Hooks hooks);
   ~TrainerWatch();  // Stop()
   TrainerWatch(const TrainerWatch&) = delete;
@@ -58,6 +59,8 @@ class TrainerWatch {
 
  private:
   void Loop();
+  // Asks `absent` and steps out if so.
+  void StepOutIfAbsent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
 
   const absl::Duration join_timeout_;
   const Hooks hooks_;
@@ -68,6 +71,8 @@ class TrainerWatch {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Why the worker stepped out; nullopt while it is in.
   std::optional<std::string> out_ ABSL_GUARDED_BY(mu_);
+  // Whether out_ is set, read without a lock by every BeforeCall.
+  std::atomic<bool> out_flag_ = false;
 };
 
 }  // namespace gradmesh::daemon

@@ -137,6 +137,15 @@ std::shared_ptr<Group> ViewTracker::current() const {
   return current_;
 }
 
+std::vector<std::shared_ptr<Group>> ViewTracker::groups() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Group>> all;
+  for (const auto* g : {&current_, &pending_, &previous_}) {
+    if (*g != nullptr) all.push_back(*g);
+  }
+  return all;
+}
+
 uint64_t ViewTracker::latest_epoch() const {
   absl::MutexLock lock(&mu_);
   return latest_epoch_;

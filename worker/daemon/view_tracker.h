@@ -120,6 +120,10 @@ class ViewTracker {
 
   // The latest group that applies now (null before the first view).
   std::shared_ptr<Group> current() const;
+  // Every group a step may run on now, without switching to any: the
+  // current one, the pending plan's and the previous one (for steps before
+  // the current one's start).
+  std::vector<std::shared_ptr<Group>> groups() const;
 
   // The clock it was given, for the parts that share its time.
   Clock* clock() const { return clock_; }

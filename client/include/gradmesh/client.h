@@ -211,7 +211,8 @@ bool IsWorkerGone(const absl::Status& status);
 
 // A registered bucket: tensors fused in registration order, in memory shared
 // with the worker. Destroying it unregisters the bucket (its residual is
-// forgotten) and unmaps the memory.
+// forgotten) and unmaps the memory; a registration of the same name made
+// since (Register again) stays.
 class TensorSet {
  public:
   ~TensorSet();

@@ -73,9 +73,11 @@ class GradmeshTypeError(GradmeshError, TypeError):
 
 
 def _error(code, message, kind=GradmeshError):
-    """A GradmeshError (or `kind`, a subclass) with .code set."""
+    """A GradmeshError (or `kind`, a subclass) with .code set, marked as
+    this package's own (.local), not a worker's."""
     error = kind(f"gradmesh: {message}")
     error.code = code
+    error.local = True
     return error
 
 

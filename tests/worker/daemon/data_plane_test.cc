@@ -499,6 +499,31 @@ TEST(DataPlaneTest, SecondJobStartsClean) {
   ExpectConservedStep(w, second, {"job-b", "b"}, kN, 0, 90);
 }
 
+// A bucket registered again, then the first registration's end (its
+// TensorSet freed late): the new registration stays; without the segment's
+// name, Unregister ends whichever registration the bucket has.
+TEST(DataPlaneTest, TheEndOfAnOlderRegistrationLeavesTheNewOne) {
+  constexpr uint64_t kN = 100;
+  Workers w(1, {.algorithm = "dense"});
+  w.Start();
+  const std::string first = SharedSegment::UniqueName("b");
+  const std::string second = SharedSegment::UniqueName("b");
+  std::vector<SharedSegment> segments;
+  for (const std::string& shm : {first, second}) {
+    auto segment = SharedSegment::Create(shm, SegmentLayout(kN).bytes);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    segments.push_back(*std::move(segment));
+    ASSERT_TRUE(w.plane(0)
+                    .Register({"job", "b"}, {{"t", kN}}, shm,
+                              segments.size() - 1, Soon())
+                    .ok());
+  }
+  ASSERT_TRUE(w.plane(0).Unregister({"job", "b"}, first).ok());
+  EXPECT_TRUE(AllReduceAll(w, {.name = {"job", "b"}, .step = 0})[0].ok());
+  ASSERT_TRUE(w.plane(0).Unregister({"job", "b"}, second).ok());
+  EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister({"job", "b"})));
+}
+
 TEST(DataPlaneTest, BroadcastsFromTheRootAndBarriers) {
   constexpr uint64_t kN = 1000;
   Workers w(4);

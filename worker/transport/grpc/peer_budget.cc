@@ -66,7 +66,9 @@ void PeerService::HoldUnclaimedLocked(EpochState& state, int from,
   if (state.claimed.contains(operation)) return;
   Held& held = state.held[from];
   auto [charged, fresh] = state.unclaimed[operation].try_emplace(from, 0);
-  state.unclaimed_since.try_emplace(operation, SteadyNow());
+  if (!state.unclaimed_since.contains(operation)) {
+    state.unclaimed_since.emplace(operation, SteadyNow());
+  }
   if (fresh) {
     held.unclaimed_order.push_back(operation);
     ++held.live;

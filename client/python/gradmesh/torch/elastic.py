@@ -4,21 +4,23 @@
 
     @gradmesh.torch.elastic.run(state)
     def train(state):
-        for state.epoch in range(state.epoch, epochs):
+        while state.epoch < epochs:
             for x, y in loader:
                 ...                       # forward, backward, step
+            state.epoch += 1
             state.commit()                # every process, at the same point
 
     train()
 
-When a member's trainer stalls (the workers' --step-join-timeout), a worker
-restarts, or a step's outcome is lost, the steps of the job fail alike on
-every process with FAILED_PRECONDITION or DATA_LOSS. run() then, on every
-process, surviving or returning: restores the last commit, registers the
-optimizer's buckets again, takes the state of the process with the newest
-commit (the lowest rank among them) and calls train(state) again, which
-goes on from the restored counters. The steps since the last commit are done
-again (Horovod's elastic mode does the same).
+When a member's trainer stalls (the workers' --step_join_timeout_s), a
+worker restarts, or a step's outcome is lost, the steps of the job fail
+alike on every process with FAILED_PRECONDITION or DATA_LOSS. run() then,
+on every process, surviving or returning: restores the last commit,
+registers the optimizer's buckets again, takes the state of the process
+with the newest commit (the lowest rank among them) and calls train(state)
+again, which goes on from the restored counters (so a commit comes after
+the counters say where to go on from). The steps since the last commit are
+done again (Horovod's elastic mode does the same).
 
 The residuals follow the optimizer's checkpoint rules
 (gradmesh/torch/checkpoint.py): commit() gathers every process's with
@@ -29,6 +31,7 @@ group of another size, the mean). A process that starts without a commit
 
 import copy
 import functools
+import re
 import time
 
 import numpy as np
@@ -50,36 +53,40 @@ class TorchState:
         if not hasattr(optimizer, "register_again"):
             raise gradmesh._wrong_type(
                 "TorchState needs a gradmesh.torch.DistributedOptimizer")
-        self.__dict__["_fixed"] = {"model": model, "optimizer": optimizer}
-        self.__dict__["_counters"] = dict(counters)
-        self.__dict__["_saved"] = None
-        self.__dict__["commits"] = 0
+        for name in counters:
+            _check_counter(name)
+        self.__dict__.update(model=model, optimizer=optimizer,
+                             _counters=dict(counters), _saved=None,
+                             commits=0)
 
     def __getattr__(self, name):
-        if name in self._fixed:
-            return self._fixed[name]
-        if name in self._counters:
-            return self._counters[name]
+        counters = self.__dict__.get("_counters", {})
+        if name in counters:
+            return counters[name]
         raise AttributeError(name)
 
     def __setattr__(self, name, value):
-        if name in self._fixed or name == "commits":
-            raise AttributeError(f"{name} is not a counter")
+        _check_counter(name)
         self._counters[name] = value
 
-    def commit(self):
-        """Saves the model, the optimizer (residuals gathered: collective,
-        every process at the same point) and the counters in memory."""
-        self.__dict__["_saved"] = {
+    def _snapshot(self):
+        """The model, the optimizer (residuals gathered: collective) and
+        the counters, copied."""
+        return {
             "model": copy.deepcopy(self.model.state_dict()),
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "counters": copy.deepcopy(self._counters),
         }
+
+    def commit(self):
+        """Saves the model, the optimizer (residuals gathered: collective,
+        every process at the same point) and the counters in memory."""
+        self.__dict__["_saved"] = self._snapshot()
         self.__dict__["commits"] += 1
 
     def restore(self):
-        """Back to the last commit (nothing, before the first); the
-        optimizer's buckets are registered again first (collective)."""
+        """Back to the last commit (or the last sync()); the optimizer's
+        buckets are registered again first (collective)."""
         self.optimizer.register_again()
         saved = self._saved
         if saved is None:
@@ -89,10 +96,16 @@ class TorchState:
         self._counters.clear()
         self._counters.update(copy.deepcopy(saved["counters"]))
 
-    def sync(self):
+    def sync(self, clear_from=None):
         """Every process takes the parameters, the optimizer's state (not
         the residuals) and the counters of the process with the most
-        commits (the lowest rank among them). Collective."""
+        commits (the lowest rank among them), and saves them as its last
+        commit. Collective. `clear_from`: a rank whose replica is whole, to
+        broadcast from first (after DATA_LOSS, which refuses other calls
+        until then)."""
+        if clear_from is not None:
+            gradmesh.broadcast_parameters(self.model.state_dict(),
+                                          root_rank=clear_from)
         commits = gradmesh.allgather(np.array([self.commits], np.float32),
                                      name="gradmesh-elastic.commits")
         root = int(np.argmax(commits))
@@ -104,59 +117,87 @@ class TorchState:
         self._counters.clear()
         self._counters.update(counters)
         self.__dict__["commits"] = count
+        self.__dict__["_saved"] = self._snapshot()
+
+
+def _check_counter(name):
+    if name.startswith("_") or hasattr(TorchState, name) or name in (
+            "model", "optimizer", "commits"):
+        raise gradmesh._invalid(f"{name!r} cannot be a TorchState counter")
+
+
+def _recoverable(error):
+    """Whether the job can go on from the last commit after `error`: one
+    of RECOVERABLE from a worker (not this package's own checks), and not
+    this process's worker gone."""
+    return (not isinstance(error, gradmesh.WorkerGoneError)
+            and not getattr(error, "local", False)
+            and getattr(error, "code", "") in RECOVERABLE)
+
+
+def _whole_rank(error):
+    """The rank a DATA_LOSS names as whole (0 when none is: any root)."""
+    if getattr(error, "code", "") != "DATA_LOSS":
+        return None
+    found = re.search(r"replica is whole \(rank (\d+)\)", str(error))
+    return int(found.group(1)) if found else 0
 
 
 def run(state, max_resets=100, log=print):
     """Decorates train(state, ...): synchronizes the state first, then
-    calls it, and after a recoverable error (RECOVERABLE) restores the last
-    commit, registers again, synchronizes and calls it again, up to
-    `max_resets` times. Other errors, and the one past the limit, are
-    raised."""
+    calls it, and after a recoverable error (RECOVERABLE, from a worker)
+    restores the last commit, registers again, synchronizes and calls it
+    again, up to `max_resets` times between two commits. Other errors
+    (WorkerGoneError too), and the one past the limit, are raised."""
 
     def decorate(train):
         @functools.wraps(train)
         def wrapper(*args, **kwargs):
-            resets = 0
-            _sync_retrying(state, log)
+            resets, commits = 0, None
+            _reset(state, log, restore=False)
             while True:
+                error = None
                 try:
                     return train(state, *args, **kwargs)
-                except gradmesh.GradmeshError as error:
-                    code = getattr(error, "code", "")
-                    if code not in RECOVERABLE or resets >= max_resets:
+                except gradmesh.GradmeshError as e:
+                    if not _recoverable(e):
                         raise
-                    resets += 1
-                    log(f"gradmesh.elastic: reset {resets} after {code}: "
-                        f"{error}")
-                    _reset(state, log)
+                    # Not its frames: they hold the old registrations.
+                    error = e.with_traceback(None)
+                if state.commits != commits:
+                    resets, commits = 0, state.commits
+                if resets >= max_resets:
+                    raise error
+                resets += 1
+                log(f"gradmesh.elastic: reset {resets} after {error.code}: "
+                    f"{error}")
+                # Outside the except block: the failed call's frames (and
+                # the old registrations they hold) are freed first.
+                _reset(state, log, clear_from=_whole_rank(error))
 
         return wrapper
 
     return decorate
 
 
-def _reset(state, log):
-    """restore() and sync(), again while the membership keeps changing."""
+def _reset(state, log, restore=True, clear_from=None):
+    """restore() (unless not `restore`) and sync(), again while the
+    membership keeps changing."""
     for attempt in range(20):
+        error = None
         try:
-            gradmesh._forget_buckets()
-            state.restore()
-            state.sync()
+            if restore:
+                gradmesh._forget_buckets()
+                state.restore()
+            state.sync(clear_from)
             return
-        except gradmesh.GradmeshError as error:
-            if getattr(error, "code", "") not in RECOVERABLE:
+        except gradmesh.GradmeshError as e:
+            if not _recoverable(e):
                 raise
-            log(f"gradmesh.elastic: the group is still changing "
-                f"({error}); again")
-            time.sleep(min(2.0, 0.2 * (attempt + 1)))
+            error = e.with_traceback(None)
+        log(f"gradmesh.elastic: the group is still changing ({error}); "
+            "again")
+        restore, clear_from = True, _whole_rank(error)
+        time.sleep(min(2.0, 0.2 * (attempt + 1)))
     raise gradmesh._error("UNAVAILABLE",
                           "elastic: the group did not settle in 20 tries")
-
-
-def _sync_retrying(state, log):
-    try:
-        state.sync()
-    except gradmesh.GradmeshError as error:
-        if getattr(error, "code", "") not in RECOVERABLE:
-            raise
-        _reset(state, log)
