@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -64,6 +65,10 @@ struct Client::Impl {
       ABSL_GUARDED_BY(mu);
 
   std::string authorization;  // "Bearer TOKEN", or empty
+  // RegisterRequest.client_id: this client's, random.
+  const std::string client_id =
+      absl::StrCat(absl::Hex(absl::Uniform<uint64_t>(absl::BitGen())),
+                   absl::Hex(absl::Uniform<uint64_t>(absl::BitGen())));
 
   void Authorize(grpc::ClientContext* context) const {
     if (!authorization.empty()) {
@@ -368,6 +373,7 @@ absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
   GM_ASSIGN_OR_RETURN(state->segment,
                       SharedSegment::Create(name, state->layout.bytes));
   request.set_shm_name(name);
+  request.set_client_id(impl_->client_id);
   state->shm_name = name;
   {
     absl::MutexLock lock(&impl_->mu);

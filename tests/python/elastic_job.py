@@ -1,17 +1,24 @@
-"""A trainer stopped mid-epoch: the others go on, and all finish together.
+"""A trainer stalls or dies mid-epoch: the others go on, all finish together.
 
-    GRADMESH_WORKER_STEP_JOIN_TIMEOUT_S=2 gradmesh run --workers=3 \\
-        --algo=dense -- python3 tests/python/elastic_job.py
+    gradmesh run --workers=3 --algo=dense --step-join-timeout-s=2 \\
+        -- python3 tests/python/elastic_job.py stop
+    gradmesh run --workers=3 --algo=dense --max-restarts=1 \\
+        -- python3 tests/python/elastic_job.py crash DIR
 
 A small regression trained with SGD and momentum under
-gradmesh.torch.elastic.run. In epoch 1, rank 2 stops itself (SIGSTOP) for
-STOP_S seconds before a step, while the others still train (each batch
-takes BATCH_S). Its worker steps out of the group after the step-join
-timeout and the others train on; when rank 2 resumes, its next call fails,
-every process restores the last commit, registers again and takes the
-state of a survivor, and training goes on to EPOCHS epochs. At the end,
-every process checks that the parameters are identical on all ranks, that
-the loss went down, and rank 2 that it was reset.
+gradmesh.torch.elastic.run, while the others still train (each batch takes
+BATCH_S). In epoch 1, rank 2 stops itself (SIGSTOP, mode "stop") for STOP_S
+seconds before a step: its worker steps out of the group after the
+step-join timeout and the others train on; when rank 2 resumes, its next
+call fails, every process restores the last commit, registers again and
+takes the state of a survivor. Or rank 1 exits with status 1 (mode
+"crash", once: a file in DIR records it): `gradmesh run` starts it again
+3 s later, its worker rejoins as a new member when the new process
+registers (before the 10 s step-join timeout), the others reset, and the
+new process takes a survivor's state. Training goes on to
+EPOCHS epochs. At the end, every process checks that the parameters are
+identical on all ranks and that the loss on a fixed batch went down 10x,
+and the survivors that they were reset.
 """
 
 import os
@@ -48,10 +55,15 @@ def stop_for(seconds):
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def main():
+def main(mode, record_dir=None):
     gradmesh.init(timeout=60)
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 1)
+    x_test, y_test = batch(EPOCHS, 0, 0)
+    first = torch.nn.functional.mse_loss(model(x_test), y_test).item()
+    # The job's name is this run's, and the restarted process's too.
+    crashed = record_dir and os.path.join(
+        record_dir, f"crashed-{os.environ['GRADMESH_JOB']}")
     optimizer = gradmesh.torch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
         named_parameters=model.named_parameters())
@@ -68,10 +80,14 @@ def main():
     def train(state):
         for epoch in range(state.epoch, EPOCHS):
             for index in range(state.batch, BATCHES):
-                if epoch == 1 and index == 3 and gradmesh.rank() == 2 \
-                        and not stopped:
+                if epoch == 1 and index == 3 and not stopped:
                     stopped.append(True)
-                    stop_for(STOP_S)
+                    if mode == "stop" and gradmesh.rank() == 2:
+                        stop_for(STOP_S)
+                    if mode == "crash" and gradmesh.rank() == 1 \
+                            and not os.path.exists(crashed):
+                        open(crashed, "w").close()
+                        os._exit(1)
                 time.sleep(BATCH_S)
                 x, y = batch(epoch, index, gradmesh.rank())
                 optimizer.zero_grad()
@@ -88,14 +104,16 @@ def main():
     every = gradmesh.allgather(flat.numpy().reshape(1, -1), name="check")
     assert np.array_equal(every, np.repeat(every[:1], len(every), 0)), \
         "the ranks' parameters differ"
-    assert losses[-1] < 0.1 * losses[0], (losses[0], losses[-1])
-    if gradmesh.rank() == 2:
-        assert stopped and resets, "rank 2 was never reset"
-    print(f"rank {gradmesh.rank()}: {len(resets)} resets, loss "
-          f"{losses[0]:.3f} -> {losses[-1]:.4f}, identical on "
+    last = torch.nn.functional.mse_loss(model(x_test), y_test).item()
+    assert last < 0.1 * first, (first, last)
+    faulty = 2 if mode == "stop" else 1
+    if gradmesh.rank() != faulty or mode == "stop":
+        assert resets, "never reset"
+    print(f"rank {gradmesh.rank()}: {len(resets)} resets, {len(losses)} "
+          f"steps here, test loss {first:.3f} -> {last:.4f}, identical on "
           f"{gradmesh.size()} ranks", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(*sys.argv[1:]))

@@ -134,6 +134,16 @@ ABSL_FLAG(int, master_port, 0,
 ABSL_FLAG(int, start_timeout_s, 30,
           "run: how long the workers (every node's) may take to form the "
           "job's first view");
+ABSL_FLAG(int, max_restarts, 0,
+          "run: a copy that fails while its worker runs is started again "
+          "(same rank and environment) up to this many times in all on this "
+          "node, as torchrun's --max-restarts; train under "
+          "gradmesh.torch.elastic so that the new process rejoins (0: a "
+          "failure stops the job)");
+ABSL_FLAG(double, step_join_timeout_s, 10,
+          "local, run: a worker whose trainer has not joined a step its "
+          "peers started for this long steps out of the group, and the others "
+          "go on (0: never; see gradmesh-worker --help)");
 ABSL_FLAG(std::string, job, "",
           "run: the job name the commands get as GRADMESH_JOB (empty: "
           "run-<pid>-<unix seconds>)");
@@ -211,13 +221,29 @@ constexpr char kUsage[] =
 const std::vector<std::string> kAlgorithmFlags = {
     "algo",          "density",  "teams",  "oktopk_tau", "oktopk_tau_prime",
     "quantize_bits", "encoding", "values", "seed"};
-const std::vector<std::string> kClusterFlags = {
-    "algo",      "density",       "teams",       "encoding",
-    "values",    "quantize_bits", "oktopk_tau",  "oktopk_tau_prime",
-    "seed",      "exact_below",   "fusion",      "workers",
-    "bin_dir",   "work_dir",      "chunk_bytes", "autotune_window",
-    "timeout_s", "topk",          "tls_ca",      "tls_cert",
-    "tls_key",   "sparse_margin"};
+const std::vector<std::string> kClusterFlags = {"algo",
+                                                "density",
+                                                "teams",
+                                                "encoding",
+                                                "values",
+                                                "quantize_bits",
+                                                "oktopk_tau",
+                                                "oktopk_tau_prime",
+                                                "seed",
+                                                "exact_below",
+                                                "fusion",
+                                                "workers",
+                                                "bin_dir",
+                                                "work_dir",
+                                                "chunk_bytes",
+                                                "autotune_window",
+                                                "timeout_s",
+                                                "topk",
+                                                "tls_ca",
+                                                "tls_cert",
+                                                "tls_key",
+                                                "sparse_margin",
+                                                "step_join_timeout_s"};
 
 std::vector<std::string> Plus(std::vector<std::string> flags,
                               std::initializer_list<const char*> more) {
@@ -346,9 +372,14 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags(
   if (!exact_flag.empty()) {
     cluster.coordinator_flags.push_back({"exact_below", exact_flag});
   }
+  if (absl::GetFlag(FLAGS_step_join_timeout_s) < 0) {
+    return absl::InvalidArgumentError("--step_join_timeout_s is negative");
+  }
   cluster.worker_flags = {
       {"operation_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_timeout_s))},
-      {"heartbeat_interval_ms", "250"}};
+      {"heartbeat_interval_ms", "250"},
+      {"step_join_timeout_s",
+       absl::StrCat(absl::GetFlag(FLAGS_step_join_timeout_s))}};
   const std::string topk = absl::GetFlag(FLAGS_topk);
   if (absl::Status status = gradmesh::kernels::CheckTopKName(topk);
       !status.ok()) {
@@ -459,6 +490,10 @@ absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
   }
   options.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
   options.job = absl::GetFlag(FLAGS_job);
+  options.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (options.max_restarts < 0) {
+    return absl::InvalidArgumentError("--max_restarts is negative");
+  }
   return options;
 }
 
@@ -480,7 +515,8 @@ int Run(int argc, char** argv) {
           "GRADMESH_RANK=r, GRADMESH_LOCAL_RANK=r and\n"
           "GRADMESH_WORLD_SIZE=P in its environment, and torchrun's\n"
           "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
-          "and MASTER_PORT. When one fails,\n"
+          "and MASTER_PORT. When one fails (after --max-restarts\n"
+          "restarts of failed copies, under gradmesh.torch.elastic),\n"
           "or on Ctrl-C, the others get SIGTERM; exits with the first\n"
           "failure's status.\n\n"
           "On several nodes, as torchrun: on each node\n"
@@ -491,7 +527,7 @@ int Run(int argc, char** argv) {
           "node's copies, and every launcher exits with its status.",
           Plus(kClusterFlags,
                {"job", "nnodes", "node_rank", "nproc_per_node", "coordinator",
-                "host", "master_port", "start_timeout_s"})));
+                "host", "master_port", "start_timeout_s", "max_restarts"})));
   if (positional.size() > 1) {
     std::fprintf(stderr,
                  "gradmesh run: unexpected argument '%s' (the command goes "

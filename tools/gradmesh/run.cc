@@ -209,7 +209,7 @@ int Supervise(const RunOptions& options, const std::string& program,
   }
   Supervisor supervisor(
       signal_fd, ranks, [&cluster](int index) { return cluster.Exited(index); },
-      link);
+      link, options.max_restarts);
   supervisor.StartAll(program, options.command, std::move(environments));
   supervisor.Wait();
   const int code = link == nullptr

@@ -32,7 +32,11 @@
 // Each copy runs in its own process group, which the launcher signals (so
 // that a shell script's children are stopped with it), and gets SIGTERM when
 // the launcher dies (PR_SET_PDEATHSIG). When every copy has ended the
-// cluster is stopped. When one copy fails (non-zero exit or a signal), or the
+// cluster is stopped. A copy that fails while its worker runs is started
+// again, with the same rank and environment, while max_restarts restarts are
+// left (a trainer under gradmesh.torch.elastic rejoins: its worker takes the
+// new process's registration as a new member's). When one copy fails
+// (non-zero exit or a signal) with no restart left, or the
 // launcher gets SIGINT or SIGTERM, the others get SIGTERM, and SIGKILL when
 // still running 10 s later (at once on a second SIGINT or SIGTERM); then the
 // cluster is stopped. The cluster's temporary log directory is kept when
@@ -66,6 +70,8 @@ struct RunOptions {
   std::string coordinator;
   std::string host;     // this node's address for peer traffic
   int master_port = 0;  // MASTER_PORT on node 0's host; 0: port + 2
+  // Restarts of failed copies on this node, in all (see below).
+  int max_restarts = 0;
 };
 
 // Runs the command as described above, printing progress to stderr, and

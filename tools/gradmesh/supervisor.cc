@@ -196,8 +196,12 @@ bool SignalPending(int signal_fd) {
 }
 
 Supervisor::Supervisor(int signal_fd, const std::vector<int>& ranks,
-                       std::function<bool(int)> worker_gone, NodeLink* link)
-    : signal_fd_(signal_fd), worker_gone_(std::move(worker_gone)), link_(link) {
+                       std::function<bool(int)> worker_gone, NodeLink* link,
+                       int max_restarts)
+    : signal_fd_(signal_fd),
+      worker_gone_(std::move(worker_gone)),
+      link_(link),
+      restarts_left_(max_restarts) {
   copies_.resize(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i) {
     copies_[i].index = static_cast<int>(i);
@@ -216,10 +220,13 @@ void Supervisor::StartAll(const std::string& program,
                           const std::vector<std::string>& args,
                           std::vector<std::vector<std::string>> environments) {
   ReadSignals();
+  program_ = program;
+  args_ = args;
+  environments_ = std::move(environments);
   for (Copy& copy : copies_) {
     if (stopping_) return;
     const absl::Status started =
-        Spawn(program, args, std::move(environments[copy.index]), &copy);
+        Spawn(program_, args_, environments_[copy.index], &copy);
     if (!started.ok()) {
       Fail(absl::StrCat("rank ", copy.rank,
                         " did not start: ", started.message()),
@@ -229,20 +236,22 @@ void Supervisor::StartAll(const std::string& program,
 }
 
 void Supervisor::Wait() {
-  while (Running()) {
-    PollOnce();
-    ReadSignals();  // before Reap: a copy that died of our Ctrl-C is no
-                    // failure
-    Reap();
-    Decide(/*at_end=*/false);
-    if (link_ != nullptr) {
-      if (std::optional<NodeLink::Stop> stop = link_->Poll()) {
-        Fail(stop->why, stop->code, /*here=*/false);
+  do {
+    while (Running()) {
+      PollOnce();
+      ReadSignals();  // before Reap: a copy that died of our Ctrl-C is no
+                      // failure
+      Reap();
+      Decide(/*at_end=*/false);
+      if (link_ != nullptr) {
+        if (std::optional<NodeLink::Stop> stop = link_->Poll()) {
+          Fail(stop->why, stop->code, /*here=*/false);
+        }
       }
+      KillLate();
     }
-    KillLate();
-  }
-  Decide(/*at_end=*/true);
+    Decide(/*at_end=*/true);
+  } while (Running());  // a copy started again at the end
   for (Copy& copy : copies_) {
     Close(copy.out);
     Close(copy.err);
@@ -314,7 +323,10 @@ void Supervisor::Decide(bool at_end) {
                    "%zu go on\n",
                    rank, Describe(u.status).c_str(),
                    copies_.size() - lost_.size());
-    } else if (absl::Now() >= u.until || lost_.size() + 1 >= copies_.size()) {
+    } else if (absl::Now() >= u.until && restarts_left_ > 0) {
+      Restart(u.index, u.status);
+    } else if (absl::Now() >= u.until ||
+               (lost_.size() + 1 >= copies_.size() && restarts_left_ == 0)) {
       Fail(absl::StrCat("rank ", rank, " ", Describe(u.status)),
            ExitCode(u.status));
     } else if (at_end) {
@@ -324,6 +336,25 @@ void Supervisor::Decide(bool at_end) {
       return;  // asked again at the next tick
     }
     undecided_.erase(undecided_.begin());
+  }
+}
+
+void Supervisor::Restart(int index, int status) {
+  Copy& copy = copies_[index];
+  Close(copy.out);  // what it wrote last comes out first
+  Close(copy.err);
+  --restarts_left_;
+  std::fprintf(stderr,
+               "gradmesh run: rank %d %s; starting it again (%d restart%s "
+               "left)\n",
+               copy.rank, Describe(status).c_str(), restarts_left_,
+               restarts_left_ == 1 ? "" : "s");
+  const absl::Status started =
+      Spawn(program_, args_, environments_[index], &copy);
+  if (!started.ok()) {
+    Fail(absl::StrCat("rank ", copy.rank,
+                      " did not start again: ", started.message()),
+         1);
   }
 }
 

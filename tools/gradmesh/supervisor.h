@@ -39,14 +39,17 @@ struct Copy {
 // output, and stops them all when one fails or a termination signal comes.
 // A copy that fails after its worker is gone (`worker_gone(index)`, within
 // kWorkerGoneGrace of the copy's end) is lost, not failed: the others go on
-// without it, unless none is left.
+// without it, unless none is left. A copy that fails while its worker runs
+// is started again (same rank, same environment) while `max_restarts`
+// restarts are left on this node.
 class Supervisor {
  public:
   // Copy i has rank ranks[i] in the job; `link` (may be null) joins the
   // other nodes' launchers: a failure there stops these copies, and theirs
   // is told there.
   Supervisor(int signal_fd, const std::vector<int>& ranks,
-             std::function<bool(int)> worker_gone, NodeLink* link);
+             std::function<bool(int)> worker_gone, NodeLink* link,
+             int max_restarts = 0);
   ~Supervisor();  // forwards what is left of the copies' output
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
@@ -79,6 +82,8 @@ class Supervisor {
   void Decide(bool at_end);
   // `here`: a copy of this launcher's failed (else another node's).
   void Fail(std::string failure, int code, bool here = true);
+  // Starts copy `index` again after it failed with wait status `status`.
+  void Restart(int index, int status);
   void StopAll();
   void KillLate();
 
@@ -87,6 +92,11 @@ class Supervisor {
   NodeLink* const link_;
   std::vector<supervisor_internal::Copy> copies_;
   std::vector<int> lost_;  // indices
+  int restarts_left_;
+  // What StartAll started, for restarts.
+  std::string program_;
+  std::vector<std::string> args_;
+  std::vector<std::vector<std::string>> environments_;
   // Copies that failed while their worker still ran: index, wait status and
   // until when its worker may still be seen gone.
   struct Undecided {

@@ -53,6 +53,7 @@ struct Bucket {
   std::string buffer;      // the engine's buffer: key and id
   std::string descriptor;  // bucket name, tensor names and sizes, options
   std::string shm_name;    // the segment's name at registration
+  std::string client_id;   // RegisterRequest.client_id
   uint64_t fingerprint = 0;
   std::vector<uint64_t> tensor_starts;  // each tensor's first index
   // The members (node id, incarnation) that registered it: a step on a view

@@ -151,6 +151,7 @@ void CoordinatorClient::Rejoin(uint64_t incarnation) {
     absl::MutexLock lock(&mu_);
     node_.set_incarnation(incarnation);
     stepped_out_ = false;
+    joined_ = false;  // the next round joins, with the new incarnation
   }
   heartbeat_wake_.Notify();
 }

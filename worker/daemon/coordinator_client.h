@@ -52,7 +52,8 @@ class CoordinatorClient {
   // it. Returns once the coordinator was told (or could not be).
   void StepOut();
   // Joins again, as a new member with `incarnation` (its replica missed
-  // the steps taken without it), after StepOut.
+  // the steps taken without it, or a new trainer took over), after StepOut
+  // or in place of the member it is.
   void Rejoin(uint64_t incarnation);
 
   // Leaves the coordinator (if joined) and joins the threads. Idempotent.

@@ -240,10 +240,16 @@ absl::Status Daemon::MakeServices() {
                                                  why.message()));
                               },
                           .before_call =
-                              [this] {
+                              [this](bool step) {
                                 return trainer_watched_.HasBeenNotified()
-                                           ? trainer_watch_->BeforeCall()
+                                           ? trainer_watch_->BeforeCall(step)
                                            : absl::OkStatus();
+                              },
+                          .new_trainer =
+                              [this](const std::string& why) {
+                                if (trainer_watched_.HasBeenNotified()) {
+                                  trainer_watch_->NewTrainer(why);
+                                }
                               }});
   outcomes_ = std::make_unique<OutcomeService>(
       plane_.get(), [this](const grpc::ServerContext& context, uint64_t epoch) {

@@ -48,9 +48,10 @@ DataPlane::DataPlane(ViewTracker* views, DataPlaneHooks hooks,
 absl::StatusOr<Membership> DataPlane::Register(
     const BucketName& name, const std::vector<TensorSpec>& tensors,
     const std::string& shm_name, uint64_t index, absl::Time deadline,
-    const BucketOptions& options) {
+    const BucketOptions& options, const std::string& client_id) {
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket,
                       OpenBucket(name, tensors, shm_name, options));
+  bucket->client_id = client_id;
   uint64_t nonce;
   {
     absl::MutexLock lock(&mu_);

@@ -118,11 +118,18 @@ class DataPlane {
   // compared, counting from the first under the current membership (so a
   // restarted member's trainer, counting from 0, meets the others).
   // `options` are part of what must agree.
+  // `client_id` names the registering client (TakenOver).
   absl::StatusOr<Membership> Register(const BucketName& name,
                                       const std::vector<TensorSpec>& tensors,
                                       const std::string& shm_name,
                                       uint64_t index, absl::Time deadline,
-                                      const BucketOptions& options = {});
+                                      const BucketOptions& options = {},
+                                      const std::string& client_id = "");
+
+  // Whether `client_id` registers bucket `name` where another client has
+  // stepped it under the current members: a new trainer process in place
+  // of one that died or hung, whose peers wait on its old registration.
+  bool TakenOver(const BucketName& name, const std::string& client_id) const;
 
   // Unmaps the bucket and forgets its residual. NotFound if unknown. With
   // `shm_name`, only the registration made with that segment: a later one

@@ -48,4 +48,26 @@ std::optional<std::string> DataPlane::Absent(
   return std::nullopt;
 }
 
+bool DataPlane::TakenOver(const BucketName& name,
+                          const std::string& client_id) const {
+  std::shared_ptr<Bucket> bucket;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = buckets_.find(BucketKey(name));
+    if (it == buckets_.end()) return false;
+    bucket = it->second;
+  }
+  if (client_id.empty() || bucket->client_id.empty() ||
+      bucket->client_id == client_id) {
+    return false;
+  }
+  {
+    absl::MutexLock lock(&bucket->mu);
+    if (!bucket->last_step.has_value()) return false;
+  }
+  const std::shared_ptr<Group> group = views_->current();
+  return group != nullptr && group->rank >= 0 &&
+         RegisteredOn(*bucket, group).ok();
+}
+
 }  // namespace gradmesh::daemon

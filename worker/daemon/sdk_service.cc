@@ -50,7 +50,8 @@ absl::Status SdkService::Admit(const grpc::ServerContext& context) const {
 
 absl::Status SdkService::AdmitStep(const grpc::ServerContext& context) const {
   GM_RETURN_IF_ERROR(Admit(context));
-  return options_.before_call ? options_.before_call() : absl::OkStatus();
+  return options_.before_call ? options_.before_call(/*step=*/true)
+                              : absl::OkStatus();
 }
 
 absl::Time SdkService::Deadline(const grpc::ServerContext& context) const {
@@ -67,16 +68,24 @@ absl::Time SdkService::Deadline(const grpc::ServerContext& context) const {
 grpc::Status SdkService::Register(grpc::ServerContext* context,
                                   const v1::RegisterRequest* request,
                                   v1::RegisterResponse* response) {
-  GM_RETURN_IF_ERROR_GRPC(AdmitStep(*context));
+  GM_RETURN_IF_ERROR_GRPC(Admit(*context));
+  const BucketName name{request->job(), request->bucket()};
+  if (options_.new_trainer && plane_->TakenOver(name, request->client_id())) {
+    options_.new_trainer(absl::StrCat("a new client registers bucket '",
+                                      name.bucket, "' of job '", name.job,
+                                      "', which another had stepped"));
+  } else if (options_.before_call) {
+    GM_RETURN_IF_ERROR_GRPC(options_.before_call(/*step=*/false));
+  }
   std::vector<TensorSpec> tensors;
   for (const v1::TensorSpec& t : request->tensors()) {
     tensors.push_back({.name = t.name(), .size = t.size()});
   }
   absl::StatusOr<Membership> joined = plane_->Register(
-      {request->job(), request->bucket()}, tensors, request->shm_name(),
-      request->index(), Deadline(*context),
+      name, tensors, request->shm_name(), request->index(), Deadline(*context),
       {.per_tensor_quota = request->fusion() != v1::FUSION_AFTER_FUSION,
-       .exact = request->exact()});
+       .exact = request->exact()},
+      request->client_id());
   if (!joined.ok()) return ToGrpc(joined.status());
   response->set_epoch(joined->epoch);
   response->set_rank(joined->rank);
@@ -152,6 +161,10 @@ grpc::Status SdkService::GetStatus(grpc::ServerContext* context,
                                    const v1::StatusRequest* request,
                                    v1::StatusResponse* response) {
   GM_RETURN_IF_ERROR_GRPC(Admit(*context));
+  // A trainer asking is back (a new one waits here to be in a view).
+  if (options_.before_call) {
+    GM_RETURN_IF_ERROR_GRPC(options_.before_call(/*step=*/false));
+  }
   {
     absl::MutexLock lock(&mu_);
     response->set_node_id(node_id_);

@@ -33,9 +33,14 @@ class SdkService final : public gradmesh::v1::Worker::Service {
     std::string token;  // empty: no calls over TCP
     // Told of each refused call (the daemon counts and logs it).
     std::function<void(const absl::Status&)> on_refused;
-    // Before a Register, AllReduce or Broadcast: an error refuses the call
+    // Before a Register, AllReduce, Broadcast or GetStatus (`step`: an
+    // AllReduce or Broadcast): an error refuses the call
     // (TrainerWatch::BeforeCall). Empty: none.
-    std::function<absl::Status()> before_call;
+    std::function<absl::Status(bool step)> before_call;
+    // A Register that takes over a bucket another client stepped
+    // (DataPlane::TakenOver), saying so, before it runs
+    // (TrainerWatch::NewTrainer). Empty: none.
+    std::function<void(const std::string& why)> new_trainer;
   };
   SdkService(DataPlane* plane, ViewTracker* views, Options options)
       : plane_(plane), views_(views), options_(std::move(options)) {}
@@ -69,8 +74,7 @@ class SdkService final : public gradmesh::v1::Worker::Service {
   absl::Time Deadline(const grpc::ServerContext& context) const;
   // The token check above, first in every handler.
   absl::Status Admit(const grpc::ServerContext& context) const;
-  // Admit, then Options::before_call: first in the handlers that reach
-  // peers.
+  // Admit, then Options::before_call: first in AllReduce and Broadcast.
   absl::Status AdmitStep(const grpc::ServerContext& context) const;
 
   DataPlane* const plane_;

@@ -55,7 +55,18 @@ void TrainerWatch::StepOutIfAbsent() {
   hooks_.step_out();
 }
 
-absl::Status TrainerWatch::BeforeCall() {
+void TrainerWatch::NewTrainer(const std::string& why) {
+  absl::MutexLock transition(&transition_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    out_.reset();
+  }
+  out_flag_.store(false);
+  hooks_.log(absl::StrCat(why, ": rejoining the group as a new member"));
+  hooks_.rejoin();
+}
+
+absl::Status TrainerWatch::BeforeCall(bool step) {
   if (!out_flag_.load()) return absl::OkStatus();  // the usual case
   absl::MutexLock transition(&transition_mu_);
   std::string why;
@@ -67,6 +78,7 @@ absl::Status TrainerWatch::BeforeCall() {
   out_flag_.store(false);
   hooks_.log("the trainer is back: rejoining the group as a new member");
   hooks_.rejoin();
+  if (!step) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "this worker stepped out of the group because ", why,
       "; the others went on without it. It has rejoined as a new member: "

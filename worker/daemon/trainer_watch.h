@@ -8,9 +8,9 @@
 // step this trainer has not joined within the step-join timeout; if so, it
 // steps the worker out (`step_out`: it leaves the group), and the others run
 // the step again without it, as after a worker loss. The trainer's next call
-// (BeforeCall) rejoins the worker as a new member (`rejoin`) and fails with
-// FailedPrecondition saying why: its replica missed steps, so every process
-// registers its buckets again and the parameters are broadcast from a
+// (BeforeCall) rejoins the worker as a new member (`rejoin`); a step fails
+// with FailedPrecondition saying why: its replica missed steps, so every
+// process registers its buckets again and the parameters are broadcast from a
 // survivor (what gradmesh.torch.elastic does).
 //
 // Thread-safe. The hooks run on the watch's thread or the caller's, one
@@ -49,10 +49,16 @@ class TrainerWatch {
   TrainerWatch(const TrainerWatch&) = delete;
   TrainerWatch& operator=(const TrainerWatch&) = delete;
 
-  // Before a trainer's Register, AllReduce or Broadcast: OK while the
-  // worker is in the group; after a step-out, rejoins and returns
-  // FailedPrecondition naming what the trainer missed.
-  absl::Status BeforeCall();
+  // Before a trainer's call: OK while the worker is in the group. After a
+  // step-out, rejoins, and fails a step (`step`: AllReduce or Broadcast)
+  // with FailedPrecondition naming what the trainer missed; other calls
+  // (Register, GetStatus: a trainer coming back, or a new one) go on.
+  absl::Status BeforeCall(bool step);
+
+  // A new trainer process took over from the one before (`why`): rejoins
+  // as a new member at once, so that the peers waiting on the old one go
+  // on and then register again with the new one.
+  void NewTrainer(const std::string& why);
 
   // Ends the watch (no step-out after it returns). Idempotent.
   void Stop();

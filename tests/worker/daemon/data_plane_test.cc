@@ -524,6 +524,27 @@ TEST(DataPlaneTest, TheEndOfAnOlderRegistrationLeavesTheNewOne) {
   EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister({"job", "b"})));
 }
 
+// A bucket that one client stepped, registered by another under the same
+// members: a new trainer took over. Not before a step, and not by the same
+// client.
+TEST(DataPlaneTest, AnotherClientRegisteringASteppedBucketTakesItOver) {
+  constexpr uint64_t kN = 100;
+  Workers w(1, {.algorithm = "dense"});
+  w.Start();
+  const BucketName name{"job", "b"};
+  const std::string shm = SharedSegment::UniqueName("b");
+  auto segment = SharedSegment::Create(shm, SegmentLayout(kN).bytes);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  ASSERT_TRUE(
+      w.plane(0).Register(name, {{"t", kN}}, shm, 0, Soon(), {}, "first").ok());
+  EXPECT_FALSE(w.plane(0).TakenOver(name, "second"));  // never stepped
+  ASSERT_TRUE(AllReduceAll(w, {.name = name, .step = 0})[0].ok());
+  EXPECT_TRUE(w.plane(0).TakenOver(name, "second"));
+  EXPECT_FALSE(w.plane(0).TakenOver(name, "first"));
+  EXPECT_FALSE(w.plane(0).TakenOver(name, ""));
+  EXPECT_FALSE(w.plane(0).TakenOver({"job", "other"}, "second"));
+}
+
 TEST(DataPlaneTest, BroadcastsFromTheRootAndBarriers) {
   constexpr uint64_t kN = 1000;
   Workers w(4);

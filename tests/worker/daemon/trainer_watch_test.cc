@@ -41,22 +41,47 @@ struct Recorder {
 TEST(TrainerWatchTest, StepsOutOnceAndTheNextCallRejoinsAndSaysWhy) {
   Recorder recorder;
   TrainerWatch watch(absl::Milliseconds(40), recorder.Hooks());
-  EXPECT_TRUE(watch.BeforeCall().ok());
+  EXPECT_TRUE(watch.BeforeCall(/*step=*/true).ok());
   recorder.gone = true;
   ASSERT_TRUE(recorder.out.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(recorder.stepped_out, 1);
   EXPECT_EQ(recorder.rejoined, 0);
 
-  const absl::Status back = watch.BeforeCall();
+  const absl::Status back = watch.BeforeCall(/*step=*/true);
   EXPECT_TRUE(absl::IsFailedPrecondition(back)) << back;
   EXPECT_THAT(back.message(), HasSubstr("started step 3 of bucket 'g'"));
   EXPECT_THAT(back.message(), HasSubstr("register every bucket again"));
   EXPECT_EQ(recorder.rejoined, 1);
   // Back in: calls go through, and nothing else happened.
-  EXPECT_TRUE(watch.BeforeCall().ok());
+  EXPECT_TRUE(watch.BeforeCall(/*step=*/true).ok());
   watch.Stop();
   EXPECT_EQ(recorder.stepped_out, 1);
   EXPECT_EQ(recorder.rejoined, 1);
+}
+
+TEST(TrainerWatchTest, ARegistrationAfterAStepOutRejoinsAndGoesOn) {
+  Recorder recorder;
+  TrainerWatch watch(absl::Milliseconds(40), recorder.Hooks());
+  recorder.gone = true;
+  ASSERT_TRUE(recorder.out.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(watch.BeforeCall(/*step=*/false).ok());
+  EXPECT_EQ(recorder.rejoined, 1);
+  EXPECT_TRUE(watch.BeforeCall(/*step=*/true).ok());
+}
+
+TEST(TrainerWatchTest, ANewTrainerRejoinsAtOnceAndClearsAStepOut) {
+  Recorder recorder;
+  TrainerWatch watch(absl::Milliseconds(40), recorder.Hooks());
+  watch.NewTrainer("a new client registers bucket 'g'");
+  EXPECT_EQ(recorder.rejoined, 1);
+  EXPECT_EQ(recorder.stepped_out, 0);
+  recorder.gone = true;
+  ASSERT_TRUE(recorder.out.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  watch.NewTrainer("a new client registers bucket 'g'");
+  EXPECT_EQ(recorder.rejoined, 2);
+  // The step-out is over: the next call goes through.
+  EXPECT_TRUE(watch.BeforeCall(/*step=*/true).ok());
+  EXPECT_EQ(recorder.rejoined, 2);
 }
 
 TEST(TrainerWatchTest, AZeroTimeoutWatchesNothing) {
@@ -64,7 +89,7 @@ TEST(TrainerWatchTest, AZeroTimeoutWatchesNothing) {
   recorder.gone = true;
   TrainerWatch watch(absl::ZeroDuration(), recorder.Hooks());
   absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_TRUE(watch.BeforeCall().ok());
+  EXPECT_TRUE(watch.BeforeCall(/*step=*/true).ok());
   EXPECT_EQ(recorder.asked, 0);
   EXPECT_EQ(recorder.stepped_out, 0);
 }
