@@ -126,9 +126,10 @@ class DataPlane {
                                       const BucketOptions& options = {},
                                       const std::string& client_id = "");
 
-  // Whether `client_id` registers bucket `name` where another client has
-  // stepped it under the current members: a new trainer process in place
-  // of one that died or hung, whose peers wait on its old registration.
+  // Whether `client_id` registers a bucket of `name`'s job where another
+  // client has stepped one of the job's buckets under the current members:
+  // a new trainer process in place of one that died or hung, whose peers
+  // wait on its old registrations.
   bool TakenOver(const BucketName& name, const std::string& client_id) const;
 
   // Unmaps the bucket and forgets its residual. NotFound if unknown. With

@@ -50,24 +50,27 @@ std::optional<std::string> DataPlane::Absent(
 
 bool DataPlane::TakenOver(const BucketName& name,
                           const std::string& client_id) const {
-  std::shared_ptr<Bucket> bucket;
+  if (client_id.empty()) return false;
+  std::vector<std::shared_ptr<Bucket>> others;
   {
     absl::MutexLock lock(&mu_);
-    auto it = buckets_.find(BucketKey(name));
-    if (it == buckets_.end()) return false;
-    bucket = it->second;
-  }
-  if (client_id.empty() || bucket->client_id.empty() ||
-      bucket->client_id == client_id) {
-    return false;
-  }
-  {
-    absl::MutexLock lock(&bucket->mu);
-    if (!bucket->last_step.has_value()) return false;
+    for (const auto& [key, bucket] : buckets_) {
+      if (bucket->name.job == name.job && !bucket->client_id.empty() &&
+          bucket->client_id != client_id) {
+        others.push_back(bucket);
+      }
+    }
   }
   const std::shared_ptr<Group> group = views_->current();
-  return group != nullptr && group->rank >= 0 &&
-         RegisteredOn(*bucket, group).ok();
+  if (group == nullptr || group->rank < 0) return false;
+  for (const std::shared_ptr<Bucket>& bucket : others) {
+    {
+      absl::MutexLock lock(&bucket->mu);
+      if (!bucket->last_step.has_value()) continue;
+    }
+    if (RegisteredOn(*bucket, group).ok()) return true;
+  }
+  return false;
 }
 
 }  // namespace gradmesh::daemon

@@ -73,7 +73,7 @@ grpc::Status SdkService::Register(grpc::ServerContext* context,
   if (options_.new_trainer && plane_->TakenOver(name, request->client_id())) {
     options_.new_trainer(absl::StrCat("a new client registers bucket '",
                                       name.bucket, "' of job '", name.job,
-                                      "', which another had stepped"));
+                                      "', whose buckets another had stepped"));
   } else if (options_.before_call) {
     GM_RETURN_IF_ERROR_GRPC(options_.before_call(/*step=*/false));
   }

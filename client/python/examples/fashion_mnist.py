@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 import gradmesh
 import gradmesh.torch
+from gradmesh.torch import elastic
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -75,6 +76,11 @@ def parse_args():
                              "and each rank's parameter hash beside it")
     parser.add_argument("--label", default="",
                         help="the run's name in --out (default: the plan)")
+    parser.add_argument("--elastic", action="store_true",
+                        help="train under gradmesh.torch.elastic: a stalled "
+                        "or restarted process costs a return to the last "
+                        "epoch's end, not the job (each epoch's order then "
+                        "comes from --seed and the epoch)")
     return parser.parse_args()
 
 
@@ -173,7 +179,9 @@ def main():
     train_x, train_y = train_x.to(device), train_y.to(device)
     test_x, test_y = test_x.to(device), test_y.to(device)
     model = Net().to(device)
-    gradmesh.broadcast_parameters(model.state_dict(), root_rank=0)
+    if not args.elastic:  # elastic.run starts with rank 0's (a new process
+        # in a running job must register first, as the others do)
+        gradmesh.broadcast_parameters(model.state_dict(), root_rank=0)
     inner = (torch.optim.Adam(model.parameters(), lr=args.lr)
              if args.optimizer == "adam" else
              torch.optim.SGD(model.parameters(), lr=args.lr,
@@ -202,10 +210,10 @@ def main():
               "epochs": [], "test_accuracy": [], "seconds": [],
               "steps": 0, "bytes_sent_per_step": 0.0,
               "tensors": 0, "tensors_missing": 0}
-    bytes_sent = 0
+    totals = {"bytes_sent": 0}
     start = time.monotonic()
-    for epoch in range(1, args.epochs + 1):
-        order = torch.randperm(len(train_x), generator=generator)
+
+    def train_epoch(epoch, order):
         mine = order[rank::size][:steps_per_epoch * args.batch_size]
         running = 0.0
         for step in range(steps_per_epoch):
@@ -215,25 +223,50 @@ def main():
             loss.backward()
             optimizer.step()
             for info in optimizer.last_infos:
-                bytes_sent += info.bytes_sent
+                totals["bytes_sent"] += info.bytes_sent
                 record["tensors"] += info.tensors
                 record["tensors_missing"] += info.tensors_missing
             record["steps"] += 1
-            running = 0.9 * running + 0.1 * loss.item() if step else loss.item()
+            running = (0.9 * running + 0.1 * loss.item() if step else
+                       loss.item())
             tenth = max(1, steps_per_epoch // 10)
             if rank == 0 and ((step + 1) % tenth == 0 or
                               step + 1 == steps_per_epoch):
                 progress(epoch, args.epochs, step + 1, steps_per_epoch,
                          running, time.monotonic() - start)
-        if rank == 0:
+        if gradmesh.rank() == 0:  # the rank may change in an elastic job
             acc = accuracy(model, test_x, test_y)
+            if epoch in record["epochs"]:  # done again after a reset
+                del record["test_accuracy"][record["epochs"].index(epoch):]
+                del record["seconds"][record["epochs"].index(epoch):]
+                del record["epochs"][record["epochs"].index(epoch):]
             record["epochs"].append(epoch)
             record["test_accuracy"].append(acc)
             record["seconds"].append(time.monotonic() - start)
             print(f"{label}: epoch {epoch} test accuracy {100 * acc:.2f}% "
                   f"after {time.monotonic() - start:.1f}s", flush=True)
 
-    record["bytes_sent_per_step"] = bytes_sent / max(1, record["steps"])
+    if args.elastic:
+        state = elastic.TorchState(model, optimizer, epoch=1)
+
+        @elastic.run(state)
+        def train(state):
+            while state.epoch <= args.epochs:
+                epoch_seed = torch.Generator().manual_seed(
+                    args.seed * 100003 + state.epoch)
+                train_epoch(state.epoch,
+                            torch.randperm(len(train_x), generator=epoch_seed))
+                state.epoch += 1
+                state.commit()
+
+        train()
+    else:
+        for epoch in range(1, args.epochs + 1):
+            train_epoch(epoch,
+                        torch.randperm(len(train_x), generator=generator))
+
+    record["bytes_sent_per_step"] = totals["bytes_sent"] / max(
+        1, record["steps"])
     record["parameter_sha256"] = parameter_hash(model)
     if rank == 0:
         missing = record["tensors_missing"] / max(1, record["tensors"])

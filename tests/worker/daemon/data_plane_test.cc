@@ -524,10 +524,10 @@ TEST(DataPlaneTest, TheEndOfAnOlderRegistrationLeavesTheNewOne) {
   EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister({"job", "b"})));
 }
 
-// A bucket that one client stepped, registered by another under the same
-// members: a new trainer took over. Not before a step, and not by the same
-// client.
-TEST(DataPlaneTest, AnotherClientRegisteringASteppedBucketTakesItOver) {
+// A job whose bucket one client stepped, registering from another client
+// under the same members: a new trainer took over. Not before a step, not
+// by the same client, and not in another job.
+TEST(DataPlaneTest, AnotherClientRegisteringInASteppedJobTakesItOver) {
   constexpr uint64_t kN = 100;
   Workers w(1, {.algorithm = "dense"});
   w.Start();
@@ -542,7 +542,8 @@ TEST(DataPlaneTest, AnotherClientRegisteringASteppedBucketTakesItOver) {
   EXPECT_TRUE(w.plane(0).TakenOver(name, "second"));
   EXPECT_FALSE(w.plane(0).TakenOver(name, "first"));
   EXPECT_FALSE(w.plane(0).TakenOver(name, ""));
-  EXPECT_FALSE(w.plane(0).TakenOver({"job", "other"}, "second"));
+  EXPECT_TRUE(w.plane(0).TakenOver({"job", "other"}, "second"));
+  EXPECT_FALSE(w.plane(0).TakenOver({"another-job", "b"}, "second"));
 }
 
 TEST(DataPlaneTest, BroadcastsFromTheRootAndBarriers) {
