@@ -37,7 +37,9 @@ def parse_args():
     parser.add_argument("--python", default="/usr/bin/python3",
                         help="the trainers' Python (Debian's has torch)")
     parser.add_argument("--out", default="elastic-out")
-    parser.add_argument("--epochs", type=int, default=5)
+    # Long enough that the others are still training when a trainer stopped
+    # for 60 s at epoch 2 resumes.
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--stop-seconds", type=float, default=60)
     parser.add_argument("--train-limit", type=int, default=0)
     parser.add_argument("--scenarios", default="undisturbed,stop,crash")
@@ -140,10 +142,13 @@ def main():
               f"{r['seconds']:8.1f}")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(results, f, indent=2)
-    bad = [r["scenario"] for r in results if not r["identical"] or (
-        base is not None and abs(r["accuracy"] - base["accuracy"]) > 0.01)]
+    bad = [r["scenario"] for r in results
+           if not r["identical"] or r["epochs"] != args.epochs or (
+               base is not None
+               and abs(r["accuracy"] - base["accuracy"]) > 0.01)]
     if bad:
-        sys.exit(f"not within 1 point of undisturbed, or ranks differ: {bad}")
+        sys.exit(f"not every epoch, not within 1 point of undisturbed, or "
+                 f"ranks differ: {bad}")
 
 
 if __name__ == "__main__":

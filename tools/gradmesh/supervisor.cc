@@ -163,6 +163,7 @@ absl::Status Spawn(const std::string& program, std::vector<std::string> args,
   fcntl(err[0], F_SETFL, O_NONBLOCK);
   const std::string prefix = absl::StrCat("[", copy->rank, "] ");
   copy->pid = pid;
+  copy->group = pid;
   copy->out = {.fd = out[0], .target = STDOUT_FILENO, .prefix = prefix};
   copy->err = {.fd = err[0], .target = STDERR_FILENO, .prefix = prefix};
   return absl::OkStatus();
@@ -305,6 +306,7 @@ void Supervisor::Reap() {
     const pid_t reaped = waitpid(copy.pid, &status, WNOHANG);
     if (reaped == 0 || (reaped < 0 && errno != ECHILD)) continue;
     copy.pid = -1;  // with ECHILD, reaped elsewhere: its status is unknown
+    if (reaped > 0 && status == 0) finished_ = true;
     if (reaped <= 0 || stopping_ || status == 0) continue;
     undecided_.push_back({.index = copy.index,
                           .status = status,
@@ -316,17 +318,18 @@ void Supervisor::Decide(bool at_end) {
   while (!undecided_.empty() && !stopping_) {
     const Undecided u = undecided_.front();
     const int rank = copies_[u.index].rank;
-    if (worker_gone_(u.index) && lost_.size() + 1 < copies_.size()) {
+    const bool gone = worker_gone_(u.index);
+    if (gone && lost_.size() + 1 < copies_.size()) {
       lost_.push_back(u.index);
       std::fprintf(stderr,
                    "gradmesh run: rank %d %s: its worker is gone; the other "
                    "%zu go on\n",
                    rank, Describe(u.status).c_str(),
                    copies_.size() - lost_.size());
-    } else if (absl::Now() >= u.until && restarts_left_ > 0) {
+    } else if (!gone && absl::Now() >= u.until && Restartable()) {
       Restart(u.index, u.status);
-    } else if (absl::Now() >= u.until ||
-               (lost_.size() + 1 >= copies_.size() && restarts_left_ == 0)) {
+    } else if (absl::Now() >= u.until || (lost_.size() + 1 >= copies_.size() &&
+                                          (gone || !Restartable()))) {
       Fail(absl::StrCat("rank ", rank, " ", Describe(u.status)),
            ExitCode(u.status));
     } else if (at_end) {
@@ -339,8 +342,16 @@ void Supervisor::Decide(bool at_end) {
   }
 }
 
+bool Supervisor::Restartable() const {
+  // Not once the job is over for any copy: the new one would wait for
+  // peers that are done.
+  return restarts_left_ > 0 && !finished_ && !stopping_;
+}
+
 void Supervisor::Restart(int index, int status) {
   Copy& copy = copies_[index];
+  // What is left of it (a shell script's children) goes first.
+  kill(-copy.group, SIGKILL);
   Close(copy.out);  // what it wrote last comes out first
   Close(copy.err);
   --restarts_left_;

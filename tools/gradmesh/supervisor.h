@@ -26,9 +26,10 @@ struct Stream {
 };
 
 struct Copy {
-  int index = 0;   // among this launcher's copies: its worker's
-  int rank = 0;    // in the job
-  pid_t pid = -1;  // also its process group; -1 before start and once reaped
+  int index = 0;     // among this launcher's copies: its worker's
+  int rank = 0;      // in the job
+  pid_t pid = -1;    // also its process group; -1 before start and once reaped
+  pid_t group = -1;  // its process group, kept once reaped
   Stream out;
   Stream err;
 };
@@ -40,8 +41,9 @@ struct Copy {
 // A copy that fails after its worker is gone (`worker_gone(index)`, within
 // kWorkerGoneGrace of the copy's end) is lost, not failed: the others go on
 // without it, unless none is left. A copy that fails while its worker runs
-// is started again (same rank, same environment) while `max_restarts`
-// restarts are left on this node.
+// is started again (same rank, same environment; what is left of its
+// process group killed first) while `max_restarts` restarts are left on
+// this node and no copy has exited 0.
 class Supervisor {
  public:
   // Copy i has rank ranks[i] in the job; `link` (may be null) joins the
@@ -82,6 +84,9 @@ class Supervisor {
   void Decide(bool at_end);
   // `here`: a copy of this launcher's failed (else another node's).
   void Fail(std::string failure, int code, bool here = true);
+  // Whether a failed copy may start again: restarts left, and no copy has
+  // ended well (the job is over) and nothing stops them.
+  bool Restartable() const;
   // Starts copy `index` again after it failed with wait status `status`.
   void Restart(int index, int status);
   void StopAll();
@@ -93,6 +98,7 @@ class Supervisor {
   std::vector<supervisor_internal::Copy> copies_;
   std::vector<int> lost_;  // indices
   int restarts_left_;
+  bool finished_ = false;  // a copy exited 0
   // What StartAll started, for restarts.
   std::string program_;
   std::vector<std::string> args_;

@@ -147,6 +147,7 @@ void CoordinatorClient::StepOut() {
 }
 
 void CoordinatorClient::Rejoin(uint64_t incarnation) {
+  absl::MutexLock calling(&call_mu_);  // after a call in flight, not lost
   {
     absl::MutexLock lock(&mu_);
     node_.set_incarnation(incarnation);

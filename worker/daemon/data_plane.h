@@ -131,6 +131,12 @@ class DataPlane {
   // a new trainer process in place of one that died or hung, whose peers
   // wait on its old registrations.
   bool TakenOver(const BucketName& name, const std::string& client_id) const;
+  // Whether `client_id` has stepped a bucket of `name`'s job.
+  bool Stepped(const BucketName& name, const std::string& client_id) const;
+  // Unregisters the buckets of `name`'s job that other clients than
+  // `client_id` registered (a new trainer took over: the old one's are
+  // dead, and their peers' steps must not count against this worker).
+  void UnregisterOthers(const BucketName& name, const std::string& client_id);
 
   // Unmaps the bucket and forgets its residual. NotFound if unknown. With
   // `shm_name`, only the registration made with that segment: a later one
@@ -178,6 +184,10 @@ class DataPlane {
   std::optional<std::string> Absent(absl::Duration join_timeout) const;
 
  private:
+  // The job's buckets that have stepped, registered by `client_id`
+  // (`theirs`) or by another client.
+  std::vector<std::shared_ptr<Bucket>> SteppedBuckets(
+      absl::string_view job, absl::string_view client_id, bool theirs) const;
   absl::StatusOr<std::shared_ptr<Bucket>> Find(const BucketName& name) const;
   // Runs `body` on bucket `name` once no other call runs on it (until
   // `deadline`: Hold) and it is Usable; releases the bucket after.

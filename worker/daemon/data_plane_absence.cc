@@ -48,29 +48,57 @@ std::optional<std::string> DataPlane::Absent(
   return std::nullopt;
 }
 
+std::vector<std::shared_ptr<Bucket>> DataPlane::SteppedBuckets(
+    absl::string_view job, absl::string_view client_id, bool theirs) const {
+  std::vector<std::shared_ptr<Bucket>> found;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, bucket] : buckets_) {
+      if (bucket->name.job == job && !bucket->client_id.empty() &&
+          (bucket->client_id == client_id) == theirs) {
+        found.push_back(bucket);
+      }
+    }
+  }
+  std::erase_if(found, [](const std::shared_ptr<Bucket>& bucket) {
+    absl::MutexLock lock(&bucket->mu);
+    return !bucket->last_step.has_value();
+  });
+  return found;
+}
+
 bool DataPlane::TakenOver(const BucketName& name,
                           const std::string& client_id) const {
   if (client_id.empty()) return false;
+  const std::shared_ptr<Group> group = views_->current();
+  if (group == nullptr || group->rank < 0) return false;
+  for (const std::shared_ptr<Bucket>& bucket :
+       SteppedBuckets(name.job, client_id, /*theirs=*/false)) {
+    if (RegisteredOn(*bucket, group).ok()) return true;
+  }
+  return false;
+}
+
+bool DataPlane::Stepped(const BucketName& name,
+                        const std::string& client_id) const {
+  return !client_id.empty() &&
+         !SteppedBuckets(name.job, client_id, /*theirs=*/true).empty();
+}
+
+void DataPlane::UnregisterOthers(const BucketName& name,
+                                 const std::string& client_id) {
   std::vector<std::shared_ptr<Bucket>> others;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [key, bucket] : buckets_) {
-      if (bucket->name.job == name.job && !bucket->client_id.empty() &&
-          bucket->client_id != client_id) {
+      if (bucket->name.job == name.job && bucket->client_id != client_id) {
         others.push_back(bucket);
       }
     }
   }
-  const std::shared_ptr<Group> group = views_->current();
-  if (group == nullptr || group->rank < 0) return false;
   for (const std::shared_ptr<Bucket>& bucket : others) {
-    {
-      absl::MutexLock lock(&bucket->mu);
-      if (!bucket->last_step.has_value()) continue;
-    }
-    if (RegisteredOn(*bucket, group).ok()) return true;
+    Unregister(bucket->name, bucket->shm_name).IgnoreError();  // raced: gone
   }
-  return false;
 }
 
 }  // namespace gradmesh::daemon

@@ -71,11 +71,15 @@ grpc::Status SdkService::Register(grpc::ServerContext* context,
   GM_RETURN_IF_ERROR_GRPC(Admit(*context));
   const BucketName name{request->job(), request->bucket()};
   if (options_.new_trainer && plane_->TakenOver(name, request->client_id())) {
+    plane_->UnregisterOthers(name, request->client_id());
     options_.new_trainer(absl::StrCat("a new client registers bucket '",
                                       name.bucket, "' of job '", name.job,
                                       "', whose buckets another had stepped"));
   } else if (options_.before_call) {
-    GM_RETURN_IF_ERROR_GRPC(options_.before_call(/*step=*/false));
+    // A client that has stepped here registers under a new membership only
+    // after being told of it, as its peers are.
+    GM_RETURN_IF_ERROR_GRPC(options_.before_call(
+        /*step=*/plane_->Stepped(name, request->client_id())));
   }
   std::vector<TensorSpec> tensors;
   for (const v1::TensorSpec& t : request->tensors()) {

@@ -234,7 +234,9 @@ def main():
                               step + 1 == steps_per_epoch):
                 progress(epoch, args.epochs, step + 1, steps_per_epoch,
                          running, time.monotonic() - start)
-        if gradmesh.rank() == 0:  # the rank may change in an elastic job
+        # Elastic: every process records (whichever is rank 0 at the end
+        # writes), and an epoch done again after a reset replaces its row.
+        if args.elastic or rank == 0:
             acc = accuracy(model, test_x, test_y)
             if epoch in record["epochs"]:  # done again after a reset
                 del record["test_accuracy"][record["epochs"].index(epoch):]
@@ -243,8 +245,10 @@ def main():
             record["epochs"].append(epoch)
             record["test_accuracy"].append(acc)
             record["seconds"].append(time.monotonic() - start)
-            print(f"{label}: epoch {epoch} test accuracy {100 * acc:.2f}% "
-                  f"after {time.monotonic() - start:.1f}s", flush=True)
+            if gradmesh.rank() == 0:
+                print(f"{label}: epoch {epoch} test accuracy "
+                      f"{100 * acc:.2f}% after "
+                      f"{time.monotonic() - start:.1f}s", flush=True)
 
     if args.elastic:
         state = elastic.TorchState(model, optimizer, epoch=1)
@@ -265,6 +269,7 @@ def main():
             train_epoch(epoch,
                         torch.randperm(len(train_x), generator=generator))
 
+    rank = gradmesh.rank()  # an elastic job's may have changed
     record["bytes_sent_per_step"] = totals["bytes_sent"] / max(
         1, record["steps"])
     record["parameter_sha256"] = parameter_hash(model)

@@ -72,12 +72,12 @@ class GradmeshTypeError(GradmeshError, TypeError):
     """An argument of the wrong type (code "INVALID_ARGUMENT")."""
 
 
-def _error(code, message, kind=GradmeshError):
-    """A GradmeshError (or `kind`, a subclass) with .code set, marked as
-    this package's own (.local), not a worker's."""
+def _error(code, message, kind=GradmeshError, local=True):
+    """A GradmeshError (or `kind`, a subclass) with .code set; `local`
+    (.local): one of this package's own checks, not the group's state."""
     error = kind(f"gradmesh: {message}")
     error.code = code
-    error.local = True
+    error.local = local
     return error
 
 

@@ -544,6 +544,12 @@ TEST(DataPlaneTest, AnotherClientRegisteringInASteppedJobTakesItOver) {
   EXPECT_FALSE(w.plane(0).TakenOver(name, ""));
   EXPECT_TRUE(w.plane(0).TakenOver({"job", "other"}, "second"));
   EXPECT_FALSE(w.plane(0).TakenOver({"another-job", "b"}, "second"));
+  EXPECT_TRUE(w.plane(0).Stepped(name, "first"));
+  EXPECT_FALSE(w.plane(0).Stepped(name, "second"));
+  // The new trainer's takeover drops the old one's buckets.
+  w.plane(0).UnregisterOthers(name, "second");
+  EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister(name)));
+  EXPECT_FALSE(w.plane(0).TakenOver(name, "second"));
 }
 
 TEST(DataPlaneTest, BroadcastsFromTheRootAndBarriers) {

@@ -78,7 +78,7 @@ def _gather_rows(bucket, flat):
         if (gradmesh.size(), gradmesh.rank()) != (p, r):
             raise gradmesh._error(
                 "ABORTED", "state_dict(): the job's membership changed "
-                "during the gather; call it again")
+                "during the gather; call it again", local=False)
         rows[:, start:start + part.size] = summed.reshape(p, chunk)[
             :, :part.size]
         if start == 0 and not (rows[:, :_HEADER] == rows[0, :_HEADER]).all():

@@ -200,4 +200,5 @@ def _reset(state, log, restore=True, clear_from=None):
         restore, clear_from = True, _whole_rank(error)
         time.sleep(min(2.0, 0.2 * (attempt + 1)))
     raise gradmesh._error("UNAVAILABLE",
-                          "elastic: the group did not settle in 20 tries")
+                          "elastic: the group did not settle in 20 tries "
+                          "(are the others gone?)")
