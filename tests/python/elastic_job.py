@@ -14,8 +14,9 @@ call fails, every process restores the last commit, registers again and
 takes the state of a survivor. Or rank 1 exits with status 1 (mode
 "crash", once: a file in DIR records it): `gradmesh run` starts it again
 3 s later, its worker rejoins as a new member when the new process
-registers (before the 10 s step-join timeout), the others reset, and the
-new process takes a survivor's state. Training goes on to
+registers (here before the 10 s step-join timeout; after it, at the new
+process's first call), the others reset, and the new process takes a
+survivor's state. Training goes on to
 EPOCHS epochs. At the end, every process checks that the parameters are
 identical on all ranks and that the loss on a fixed batch went down 10x,
 and the survivors that they were reset.

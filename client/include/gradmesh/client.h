@@ -275,6 +275,10 @@ class Client {
   // Connects to the worker and waits (up to options.timeout) until it is a
   // member of a view, so that rank() and size() are known. InvalidArgument
   // when no worker is given, Unavailable/DeadlineExceeded when none answers.
+  // A trainer process holds one client per job: a registration from a new
+  // client in a job whose buckets another client has stepped is taken for
+  // a restarted trainer (the worker drops the old client's buckets and
+  // rejoins the group as a new member, and every process registers again).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       ClientOptions options = {});
 
