@@ -100,17 +100,21 @@ class Workers {
   int size() const { return static_cast<int>(planes_.size()); }
   DataPlane& plane(int r) { return *planes_[r]; }
 
-  // The SDK's part of Register: create, register, unlink.
+  // The SDK's part of Register: create, register, unlink; as client
+  // `client_id`, telling the segment's name in `*shm_name` (may be null).
   absl::StatusOr<SharedSegment> Register(int r, const BucketName& name,
                                          const std::vector<TensorSpec>& t,
-                                         const BucketOptions& options = {}) {
+                                         const BucketOptions& options = {},
+                                         const std::string& client_id = "",
+                                         std::string* shm_name = nullptr) {
     uint64_t n = 0;
     for (const TensorSpec& spec : t) n += spec.size;
     const std::string shm = SharedSegment::UniqueName(name.bucket);
+    if (shm_name != nullptr) *shm_name = shm;
     auto segment = SharedSegment::Create(shm, SegmentLayout(n).bytes);
     if (!segment.ok()) return segment.status();
-    auto joined =
-        planes_[r]->Register(name, t, shm, next_index_[r]++, Soon(), options);
+    auto joined = planes_[r]->Register(name, t, shm, next_index_[r]++, Soon(),
+                                       options, client_id);
     EXPECT_TRUE(SharedSegment::Unlink(shm).ok());
     if (!joined.ok()) return joined.status();
     return segment;
@@ -506,18 +510,11 @@ TEST(DataPlaneTest, TheEndOfAnOlderRegistrationLeavesTheNewOne) {
   constexpr uint64_t kN = 100;
   Workers w(1, {.algorithm = "dense"});
   w.Start();
-  const std::string first = SharedSegment::UniqueName("b");
-  const std::string second = SharedSegment::UniqueName("b");
-  std::vector<SharedSegment> segments;
-  for (const std::string& shm : {first, second}) {
-    auto segment = SharedSegment::Create(shm, SegmentLayout(kN).bytes);
-    ASSERT_TRUE(segment.ok()) << segment.status();
-    segments.push_back(*std::move(segment));
-    ASSERT_TRUE(w.plane(0)
-                    .Register({"job", "b"}, {{"t", kN}}, shm,
-                              segments.size() - 1, Soon())
-                    .ok());
-  }
+  std::string first, second;
+  auto older = w.Register(0, {"job", "b"}, {{"t", kN}}, {}, "", &first);
+  ASSERT_TRUE(older.ok()) << older.status();
+  auto newer = w.Register(0, {"job", "b"}, {{"t", kN}}, {}, "", &second);
+  ASSERT_TRUE(newer.ok()) << newer.status();
   ASSERT_TRUE(w.plane(0).Unregister({"job", "b"}, first).ok());
   EXPECT_TRUE(AllReduceAll(w, {.name = {"job", "b"}, .step = 0})[0].ok());
   ASSERT_TRUE(w.plane(0).Unregister({"job", "b"}, second).ok());
@@ -532,11 +529,8 @@ TEST(DataPlaneTest, AnotherClientRegisteringInASteppedJobTakesItOver) {
   Workers w(1, {.algorithm = "dense"});
   w.Start();
   const BucketName name{"job", "b"};
-  const std::string shm = SharedSegment::UniqueName("b");
-  auto segment = SharedSegment::Create(shm, SegmentLayout(kN).bytes);
+  auto segment = w.Register(0, name, {{"t", kN}}, {}, "first");
   ASSERT_TRUE(segment.ok()) << segment.status();
-  ASSERT_TRUE(
-      w.plane(0).Register(name, {{"t", kN}}, shm, 0, Soon(), {}, "first").ok());
   EXPECT_FALSE(w.plane(0).TakenOver(name, "second"));  // never stepped
   ASSERT_TRUE(AllReduceAll(w, {.name = name, .step = 0})[0].ok());
   EXPECT_TRUE(w.plane(0).TakenOver(name, "second"));
