@@ -31,7 +31,7 @@ std::optional<std::string> DataPlane::Absent(
       if (bucket->busy || bucket->forgotten || !bucket->last_step) continue;
       next = *bucket->last_step + 1;
     }
-    const uint64_t agree = OperationId("agree", bucket->buffer, next);
+    const uint64_t agree = AgreeOperation(*bucket, next);
     // Peers run the step on whichever group it falls in.
     for (const std::shared_ptr<Group>& group : groups) {
       const std::optional<absl::Time> since =

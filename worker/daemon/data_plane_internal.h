@@ -26,6 +26,12 @@ inline std::string MembershipScope(absl::string_view scope,
   return absl::StrCat(scope, "/", group.view.membership_epoch);
 }
 
+// The operation id of step `step`'s agreement on `bucket`: the first thing
+// peers send for a step (DataPlane::Absent watches for it).
+inline uint64_t AgreeOperation(const Bucket& bucket, uint64_t step) {
+  return OperationId("agree", bucket.buffer, step);
+}
+
 inline engine::GroupPlace PlaceOf(const Group& group) {
   return {.transport = group.transport.get(),
           .epoch = group.view.epoch,

@@ -100,7 +100,7 @@ engine::Request DataPlane::StepRequest(const ReduceCall& call, Bucket& bucket,
                                        const Group& g,
                                        absl::Span<const float> gradient,
                                        absl::Time deadline, StepState* state) {
-  const uint64_t agree_op = OperationId("agree", bucket.buffer, call.step);
+  const uint64_t agree_op = AgreeOperation(bucket, call.step);
   engine::Request request{
       .buffer = bucket.buffer,
       .gradient = gradient,
