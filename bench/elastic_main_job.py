@@ -9,8 +9,13 @@ Runs client/python/examples/fashion_mnist.py --elastic on 4 workers
 (SparDL, 1%) three times: undisturbed; with rank 2's trainer stopped
 (SIGSTOP) for --stop-seconds once rank 0 starts epoch 2; and with rank 1's
 trainer killed (SIGKILL) at the start of epoch 2 and started again by
-`gradmesh run --max-restarts=1`. Each run must finish every epoch on its
-own, with bitwise identical parameters on every rank; the table gives the
+`gradmesh run --max-restarts=1`; and with rank 1's worker killed (SIGKILL)
+at the start of epoch 2 and started again by `gradmesh run
+--max-restarts=1` --restart-after seconds later (its trainer is held
+stopped that long, so that the launcher, which restarts the worker when its
+trainer fails, does so as late as a pod's restart would: past the heartbeat
+timeout, so that the worker is evicted first). Each run must finish every
+epoch on its own, with bitwise identical parameters on every rank; the table gives the
 final test accuracy against the undisturbed run's and the wall time.
 """
 
@@ -42,12 +47,15 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--stop-seconds", type=float, default=60)
     parser.add_argument("--train-limit", type=int, default=0)
-    parser.add_argument("--scenarios", default="undisturbed,stop,crash")
+    parser.add_argument("--restart-after", type=float, default=10,
+                        help="worker: seconds from its kill to its restart")
+    parser.add_argument("--scenarios",
+                        default="undisturbed,stop,crash,worker")
     return parser.parse_args()
 
 
-def trainer_pid(job, rank):
-    """The pid of `job`'s trainer of rank `rank`, found by its environment."""
+def trainer(job, rank):
+    """The pid and environment of `job`'s trainer of rank `rank`."""
     want = {f"GRADMESH_JOB={job}".encode(), f"GRADMESH_RANK={rank}".encode()}
     for path in glob.glob("/proc/[0-9]*/environ"):
         try:
@@ -58,8 +66,31 @@ def trainer_pid(job, rank):
         except OSError:
             continue
         if want <= env and b"fashion_mnist.py" in cmdline:
-            return int(path.split("/")[2])
-    return None
+            return int(path.split("/")[2]), env
+    return None, set()
+
+
+def worker_pid(trainer_env):
+    """The pid of the worker whose SDK socket a trainer's environment
+    names."""
+    worker = next(v for v in trainer_env if v.startswith(b"GRADMESH_WORKER="))
+    socket = worker.split(b"=", 1)[1].decode()[len("unix:"):]
+    out = subprocess.run(["pgrep", "-f", "--", f"--sdk_socket={socket}"],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.split()[0])
+
+
+def stop_for(pid, seconds, what):
+    """SIGSTOP `pid` now and SIGCONT it `seconds` later, in the background."""
+    os.kill(pid, signal.SIGSTOP)
+    print(f"  {what} (pid {pid}) stopped for {seconds} s", flush=True)
+
+    def resume():
+        time.sleep(seconds)
+        os.kill(pid, signal.SIGCONT)
+        print(f"  {what} resumed", flush=True)
+
+    threading.Thread(target=resume, daemon=True).start()
 
 
 def run(args, scenario):
@@ -67,7 +98,7 @@ def run(args, scenario):
     out = os.path.join(args.out, f"{scenario}.json")
     command = [args.gradmesh, "run", "--workers=4", "--algo=spardl",
                "--density=0.01", f"--job={job}"]
-    if scenario == "crash":
+    if scenario in ("crash", "worker"):
         command.append("--max-restarts=1")
     command += ["--", args.python, SCRIPT, f"--epochs={args.epochs}",
                 "--elastic", f"--out={out}", f"--label={scenario}"]
@@ -84,7 +115,7 @@ def run(args, scenario):
         sys.stdout.write(f"  {scenario}: {line}")
         if "epoch 2/" in line and not fault.is_set():
             fault.set()
-            inject(scenario, job, args.stop_seconds)
+            inject(scenario, job, args)
     code = process.wait()
     seconds = time.monotonic() - start
     with open(os.path.join(args.out, f"{scenario}.log"), "w") as f:
@@ -105,24 +136,20 @@ def run(args, scenario):
             "resets": sum("gradmesh.elastic: reset" in l for l in log)}
 
 
-def inject(scenario, job, stop_seconds):
-    """The scenario's fault, in the background."""
+def inject(scenario, job, args):
+    """The scenario's fault; what comes after it runs in the background."""
     if scenario == "stop":
-        pid = trainer_pid(job, 2)
-
-        def stop():
-            os.kill(pid, signal.SIGSTOP)
-            print(f"  stop: rank 2 (pid {pid}) stopped for {stop_seconds} s",
-                  flush=True)
-            time.sleep(stop_seconds)
-            os.kill(pid, signal.SIGCONT)
-            print("  stop: rank 2 resumed", flush=True)
-
-        threading.Thread(target=stop, daemon=True).start()
+        stop_for(trainer(job, 2)[0], args.stop_seconds, "stop: rank 2")
     elif scenario == "crash":
-        pid = trainer_pid(job, 1)
+        pid = trainer(job, 1)[0]
         os.kill(pid, signal.SIGKILL)
         print(f"  crash: rank 1 (pid {pid}) killed", flush=True)
+    elif scenario == "worker":
+        pid, env = trainer(job, 1)
+        worker = worker_pid(env)
+        stop_for(pid, args.restart_after, "worker: rank 1's trainer")
+        os.kill(worker, signal.SIGKILL)
+        print(f"  worker: rank 1's worker (pid {worker}) killed", flush=True)
 
 
 def main():

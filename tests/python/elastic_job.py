@@ -3,7 +3,7 @@
     gradmesh run --workers=3 --algo=dense --step-join-timeout-s=2 \\
         -- python3 tests/python/elastic_job.py stop
     gradmesh run --workers=3 --algo=dense --max-restarts=1 \\
-        -- python3 tests/python/elastic_job.py crash DIR
+        -- python3 tests/python/elastic_job.py crash|worker DIR
 
 A small regression trained with SGD and momentum under
 gradmesh.torch.elastic.run, while the others still train (each batch takes
@@ -16,7 +16,11 @@ takes the state of a survivor. Or rank 1 exits with status 1 (mode
 3 s later, its worker rejoins as a new member when the new process
 registers (here before the 10 s step-join timeout; after it, at the new
 process's first call), the others reset, and the new process takes a
-survivor's state. Training goes on to
+survivor's state. Or rank 1 kills its own worker (kill -9, mode "worker",
+once): its next call raises WorkerGoneError, which ends the process, and
+`gradmesh run` starts the worker again (a new incarnation under the same
+node id, so the same rank) and then the process, which goes on as in
+"crash". Training goes on to
 EPOCHS epochs. At the end, every process checks that the parameters are
 identical on all ranks and that the loss on a fixed batch went down 10x,
 and the survivors that they were reset.
@@ -34,6 +38,7 @@ import torch
 import gradmesh
 import gradmesh.torch
 from gradmesh.torch import elastic
+from worker_gone import kill_own_worker
 
 EPOCHS = 6
 BATCHES = 8
@@ -85,10 +90,12 @@ def main(mode, record_dir=None):
                     stopped.append(True)
                     if mode == "stop" and gradmesh.rank() == 2:
                         stop_for(STOP_S)
-                    if mode == "crash" and gradmesh.rank() == 1 \
+                    if mode in ("crash", "worker") and gradmesh.rank() == 1 \
                             and not os.path.exists(crashed):
                         open(crashed, "w").close()
-                        os._exit(1)
+                        if mode == "crash":
+                            os._exit(1)
+                        kill_own_worker()
                 time.sleep(BATCH_S)
                 x, y = batch(epoch, index, gradmesh.rank())
                 optimizer.zero_grad()

@@ -135,11 +135,12 @@ ABSL_FLAG(int, start_timeout_s, 30,
           "run: how long the workers (every node's) may take to form the "
           "job's first view");
 ABSL_FLAG(int, max_restarts, 0,
-          "run: a copy that fails while its worker runs is started again "
-          "(same rank and environment) up to this many times in all on this "
-          "node, as torchrun's --max-restarts; train under "
-          "gradmesh.torch.elastic so that the new process rejoins (0: a "
-          "failure stops the job)");
+          "run: a copy that fails is started again (same rank and "
+          "environment), after its worker when that is gone too, up to this "
+          "many times in all on this node, as torchrun's --max-restarts; "
+          "train under gradmesh.torch.elastic so that the new process "
+          "rejoins (0: a failure stops the job, and a copy whose worker is "
+          "gone is lost)");
 ABSL_FLAG(double, step_join_timeout_s, 10,
           "local, run: a worker whose trainer has not joined a step its "
           "peers started for this long steps out of the group, and the others "

@@ -176,6 +176,17 @@ int Finish(const Supervisor& supervisor, LocalCluster& cluster, int code) {
   return code;
 }
 
+// Starts this node's worker `index` (rank `rank`) again after it was seen
+// gone, saying how it ended.
+absl::Status RestartWorker(LocalCluster& cluster, int rank, int index) {
+  std::fprintf(stderr,
+               "gradmesh run: worker %d %s (its log: %s.previous); starting "
+               "it again\n",
+               rank, Describe(cluster.exit_status(index)).c_str(),
+               cluster.worker_log(index).c_str());
+  return cluster.RestartWorker(index);
+}
+
 // Runs the copies on a started cluster, copy i at placements[i]; returns
 // the job's exit status.
 int Supervise(const RunOptions& options, const std::string& program,
@@ -209,7 +220,10 @@ int Supervise(const RunOptions& options, const std::string& program,
   }
   Supervisor supervisor(
       signal_fd, ranks, [&cluster](int index) { return cluster.Exited(index); },
-      link, options.max_restarts);
+      link, options.max_restarts,
+      [&cluster, &ranks](int index) {
+        return RestartWorker(cluster, ranks[index], index);
+      });
   supervisor.StartAll(program, options.command, std::move(environments));
   supervisor.Wait();
   const int code = link == nullptr

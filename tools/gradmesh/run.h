@@ -35,7 +35,10 @@
 // cluster is stopped. A copy that fails while its worker runs is started
 // again, with the same rank and environment, while max_restarts restarts are
 // left (a trainer under gradmesh.torch.elastic rejoins: its worker takes the
-// new process's registration as a new member's). When one copy fails
+// new process's registration as a new member's); one that fails after its
+// worker died has the worker started again first (same node id, so the
+// same rank: a new incarnation that rejoins the group), as one restart. With
+// no restart left, such a copy is lost, as above. When one copy fails
 // (non-zero exit or a signal) with no restart left, or the
 // launcher gets SIGINT or SIGTERM, the others get SIGTERM, and SIGKILL when
 // still running 10 s later (at once on a second SIGINT or SIGTERM); then the

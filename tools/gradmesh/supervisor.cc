@@ -198,9 +198,11 @@ bool SignalPending(int signal_fd) {
 
 Supervisor::Supervisor(int signal_fd, const std::vector<int>& ranks,
                        std::function<bool(int)> worker_gone, NodeLink* link,
-                       int max_restarts)
+                       int max_restarts,
+                       std::function<absl::Status(int)> restart_worker)
     : signal_fd_(signal_fd),
       worker_gone_(std::move(worker_gone)),
+      restart_worker_(std::move(restart_worker)),
       link_(link),
       restarts_left_(max_restarts) {
   copies_.resize(ranks.size());
@@ -319,7 +321,9 @@ void Supervisor::Decide(bool at_end) {
     const Undecided u = undecided_.front();
     const int rank = copies_[u.index].rank;
     const bool gone = worker_gone_(u.index);
-    if (gone && lost_.size() + 1 < copies_.size()) {
+    if (gone && Restartable() && RestartWithWorker(u.index, u.status)) {
+      // the worker and the copy run again
+    } else if (gone && lost_.size() + 1 < copies_.size()) {
       lost_.push_back(u.index);
       std::fprintf(stderr,
                    "gradmesh run: rank %d %s: its worker is gone; the other "
@@ -348,7 +352,23 @@ bool Supervisor::Restartable() const {
   return restarts_left_ > 0 && !finished_ && !stopping_;
 }
 
-void Supervisor::Restart(int index, int status) {
+bool Supervisor::RestartWithWorker(int index, int status) {
+  if (restart_worker_ == nullptr) return false;
+  const int rank = copies_[index].rank;
+  const absl::Status started = restart_worker_(index);
+  if (!started.ok()) {
+    std::fprintf(stderr,
+                 "gradmesh run: rank %d %s after its worker was gone; the "
+                 "worker did not start again: %s\n",
+                 rank, Describe(status).c_str(),
+                 std::string(started.message()).c_str());
+    return false;
+  }
+  Restart(index, status, "after its worker was gone, which was started again");
+  return true;
+}
+
+void Supervisor::Restart(int index, int status, const std::string& why) {
   Copy& copy = copies_[index];
   // What is left of it (a shell script's children) goes first.
   kill(-copy.group, SIGKILL);
@@ -356,10 +376,10 @@ void Supervisor::Restart(int index, int status) {
   Close(copy.err);
   --restarts_left_;
   std::fprintf(stderr,
-               "gradmesh run: rank %d %s; starting it again (%d restart%s "
+               "gradmesh run: rank %d %s%s%s; starting it again (%d restart%s "
                "left)\n",
-               copy.rank, Describe(status).c_str(), restarts_left_,
-               restarts_left_ == 1 ? "" : "s");
+               copy.rank, Describe(status).c_str(), why.empty() ? "" : " ",
+               why.c_str(), restarts_left_, restarts_left_ == 1 ? "" : "s");
   const absl::Status started =
       Spawn(program_, args_, environments_[index], &copy);
   if (!started.ok()) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "tools/gradmesh/node_link.h"
 
@@ -38,12 +39,15 @@ struct Copy {
 
 // The copies, from their start until the last one has ended: forwards their
 // output, and stops them all when one fails or a termination signal comes.
+// A copy that fails while its worker runs is started again (same rank, same
+// environment; what is left of its process group killed first) while
+// `max_restarts` restarts are left on this node and no copy has exited 0.
 // A copy that fails after its worker is gone (`worker_gone(index)`, within
-// kWorkerGoneGrace of the copy's end) is lost, not failed: the others go on
-// without it, unless none is left. A copy that fails while its worker runs
-// is started again (same rank, same environment; what is left of its
-// process group killed first) while `max_restarts` restarts are left on
-// this node and no copy has exited 0.
+// kWorkerGoneGrace of the copy's end) has its worker started again first
+// (`restart_worker(index)`, a new incarnation), then itself, as one restart
+// under the same rule; with no restart left (or when the worker does not
+// start) it is lost, not failed: the others go on without it, unless none
+// is left.
 class Supervisor {
  public:
   // Copy i has rank ranks[i] in the job; `link` (may be null) joins the
@@ -51,7 +55,8 @@ class Supervisor {
   // is told there.
   Supervisor(int signal_fd, const std::vector<int>& ranks,
              std::function<bool(int)> worker_gone, NodeLink* link,
-             int max_restarts = 0);
+             int max_restarts = 0,
+             std::function<absl::Status(int)> restart_worker = nullptr);
   ~Supervisor();  // forwards what is left of the copies' output
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
@@ -87,13 +92,18 @@ class Supervisor {
   // Whether a failed copy may start again: restarts left, and no copy has
   // ended well (the job is over) and nothing stops them.
   bool Restartable() const;
-  // Starts copy `index` again after it failed with wait status `status`.
-  void Restart(int index, int status);
+  // Starts copy `index` again after it failed with wait status `status`
+  // (`why`: what came first, e.g. its worker's restart).
+  void Restart(int index, int status, const std::string& why = "");
+  // Starts the gone worker of copy `index` again, then the copy; false
+  // (nothing counted) when the worker does not start.
+  bool RestartWithWorker(int index, int status);
   void StopAll();
   void KillLate();
 
   const int signal_fd_;
   const std::function<bool(int)> worker_gone_;
+  const std::function<absl::Status(int)> restart_worker_;
   NodeLink* const link_;
   std::vector<supervisor_internal::Copy> copies_;
   std::vector<int> lost_;  // indices
