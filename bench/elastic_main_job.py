@@ -6,16 +6,15 @@
         --pythonpath=build/client/python --out=elastic-out
 
 Runs client/python/examples/fashion_mnist.py --elastic on 4 workers
-(SparDL, 1%) three times: undisturbed; with rank 2's trainer stopped
+(SparDL, 1%) once per scenario (--scenarios): undisturbed; with rank 2's trainer stopped
 (SIGSTOP) for --stop-seconds once rank 0 starts epoch 2; and with rank 1's
 trainer killed (SIGKILL) at the start of epoch 2 and started again by
 `gradmesh run --max-restarts=1`; and with rank 1's worker killed (SIGKILL)
 at the start of epoch 2 and started again by `gradmesh run
---max-restarts=1` --restart-after seconds later (its trainer is held
-stopped that long, so that the launcher, which restarts the worker when its
-trainer fails, does so as late as a pod's restart would: past the heartbeat
-timeout, so that the worker is evicted first). Each run must finish every
-epoch on its own, with bitwise identical parameters on every rank; the table gives the
+--max-restarts=1` once its trainer has failed. The trainer is held stopped
+for --restart-after seconds first, so that the restart comes as late as a
+pod's would: past the heartbeat timeout, after the worker was evicted. Each
+run must finish every epoch on its own, with all 4 ranks, with bitwise identical parameters on every rank; the table gives the
 final test accuracy against the undisturbed run's and the wall time.
 """
 
@@ -72,12 +71,19 @@ def trainer(job, rank):
 
 def worker_pid(trainer_env):
     """The pid of the worker whose SDK socket a trainer's environment
-    names."""
-    worker = next(v for v in trainer_env if v.startswith(b"GRADMESH_WORKER="))
-    socket = worker.split(b"=", 1)[1].decode()[len("unix:"):]
-    out = subprocess.run(["pgrep", "-f", "--", f"--sdk_socket={socket}"],
-                         check=True, capture_output=True, text=True).stdout
-    return int(out.split()[0])
+    names (an exact argument of its command line), or None."""
+    worker = [v for v in trainer_env if v.startswith(b"GRADMESH_WORKER=")]
+    if not worker:
+        return None
+    argument = b"--sdk_socket=" + worker[0].split(b"=", 1)[1][len("unix:"):]
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(path, "rb") as f:
+                if argument in f.read().split(b"\0"):
+                    return int(path.split("/")[2])
+        except OSError:
+            continue
+    return None
 
 
 def stop_for(pid, seconds, what):
@@ -104,6 +110,9 @@ def run(args, scenario):
                 "--elastic", f"--out={out}", f"--label={scenario}"]
     if args.train_limit:
         command.append(f"--train-limit={args.train_limit}")
+    base, _ = os.path.splitext(out)
+    for stale in glob.glob(f"{base}.rank*.sha256"):
+        os.remove(stale)
     env = dict(os.environ, PYTHONPATH=args.pythonpath)
     start = time.monotonic()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
@@ -124,15 +133,16 @@ def run(args, scenario):
         sys.exit(f"{scenario}: gradmesh run exited {code}")
     with open(out) as f:
         record = json.load(f)
-    base, _ = os.path.splitext(out)
-    hashes = set()
+    hashes = []
     for path in glob.glob(f"{base}.rank*.sha256"):
         with open(path) as f:
-            hashes.add(f.read().strip())
+            hashes.append(f.read().strip())
     return {"scenario": scenario, "seconds": seconds,
             "accuracy": record["test_accuracy"][-1],
             "epochs": len(record["epochs"]),
-            "identical": len(hashes) == 1,
+            # All 4 ranks at the end (none lost with its worker), equal.
+            "identical": len(hashes) == 4 and len(set(hashes)) == 1
+            and not any("lost with their workers" in l for l in log),
             "resets": sum("gradmesh.elastic: reset" in l for l in log)}
 
 
@@ -147,6 +157,8 @@ def inject(scenario, job, args):
     elif scenario == "worker":
         pid, env = trainer(job, 1)
         worker = worker_pid(env)
+        if pid is None or worker is None:
+            sys.exit("worker: rank 1's trainer or worker not found")
         stop_for(pid, args.restart_after, "worker: rank 1's trainer")
         os.kill(worker, signal.SIGKILL)
         print(f"  worker: rank 1's worker (pid {worker}) killed", flush=True)

@@ -110,6 +110,8 @@ def main(mode, record_dir=None):
     train()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     every = gradmesh.allgather(flat.numpy().reshape(1, -1), name="check")
+    # Every rank is back: none was lost with its worker.
+    assert len(every) == 3, f"{len(every)} ranks at the end, not 3"
     assert np.array_equal(every, np.repeat(every[:1], len(every), 0)), \
         "the ranks' parameters differ"
     last = torch.nn.functional.mse_loss(model(x_test), y_test).item()

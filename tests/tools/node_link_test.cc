@@ -14,6 +14,7 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/support/no_signals.h"
 
 namespace gradmesh::tools {
 namespace {
@@ -29,20 +30,7 @@ int FreePort() {
   return ntohs(address.sin_port);
 }
 
-// A signalfd that never fires (nothing is blocked or sent), for Finish.
-class NoSignals {
- public:
-  NoSignals() {
-    sigset_t none;
-    sigemptyset(&none);
-    fd_ = signalfd(-1, &none, SFD_NONBLOCK | SFD_CLOEXEC);
-  }
-  ~NoSignals() { close(fd_); }
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
-};
+using ::gradmesh::testing::NoSignals;
 
 using Link = std::unique_ptr<NodeLink>;
 

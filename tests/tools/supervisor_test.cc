@@ -2,34 +2,21 @@
 // whose worker is gone ends in, with and without restarts.
 #include "tools/gradmesh/supervisor.h"
 
-#include <sys/signalfd.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "tests/support/no_signals.h"
 
 namespace gradmesh::tools {
 namespace {
 
-// A signalfd that never fires (nothing is blocked or sent).
-class NoSignals {
- public:
-  NoSignals() {
-    sigset_t none;
-    sigemptyset(&none);
-    fd_ = signalfd(-1, &none, SFD_NONBLOCK | SFD_CLOEXEC);
-  }
-  ~NoSignals() { close(fd_); }
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
-};
+using ::gradmesh::testing::NoSignals;
 
 class SupervisorTest : public ::testing::Test {
  protected:
@@ -41,18 +28,29 @@ class SupervisorTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // Two copies, ranks 0 and 1: rank 1 fails with status 3 the first time
-  // (its worker then counts as gone); rank 0 runs long enough for rank 1
-  // to be decided while it runs. Returns the supervisor's exit code.
+  // (its worker then counts as gone) and writes "again" when started again;
+  // rank 0 waits up to 20 s for that, so that rank 1 is decided while it
+  // runs. Returns the supervisor's exit code.
   int RunTwo(Supervisor& supervisor) {
     const std::string script =
-        "if [ \"$R\" = 1 ] && [ ! -f \"$D/failed\" ]; then "
-        "touch \"$D/failed\"; exit 3; fi; sleep 1.5; exit 0";
+        "if [ \"$R\" = 1 ]; then "
+        "  if [ -f \"$D/failed\" ]; then touch \"$D/again\"; exit 0; fi; "
+        "  touch \"$D/failed\"; exit 3; "
+        "fi; "
+        "for i in $(seq 200); do "
+        "  [ -f \"$D/again\" ] && exit 0; "
+        "  [ -f \"$D/failed\" ] && [ -f \"$D/decided\" ] && exit 0; "
+        "  sleep 0.1; "
+        "done; exit 0";
     supervisor.StartAll("/bin/sh", {"/bin/sh", "-c", script},
                         {{"PATH=/usr/bin:/bin", "R=0", "D=" + dir_},
                          {"PATH=/usr/bin:/bin", "R=1", "D=" + dir_}});
     supervisor.Wait();
     return supervisor.exit_code();
   }
+  // Lets rank 0 end without rank 1 started again (once decided lost).
+  void Decided() { std::ofstream(dir_ + "/decided"); }
+  bool StartedAgain() const { return std::filesystem::exists(dir_ + "/again"); }
 
   NoSignals signals_;
   std::string dir_;
@@ -69,12 +67,14 @@ TEST_F(SupervisorTest, AGoneWorkerIsStartedAgainThenItsCopy) {
                         });
   EXPECT_EQ(RunTwo(supervisor), 0);
   EXPECT_EQ(restarted, std::vector<int>{1});
+  EXPECT_TRUE(StartedAgain());
   EXPECT_TRUE(supervisor.lost().empty());
   EXPECT_FALSE(supervisor.failed());
 }
 
 TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneIsLost) {
   int restarts = 0;
+  Decided();
   Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone, nullptr,
                         /*max_restarts=*/0, [&](int) {
                           ++restarts;
@@ -82,16 +82,36 @@ TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneIsLost) {
                         });
   EXPECT_EQ(RunTwo(supervisor), 0);
   EXPECT_EQ(restarts, 0);
+  EXPECT_FALSE(StartedAgain());
   EXPECT_EQ(supervisor.lost(), std::vector<int>{1});
 }
 
 TEST_F(SupervisorTest, AWorkerThatDoesNotStartAgainLeavesItsCopyLost) {
-  Supervisor supervisor(
-      signals_.fd(), {0, 1}, Rank1Gone, nullptr, /*max_restarts=*/1,
-      [](int) { return absl::UnavailableError("no port file"); });
+  int tries = 0;
+  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone, nullptr,
+                        /*max_restarts=*/1, [&](int) {
+                          ++tries;
+                          Decided();
+                          return absl::UnavailableError("no port file");
+                        });
   EXPECT_EQ(RunTwo(supervisor), 0);
+  EXPECT_EQ(tries, 1);
+  EXPECT_FALSE(StartedAgain());
   EXPECT_EQ(supervisor.lost(), std::vector<int>{1});
   EXPECT_FALSE(supervisor.failed());
+}
+
+TEST_F(SupervisorTest, TheLastCopyWhoseWorkerDoesNotStartAgainFailsTheJob) {
+  // Rank 1 alone: with no other copy left, it cannot be lost.
+  Supervisor supervisor(
+      signals_.fd(), {1}, [](int) { return true; }, nullptr,
+      /*max_restarts=*/1,
+      [](int) { return absl::UnavailableError("no port file"); });
+  supervisor.StartAll("/bin/sh", {"/bin/sh", "-c", "exit 3"},
+                      {{"PATH=/usr/bin:/bin"}});
+  supervisor.Wait();
+  EXPECT_TRUE(supervisor.failed());
+  EXPECT_EQ(supervisor.exit_code(), 3);
 }
 
 }  // namespace

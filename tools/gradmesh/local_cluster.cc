@@ -258,8 +258,7 @@ absl::Status LocalCluster::AwaitPortFile(Process* process,
       process->metrics_port = file.metrics_port;
       return absl::OkStatus();
     }
-    int status = 0;
-    if (waitpid(process->pid, &status, WNOHANG) == process->pid) {
+    if (waitpid(process->pid, &process->exit_status, WNOHANG) == process->pid) {
       process->pid = -1;
       return absl::UnavailableError(absl::StrCat(
           process->name, " exited before serving; its log ", log, Tail(log)));
@@ -351,12 +350,19 @@ absl::Status LocalCluster::RestartWorker(int worker) {
   Kill(worker, SIGKILL);
   Process& p = workers_[worker];
   p.client.reset();
-  // Keep the previous process's log beside the new one's.
+  // Keep the earlier processes' logs beside the new one's.
   const std::string log = worker_log(worker);
-  std::rename(log.c_str(), (log + ".previous").c_str());
+  std::rename(log.c_str(), previous_worker_log(worker, ++p.restarts).c_str());
   GM_RETURN_IF_ERROR(
       Spawn(p.start.binary, p.name, p.start.args, p.start.netns, &p));
-  return AwaitPortFile(&p, absl::Now() + options_.start_timeout);
+  const absl::Status serving =
+      AwaitPortFile(&p, absl::Now() + options_.start_timeout);
+  if (!serving.ok()) Kill(worker, SIGKILL);  // none half started stays
+  return serving;
+}
+
+std::string LocalCluster::previous_worker_log(int worker, int restart) const {
+  return absl::StrCat(worker_log(worker), ".", restart);
 }
 
 bool LocalCluster::Exited(int worker) {

@@ -113,7 +113,13 @@ class LocalCluster {
 
   // Kills worker `worker` (SIGKILL) if it runs, and starts a new process in
   // its place (same flags and node id, a new port): a new incarnation.
+  // Returns once it serves, or fails (after start_timeout at the most) with
+  // the new process killed and reaped. The earlier process's log is kept as
+  // previous_worker_log(worker, r), r counting this worker's restarts from 1.
   absl::Status RestartWorker(int worker);
+  std::string previous_worker_log(int worker, int restart) const;
+  // How many times RestartWorker has started worker `worker` again.
+  int restarts(int worker) const { return workers_[worker].restarts; }
 
   // Sends `signal` to worker `worker`; for SIGKILL reaps it, and for SIGSTOP
   // returns once it has stopped (a stop takes effect when the process is
@@ -144,6 +150,7 @@ class LocalCluster {
     std::string address;
     int metrics_port = 0;
     std::string sdk_address;
+    int restarts = 0;                          // RestartWorker's
     std::unique_ptr<gradmesh::Client> client;  // for status, made on demand
     struct {
       std::string binary;

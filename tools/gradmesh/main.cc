@@ -139,8 +139,8 @@ ABSL_FLAG(int, max_restarts, 0,
           "environment), after its worker when that is gone too, up to this "
           "many times in all on this node, as torchrun's --max-restarts; "
           "train under gradmesh.torch.elastic so that the new process "
-          "rejoins (0: a failure stops the job, and a copy whose worker is "
-          "gone is lost)");
+          "rejoins; with none left, a failure stops the job, and a copy whose "
+          "worker is gone is lost: the others go on without it");
 ABSL_FLAG(double, step_join_timeout_s, 10,
           "local, run: a worker whose trainer has not joined a step its "
           "peers started for this long steps out of the group, and the others "

@@ -141,16 +141,30 @@ std::vector<std::string> Environment(const Variables& variables) {
   return environment;
 }
 
+// "worker R was killed by signal 9 (Killed) (its log: LOG)": how this
+// node's worker `index` (rank R) ended.
+std::string WorkerEnd(LocalCluster& cluster, int rank, int index,
+                      const std::string& log) {
+  return absl::StrCat("worker ", rank, " ",
+                      Describe(cluster.exit_status(index)), " (its log: ", log,
+                      ")");
+}
+
 // Stops the cluster after the copies, reports, and returns `code`, the
 // job's exit status.
 int Finish(const Supervisor& supervisor, LocalCluster& cluster, int code) {
-  if (supervisor.failed() || !supervisor.lost().empty()) cluster.KeepWorkDir();
+  bool restarted = false;
+  for (int w = 0; w < cluster.size(); ++w) restarted |= cluster.restarts(w) > 0;
+  if (supervisor.failed() || !supervisor.lost().empty() || restarted) {
+    cluster.KeepWorkDir();  // the logs it named stay
+  }
   std::vector<int> lost;
   for (int index : supervisor.lost()) {
     lost.push_back(supervisor.rank_of(index));
-    std::fprintf(stderr, "gradmesh run: worker %d %s (its log: %s)\n",
-                 lost.back(), Describe(cluster.exit_status(index)).c_str(),
-                 cluster.worker_log(index).c_str());
+    std::fprintf(
+        stderr, "gradmesh run: %s\n",
+        WorkerEnd(cluster, lost.back(), index, cluster.worker_log(index))
+            .c_str());
   }
   if (const absl::Status stopped = cluster.Stop(); !stopped.ok()) {
     cluster.KeepWorkDir();
@@ -179,11 +193,10 @@ int Finish(const Supervisor& supervisor, LocalCluster& cluster, int code) {
 // Starts this node's worker `index` (rank `rank`) again after it was seen
 // gone, saying how it ended.
 absl::Status RestartWorker(LocalCluster& cluster, int rank, int index) {
-  std::fprintf(stderr,
-               "gradmesh run: worker %d %s (its log: %s.previous); starting "
-               "it again\n",
-               rank, Describe(cluster.exit_status(index)).c_str(),
-               cluster.worker_log(index).c_str());
+  const std::string log =
+      cluster.previous_worker_log(index, cluster.restarts(index) + 1);
+  std::fprintf(stderr, "gradmesh run: %s; starting it again\n",
+               WorkerEnd(cluster, rank, index, log).c_str());
   return cluster.RestartWorker(index);
 }
 

@@ -38,12 +38,14 @@
 // new process's registration as a new member's); one that fails after its
 // worker died has the worker started again first (same node id, so the
 // same rank: a new incarnation that rejoins the group), as one restart. With
-// no restart left, such a copy is lost, as above. When one copy fails
+// no restart left (or when the worker does not start again) such a copy is
+// lost: the others go on without it, and its end does not count as a
+// failure, unless it was this node's last copy. When one copy fails
 // (non-zero exit or a signal) with no restart left, or the
 // launcher gets SIGINT or SIGTERM, the others get SIGTERM, and SIGKILL when
 // still running 10 s later (at once on a second SIGINT or SIGTERM); then the
 // cluster is stopped. The cluster's temporary log directory is kept when
-// something failed.
+// something failed, a copy was lost or a worker was started again.
 #ifndef GRADMESH_TOOLS_GRADMESH_RUN_H_
 #define GRADMESH_TOOLS_GRADMESH_RUN_H_
 

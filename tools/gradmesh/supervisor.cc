@@ -246,11 +246,7 @@ void Supervisor::Wait() {
                       // failure
       Reap();
       Decide(/*at_end=*/false);
-      if (link_ != nullptr) {
-        if (std::optional<NodeLink::Stop> stop = link_->Poll()) {
-          Fail(stop->why, stop->code, /*here=*/false);
-        }
-      }
+      PollLink();
       KillLate();
     }
     Decide(/*at_end=*/true);
@@ -298,6 +294,13 @@ void Supervisor::ReadSignals() {
     interrupted_ = true;
     if (link_ != nullptr) link_->Failed(130);  // every node stops
     StopAll();
+  }
+}
+
+void Supervisor::PollLink() {
+  if (link_ == nullptr) return;
+  if (std::optional<NodeLink::Stop> stop = link_->Poll()) {
+    Fail(stop->why, stop->code, /*here=*/false);
   }
 }
 
@@ -354,26 +357,35 @@ bool Supervisor::Restartable() const {
 
 bool Supervisor::RestartWithWorker(int index, int status) {
   if (restart_worker_ == nullptr) return false;
-  const int rank = copies_[index].rank;
+  Copy& copy = copies_[index];
+  Retire(copy);  // nothing of it may reach the new worker
   const absl::Status started = restart_worker_(index);
+  // That took a while: what came meanwhile goes first.
+  ReadSignals();
+  Reap();
+  PollLink();
   if (!started.ok()) {
     std::fprintf(stderr,
-                 "gradmesh run: rank %d %s after its worker was gone; the "
-                 "worker did not start again: %s\n",
-                 rank, Describe(status).c_str(),
-                 std::string(started.message()).c_str());
+                 "gradmesh run: the worker of rank %d did not start again: "
+                 "%s\n",
+                 copy.rank, std::string(started.message()).c_str());
     return false;
   }
+  if (!Restartable()) return false;
   Restart(index, status, "after its worker was gone, which was started again");
   return true;
 }
 
-void Supervisor::Restart(int index, int status, const std::string& why) {
-  Copy& copy = copies_[index];
+void Supervisor::Retire(Copy& copy) {
   // What is left of it (a shell script's children) goes first.
   kill(-copy.group, SIGKILL);
   Close(copy.out);  // what it wrote last comes out first
   Close(copy.err);
+}
+
+void Supervisor::Restart(int index, int status, const std::string& why) {
+  Copy& copy = copies_[index];
+  Retire(copy);
   --restarts_left_;
   std::fprintf(stderr,
                "gradmesh run: rank %d %s%s%s; starting it again (%d restart%s "

@@ -96,8 +96,16 @@ class Supervisor {
   // (`why`: what came first, e.g. its worker's restart).
   void Restart(int index, int status, const std::string& why = "");
   // Starts the gone worker of copy `index` again, then the copy; false
-  // (nothing counted) when the worker does not start.
+  // (nothing counted) when the worker does not start, or when the copy may
+  // no longer start (what came while the worker started: a signal, another
+  // node's failure, a copy that ended well). The worker's start blocks this
+  // loop (restart_worker's bound: LocalCluster's start timeout).
   bool RestartWithWorker(int index, int status);
+  // Kills what is left of a copy's process group and forwards the rest of
+  // its output.
+  void Retire(supervisor_internal::Copy& copy);
+  // A stop from another node's launcher, if any, fails these copies.
+  void PollLink();
   void StopAll();
   void KillLate();
 
