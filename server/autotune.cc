@@ -61,6 +61,32 @@ std::string SizeFigures(uint64_t n, bool sparse, const std::string& name,
       Milliseconds(sparse ? dense_s : sparse_s));
 }
 
+// Of the SparDL trials not skipped, the one of the largest d whose `cost`
+// is within `margin` x `best`'s: a larger d selects from larger blocks, so
+// closer to the global top-k, and reaches an accuracy in fewer steps.
+template <typename Cost>
+const Trial* LargestDWithin(const std::vector<Trial>& trials, const Trial& best,
+                            double margin, Cost cost) {
+  const Trial* chosen = &best;
+  if (margin <= 1) return chosen;  // time alone
+  for (const Trial& trial : trials) {
+    if (!trial.skipped && trial.algorithm == kSparDl &&
+        trial.teams > chosen->teams && cost(trial) <= margin * cost(best)) {
+      chosen = &trial;
+    }
+  }
+  return chosen;
+}
+
+// "; the largest d within 1.2x of the fastest, d=1" where `chosen` is not
+// `best`, else empty.
+std::string WhyNotFastest(const Trial& chosen, const Trial& best,
+                          double margin) {
+  if (&chosen == &best) return "";
+  return absl::StrFormat("; the largest d within %gx of the fastest, %s",
+                         margin, best.Name());
+}
+
 }  // namespace
 
 std::string Trial::Name() const {
@@ -235,13 +261,16 @@ Choice AutotuneRound::SparseOnlyResult() const {
     for (uint64_t n : common) sum += SecondsOf(trial, n);
     return sum;
   };
-  const Trial* best = nullptr;
+  const Trial* fastest = nullptr;
   for (const Trial& trial : trials_) {
-    if (!trial.skipped && (best == nullptr || total(trial) < total(*best))) {
-      best = &trial;
+    if (!trial.skipped &&
+        (fastest == nullptr || total(trial) < total(*fastest))) {
+      fastest = &trial;
     }
   }
-  GM_CHECK(best != nullptr) << "no trial ran";
+  GM_CHECK(fastest != nullptr) << "no trial ran";
+  const Trial* best =
+      LargestDWithin(trials_, *fastest, options_.teams_margin, total);
   std::vector<std::string> others, skipped;
   for (const Trial& trial : trials_) {
     if (trial.skipped) {
@@ -252,8 +281,9 @@ Choice AutotuneRound::SparseOnlyResult() const {
     }
   }
   Choice choice{.algorithm = std::string(kSparDl), .teams = best->teams};
-  choice.note = absl::StrFormat("autotune chose %s (%s)", best->Name(),
-                                Milliseconds(total(*best)));
+  choice.note = absl::StrFormat(
+      "autotune chose %s (%s%s)", best->Name(), Milliseconds(total(*best)),
+      WhyNotFastest(*best, *fastest, options_.teams_margin));
   if (!others.empty()) {
     absl::StrAppend(&choice.note, " over ", absl::StrJoin(others, ", "));
   }
@@ -273,15 +303,22 @@ Choice AutotuneRound::WithDenseResult() const {
     for (const auto& [n, seconds] : trial.size_seconds) sizes.insert(n);
   }
   const double margin = options_.sparse_margin;
-  const Trial* best = nullptr;
+  auto step = [&](const Trial& t) {
+    return StepSeconds(*dense, t, sizes, margin);
+  };
+  const Trial* fastest = nullptr;
   for (const Trial& trial : trials_) {
     if (trial.algorithm == kDense || trial.skipped) continue;
     // Ties (every size dense either way) go to SparDL's own fastest d.
     auto key = [&](const Trial& t) {
-      return std::pair(StepSeconds(*dense, t, sizes, margin), t.mean_seconds);
+      return std::pair(step(t), t.mean_seconds);
     };
-    if (best == nullptr || key(trial) < key(*best)) best = &trial;
+    if (fastest == nullptr || key(trial) < key(*fastest)) fastest = &trial;
   }
+  const Trial* best =
+      fastest == nullptr
+          ? nullptr
+          : LargestDWithin(trials_, *fastest, options_.teams_margin, step);
   Choice choice{.algorithm = std::string(kSparDl),
                 .teams = best != nullptr ? best->teams : 1};
   const std::string sparse_name = best != nullptr ? best->Name() : "spardl";
@@ -300,13 +337,14 @@ Choice AutotuneRound::WithDenseResult() const {
     choice.dense_sizes.clear();
   }
   choice.note = absl::StrFormat(
-      "auto chose %s (%s; SparDL must be %gx faster than dense)",
+      "auto chose %s (%s; SparDL must be %gx faster than dense%s)",
       !any_sparse ? "dense for every bucket"
       : choice.dense_sizes.empty()
           ? absl::StrCat("spardl ", sparse_name)
           : absl::StrCat("spardl ", sparse_name,
                          ", dense for some bucket sizes"),
-      absl::StrJoin(figures, "; "), margin);
+      absl::StrJoin(figures, "; "), margin,
+      any_sparse ? WhyNotFastest(*best, *fastest, options_.teams_margin) : "");
   return choice;
 }
 

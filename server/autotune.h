@@ -26,16 +26,20 @@
 // mean of that size's counted operations, and its total the sum over sizes.
 //
 // The choice (Result):
-//   - SparDL alone: the d of the least total over the sizes every trial
-//     timed, ties to the earlier trial; "autotune chose d=2 (12.300 ms) over
-//     d=1 (20.100 ms), d=4 (15.000 ms)";
+//   - SparDL alone: the largest d whose total over the sizes every trial
+//     timed is within `teams_margin` x the least (a larger d selects from
+//     larger blocks, closer to the global top-k: fewer steps to the same
+//     accuracy, docs/benchmarks.md); with a margin of 1, the least, ties to
+//     the earlier trial; "autotune chose d=2 (12.300 ms) over d=1
+//     (20.100 ms), d=4 (15.000 ms)";
 //   - with the dense ring: a bucket size goes to SparDL only where both
 //     were timed and SparDL's trial was `sparse_margin` times faster (the
 //     dense ring is exact: top-k needs more steps to the same accuracy,
 //     docs/benchmarks.md); every other size timed is summed densely. A size
 //     no trial timed (one registered later, or past kMaxSizes) runs the
 //     plan's algorithm. SparDL's d is the one whose steps, so divided, cost
-//     least (ties to the d of the least total of its own). Every size dense:
+//     least (ties to the d of the least total of its own), or the largest
+//     d within `teams_margin` of that. Every size dense:
 //     the plan is the dense ring; otherwise SparDL with the dense sizes in
 //     Plan::dense_sizes.
 //
@@ -91,6 +95,7 @@ class AutotuneRound {
     int window = 5;              // counted operations per trial, >= 1
     double skip_factor = 3.0;    // skip d modeled over this x the best, >= 1
     double sparse_margin = 1.5;  // see the choice above, >= 1
+    double teams_margin = 1.0;   // see the choice above, >= 1
     double density = 0.01;
   };
 

@@ -86,6 +86,10 @@ absl::Status ValidatePlanConfig(const PlanConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sparse_margin must be at least 1, got ", config.sparse_margin));
   }
+  if (!(config.teams_margin >= 1 && std::isfinite(config.teams_margin))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "teams_margin must be at least 1, got ", config.teams_margin));
+  }
   if (!(config.skip_factor >= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "skip_factor must be at least 1, got ", config.skip_factor));
@@ -358,6 +362,7 @@ void Coordinator::MembershipChangedLocked() {
         AutotuneRound::Options{.window = config_.autotune_window,
                                .skip_factor = config_.skip_factor,
                                .sparse_margin = config_.sparse_margin,
+                               .teams_margin = config_.teams_margin,
                                .density = config_.density});
     round_->Rank(n_, link_, 0);
     PublishTrialOrResultLocked(0);

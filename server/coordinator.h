@@ -98,6 +98,9 @@ struct PlanConfig {
   // With `auto`: SparDL only for the bucket sizes where it is this many times
   // faster than the dense ring (>= 1; autotune.h).
   double sparse_margin = 1.5;
+  // SparDL's d: the largest whose trial is within this x the fastest's
+  // (>= 1; autotune.h).
+  double teams_margin = 1.25;
   int switch_lead_steps = 3;  // see View::start_step (>= 1)
   LinkModel link;             // used until reports allow a fit
 };

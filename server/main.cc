@@ -52,6 +52,11 @@ ABSL_FLAG(double, sparse_margin, 1.5,
           "with --algo=auto, SparDL only for the bucket sizes where its trial "
           "was this many times faster than the dense ring's (top-k needs "
           "more steps than dense to the same accuracy)");
+ABSL_FLAG(double, teams_margin, 1.25,
+          "the autotune keeps the largest SparDL d whose trial was within "
+          "this x the fastest's: a larger d selects from larger blocks, "
+          "closer to the global top-k, and needs fewer steps to the same "
+          "accuracy (1: the fastest)");
 ABSL_FLAG(double, skip_factor, 3.0,
           "skip candidates the alpha-beta model puts over this x the best");
 ABSL_FLAG(int, switch_lead_steps, 3,
@@ -97,6 +102,7 @@ int main(int argc, char** argv) {
                .autotune_window = absl::GetFlag(FLAGS_autotune_window),
                .skip_factor = absl::GetFlag(FLAGS_skip_factor),
                .sparse_margin = absl::GetFlag(FLAGS_sparse_margin),
+               .teams_margin = absl::GetFlag(FLAGS_teams_margin),
                .switch_lead_steps = absl::GetFlag(FLAGS_switch_lead_steps),
                .link = {.alpha_s = absl::GetFlag(FLAGS_link_latency_us) * 1e-6,
                         .beta_s_per_byte = gbps > 0 ? 8 / (gbps * 1e9) : -1}},

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -96,6 +97,40 @@ TEST(AutotuneRoundTest, WithoutTheDenseRingTheFastestDWins) {
   EXPECT_EQ(choice.teams, 2);
   EXPECT_THAT(choice.dense_sizes, IsEmpty());
   EXPECT_EQ(choice.note, "autotune chose d=2 (12.000 ms) over d=1 (20.000 ms)");
+}
+
+// d = 1, 2, 4 timed at 10, 10.8 and 11.5 ms: the teams margin keeps the
+// largest d within it of the fastest (larger blocks, closer to the global
+// top-k); a margin of 1 keeps the fastest.
+TEST(AutotuneRoundTest, TheLargestDWithinTheTeamsMarginWins) {
+  for (const auto& [margin, teams] :
+       std::vector<std::pair<double, int>>{{1.0, 1}, {1.1, 2}, {1.2, 4}}) {
+    AutotuneRound round(kMembers, {1, 2, 4}, /*with_dense=*/false,
+                        {.window = 2, .teams_margin = margin});
+    RunTrial(round, 2, {{kLarge, 10e-3}});
+    RunTrial(round, 2, {{kLarge, 10.8e-3}});
+    RunTrial(round, 2, {{kLarge, 11.5e-3}});
+    const Choice choice = round.Result();
+    EXPECT_EQ(choice.teams, teams) << "margin " << margin;
+    if (teams > 1) {
+      EXPECT_THAT(
+          choice.note,
+          HasSubstr(absl::StrCat("within ", margin, "x of the fastest, d=1")));
+    }
+  }
+}
+
+TEST(AutotuneRoundTest, WithTheDenseRingTheTeamsMarginPicksTheLargestD) {
+  AutotuneRound round(kMembers, {1, 2}, /*with_dense=*/true,
+                      {.window = 2, .sparse_margin = 1.5, .teams_margin = 1.2});
+  RunTrial(round, 2, {{kLarge, 10e-3}});
+  RunTrial(round, 2, {{kLarge, 11e-3}});
+  RunTrial(round, 2, {{kLarge, 100e-3}});  // the dense ring
+  const Choice choice = round.Result();
+  EXPECT_EQ(choice.algorithm, kSparDl);
+  EXPECT_EQ(choice.teams, 2);
+  EXPECT_THAT(choice.dense_sizes, IsEmpty());
+  EXPECT_THAT(choice.note, HasSubstr("within 1.2x of the fastest, d=1"));
 }
 
 TEST(AutotuneRoundTest, AutoSumsDenselyTheSizesWhereSparDlIsNotMarginFaster) {

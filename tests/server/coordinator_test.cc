@@ -1006,6 +1006,14 @@ TEST(AutoTest, RejectsAMarginBelowOne) {
   EXPECT_THAT(view.status().message(), HasSubstr("sparse_margin"));
 }
 
+TEST(AutoTest, RejectsATeamsMarginBelowOne) {
+  Coordinator coordinator({.algorithm = "spardl", .teams_margin = 0.9},
+                          kTimeout);
+  const absl::StatusOr<View> view = coordinator.Join(Node("a"), kT0);
+  EXPECT_EQ(view.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(view.status().message(), HasSubstr("teams_margin"));
+}
+
 TEST(AutoTest, AdoptsOnlyThePlansAutoWouldRun) {
   View known{.epoch = 9, .members = {Node("a"), Node("b")}};
   known.plan.algorithm = "spardl";
