@@ -5,6 +5,8 @@ gradmesh.torch.DistributedOptimizer, then every rank's parameters compared
 through torch.distributed (gloo).
 
     multinode_job.py [--fail-rank=R]   (rank R exits 3 after its first step)
+    multinode_job.py [--kill-worker-rank=R]   (rank R kills its own worker
+                                               after its first step)
 """
 
 import argparse
@@ -19,10 +21,15 @@ import torch.nn as nn
 import gradmesh
 import gradmesh.torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "python"))
+from worker_gone import kill_own_worker  # noqa: E402
+
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--kill-worker-rank", type=int, default=-1)
     args = parser.parse_args()
     gradmesh.init(timeout=60)
     dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, ...
@@ -46,6 +53,9 @@ def main():
         if step == 0 and r == args.fail_rank:
             print(f"rank {r}: failing on purpose", flush=True)
             sys.exit(3)
+        if step == 0 and r == args.kill_worker_rank:
+            print(f"rank {r}: killing its worker", flush=True)
+            kill_own_worker()  # its next step raises WorkerGoneError
     digest = hashlib.sha256(b"".join(
         p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     digests = [None] * dist.get_world_size()

@@ -14,6 +14,8 @@ Checks that
     ends with the same parameters, with torch.distributed's env://
     rendezvous (MASTER_ADDR on node 0) working beside gradmesh;
   - a copy failing on node 1 ends both launchers with its status;
+  - with --min-np=4, a copy lost with its worker on node 1 leaves 3 of
+    4 and ends both launchers with status 1, saying so;
   - node 0 alone names the node that never came, within the start timeout,
     and another node alone says that node 0 never answered.
 Exits 0 when all hold, 1 with the reason otherwise, 77 (skipped) when not
@@ -85,6 +87,20 @@ def one_failure_ends_both(args, hosts):
           f"(in {time.monotonic() - start:.0f} s)", results)
 
 
+def too_few_end_both(args, hosts):
+    start = time.monotonic()
+    extra, job = ["--min-np=4"], ["--kill-worker-rank=3"]
+    later = launch(args, hosts, 1, port=7840, extra=extra, job_args=job)
+    results = finish([launch(args, hosts, 0, port=7840, extra=extra,
+                             job_args=job), later], 90)
+    says = "3 of the job's 4 processes are left"
+    check([code for code, _ in results] == [1, 1] and
+          all(says in out for _, out in results),
+          f"rank 3 lost with its worker under --min-np=4 ends both "
+          f"launchers with status 1, saying why (in "
+          f"{time.monotonic() - start:.0f} s)", results)
+
+
 def alone(args, hosts, node, port, says, what):
     """Node `node` launched alone fails within the start timeout with an
     error that `says` so."""
@@ -111,6 +127,7 @@ def main():
         hosts.create()
         trains(args, hosts)
         one_failure_ends_both(args, hosts)
+        too_few_end_both(args, hosts)
         alone(args, hosts, 0, 7820, "node 1 of 2 did not join",
               "node 0 alone fails naming node 1")
         alone(args, hosts, 1, 7830, "node 0's launcher did not answer",

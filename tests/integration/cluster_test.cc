@@ -29,6 +29,7 @@
 #include "gradmesh/v1/worker.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/support/free_port.h"
 #include "tools/gradmesh/local.h"
 #include "tools/gradmesh/local_cluster.h"
 #include "tools/gradmesh/synthetic.h"
@@ -1430,18 +1431,7 @@ TEST(SdkTokenTest, CallsOverTcpNeedTheToken) {
   std::filesystem::remove_all(dir);
 }
 
-// A port of 127.0.0.1 free now (bound, read, released).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof(address);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), size);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
-  close(fd);
-  return ntohs(address.sin_port);
-}
+using ::gradmesh::testing::FreePort;
 
 // Kubernetes' layout: probes on a plaintext health port, the SDK on a TCP
 // port of its own (with the token), peers alone on the peer port.

@@ -1,10 +1,8 @@
 // NodeLink over loopback: the launchers of three nodes, each in a thread.
 #include "tools/gradmesh/node_link.h"
 
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,22 +12,13 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/support/free_port.h"
 #include "tests/support/no_signals.h"
 
 namespace gradmesh::tools {
 namespace {
 
-// A port free now on every interface, for one test's link.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address = {.sin_family = AF_INET};
-  socklen_t length = sizeof(address);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
+using ::gradmesh::testing::FreePort;
 using ::gradmesh::testing::NoSignals;
 
 using Link = std::unique_ptr<NodeLink>;
@@ -46,17 +35,20 @@ absl::StatusOr<Link> Serve(int port, const NodeLink::Shape& shape,
   return link;
 }
 
-NodeLink::Shape Nodes(int nodes) { return {.nodes = nodes, .per_node = 2}; }
+NodeLink::Shape Nodes(int nodes, int min_copies = 0) {
+  return {.nodes = nodes, .per_node = 2, .min_copies = min_copies};
+}
 
 // Node 0 serving `nodes` on `port`, and nodes 1.. joining, all at once.
-std::vector<Link> Connect(int port, int nodes) {
+std::vector<Link> Connect(int port, int nodes, int min_copies = 0) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  const NodeLink::Shape shape = Nodes(nodes, min_copies);
   auto zero = std::async(std::launch::async,
-                         [&] { return Serve(port, Nodes(nodes), deadline); });
+                         [&] { return Serve(port, shape, deadline); });
   std::vector<std::future<absl::StatusOr<Link>>> others;
   for (int n = 1; n < nodes; ++n) {
     others.push_back(std::async(std::launch::async, [&, n] {
-      return NodeLink::Join("127.0.0.1", port, n, Nodes(nodes), deadline);
+      return NodeLink::Join("127.0.0.1", port, n, shape, deadline);
     }));
   }
   std::vector<Link> links;
@@ -186,13 +178,14 @@ TEST(NodeLinkTest, NodesOfAnotherShapeAreRefusedWithBothShapes) {
   const int port = FreePort();
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   auto one = std::async(std::launch::async, [&] {
-    return NodeLink::Join("127.0.0.1", port, 1, {.nodes = 2, .per_node = 4},
+    return NodeLink::Join("127.0.0.1", port, 1,
+                          {.nodes = 2, .per_node = 4, .min_copies = 3},
                           deadline);
   });
   const absl::StatusOr<Link> zero = Serve(port, Nodes(2), deadline);
   ASSERT_FALSE(zero.ok());
   EXPECT_TRUE(absl::IsInvalidArgument(zero.status())) << zero.status();
-  EXPECT_NE(zero.status().message().find("--nproc_per_node=4"),
+  EXPECT_NE(zero.status().message().find("--nproc_per_node=4 --min-np=3"),
             std::string::npos)
       << zero.status();
   EXPECT_TRUE(absl::IsFailedPrecondition(one.get().status()));
@@ -212,6 +205,97 @@ TEST(NodeLinkTest, AnInterruptEndsTheWaitAndStopsTheOthers) {
   ASSERT_TRUE(stop.has_value());
   EXPECT_EQ(stop->code, 130);
   close(fd);
+}
+
+// 3 nodes of 2 copies with --min-np=5: one copy lost leaves 5 and the
+// job goes on; a second, on another node, leaves 4 and stops every node,
+// the ones that lost them too, with status 1 and the reason.
+TEST(NodeLinkTest, FewerCopiesThanTheMinimumStopEveryNode) {
+  std::vector<Link> links = Connect(FreePort(), 3, /*min_copies=*/5);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  links[1]->Lost(1);
+  absl::SleepFor(absl::Milliseconds(300));
+  for (Link& link : links) EXPECT_EQ(link->Poll(), std::nullopt);
+  links[2]->Lost(1);
+  for (int n : {0, 1, 2}) {
+    const std::optional<NodeLink::Stop> stop = AwaitStop(*links[n]);
+    ASSERT_TRUE(stop.has_value()) << "node " << n;
+    EXPECT_EQ(stop->code, 1);
+    EXPECT_NE(stop->why.find("4 of the job's 6 processes are left"),
+              std::string::npos)
+        << stop->why;
+    EXPECT_NE(stop->why.find("--min-np=5"), std::string::npos) << stop->why;
+  }
+  NoSignals signals;
+  std::vector<std::future<int>> ends;
+  for (Link& link : links) {
+    ends.push_back(std::async(std::launch::async,
+                              [&] { return link->Finish(1, signals.fd()); }));
+  }
+  for (auto& end : ends) EXPECT_EQ(end.get(), 1);
+}
+
+TEST(NodeLinkTest, NodeZerosOwnLossCountsToo) {
+  std::vector<Link> links = Connect(FreePort(), 2, /*min_copies=*/4);
+  ASSERT_TRUE(links[0] && links[1]);
+  links[0]->Lost(1);
+  for (int n : {0, 1}) {
+    const std::optional<NodeLink::Stop> stop = AwaitStop(*links[n]);
+    ASSERT_TRUE(stop.has_value()) << "node " << n;
+    EXPECT_EQ(stop->code, 1);
+    EXPECT_NE(stop->why.find("3 of the job's 4 processes are left"),
+              std::string::npos)
+        << stop->why;
+  }
+  EXPECT_NE(links[1]->why().find("--min-np=4"), std::string::npos);
+}
+
+// A node's count of lost copies only grows, and never past its copies.
+TEST(NodeLinkTest, LossCountsOnlyGrowWithinANodesCopies) {
+  std::vector<Link> links = Connect(FreePort(), 3, /*min_copies=*/3);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  links[1]->Lost(50);  // counts as its 2
+  links[1]->Lost(0);   // stale: still 2
+  absl::SleepFor(absl::Milliseconds(300));
+  for (Link& link : links) EXPECT_EQ(link->Poll(), std::nullopt);
+  links[2]->Lost(2);  // 2 left of 6
+  const std::optional<NodeLink::Stop> stop = AwaitStop(*links[0]);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_NE(stop->why.find("2 of the job's 6"), std::string::npos) << stop->why;
+}
+
+// Once a copy exited 0 the job is over: losses stop nothing.
+TEST(NodeLinkTest, LossesAfterACopyEndedWellStopNothing) {
+  std::vector<Link> links = Connect(FreePort(), 2, /*min_copies=*/4);
+  ASSERT_TRUE(links[0] && links[1]);
+  links[1]->Ended();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!links[0]->ended() && absl::Now() < deadline) {
+    EXPECT_EQ(links[0]->Poll(), std::nullopt);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(links[0]->ended());
+  links[1]->Lost(1);
+  links[0]->Lost(1);
+  absl::SleepFor(absl::Milliseconds(300));
+  for (Link& link : links) EXPECT_EQ(link->Poll(), std::nullopt);
+}
+
+// A copy that exited 0 on one node is known on every node, so that none
+// starts a failed copy again to wait for peers that are gone.
+TEST(NodeLinkTest, ACopyThatEndedWellIsKnownOnEveryNode) {
+  std::vector<Link> links = Connect(FreePort(), 3);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  for (Link& link : links) EXPECT_FALSE(link->ended());
+  links[2]->Ended();
+  EXPECT_TRUE(links[2]->ended());
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!(links[0]->ended() && links[1]->ended()) && absl::Now() < deadline) {
+    for (Link& link : links) EXPECT_EQ(link->Poll(), std::nullopt);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(links[0]->ended());
+  EXPECT_TRUE(links[1]->ended());
 }
 
 TEST(NodeLinkTest, CodesOutOfRangeAndStrayWordsFail) {

@@ -6,16 +6,20 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "tests/support/free_port.h"
 #include "tests/support/no_signals.h"
 
 namespace gradmesh::tools {
 namespace {
 
+using ::gradmesh::testing::FreePort;
 using ::gradmesh::testing::NoSignals;
 
 class SupervisorTest : public ::testing::Test {
@@ -61,7 +65,7 @@ bool Rank1Gone(int index) { return index == 1; }
 TEST_F(SupervisorTest, AGoneWorkerIsStartedAgainThenItsCopy) {
   std::vector<int> restarted;
   Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone, nullptr,
-                        /*max_restarts=*/1, [&](int index) {
+                        {.max_restarts = 1}, [&](int index) {
                           restarted.push_back(index);
                           return absl::OkStatus();
                         });
@@ -76,7 +80,7 @@ TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneIsLost) {
   int restarts = 0;
   Decided();
   Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone, nullptr,
-                        /*max_restarts=*/0, [&](int) {
+                        {.max_restarts = 0}, [&](int) {
                           ++restarts;
                           return absl::OkStatus();
                         });
@@ -89,7 +93,7 @@ TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneIsLost) {
 TEST_F(SupervisorTest, AWorkerThatDoesNotStartAgainLeavesItsCopyLost) {
   int tries = 0;
   Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone, nullptr,
-                        /*max_restarts=*/1, [&](int) {
+                        {.max_restarts = 1}, [&](int) {
                           ++tries;
                           Decided();
                           return absl::UnavailableError("no port file");
@@ -101,11 +105,52 @@ TEST_F(SupervisorTest, AWorkerThatDoesNotStartAgainLeavesItsCopyLost) {
   EXPECT_FALSE(supervisor.failed());
 }
 
+TEST_F(SupervisorTest, FewerCopiesThanTheMinimumFailTheJob) {
+  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone, nullptr,
+                        {.max_restarts = 0, .min_copies = 2});
+  EXPECT_EQ(RunTwo(supervisor), 1);
+  EXPECT_TRUE(supervisor.failed());
+  EXPECT_EQ(supervisor.lost(), std::vector<int>{1});
+  EXPECT_NE(supervisor.failure().find("fewer than --min-np=2"),
+            std::string::npos)
+      << supervisor.failure();
+}
+
+// Node 1's copy fails while its worker runs, with a restart left, after a
+// copy of node 0 exited 0: it is not started again (its peers would be
+// gone) and the job fails with its status.
+TEST_F(SupervisorTest, NoCopyStartsAgainOnceOneEndedWellOnAnotherNode) {
+  const int port = FreePort();
+  const NodeLink::Shape shape = {.nodes = 2, .per_node = 1};
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<NodeLink>> zero = NodeLink::Listen(port);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  auto joining = std::async(std::launch::async, [&] {
+    return NodeLink::Join("127.0.0.1", port, 1, shape, deadline);
+  });
+  ASSERT_TRUE((*zero)->AwaitNodes(shape, "job", deadline).ok());
+  absl::StatusOr<std::unique_ptr<NodeLink>> one = joining.get();
+  ASSERT_TRUE(one.ok()) << one.status();
+  (*zero)->Ended();  // a copy of node 0 exited 0
+  Supervisor supervisor(signals_.fd(), {1}, [](int) { return false; },
+                        one->get(), {.max_restarts = 1});
+  supervisor.StartAll(
+      "/bin/sh",
+      {"/bin/sh", "-c",
+       "[ -f \"$D/failed\" ] && touch \"$D/again\"; touch \"$D/failed\"; "
+       "exit 3"},
+      {{"PATH=/usr/bin:/bin", "D=" + dir_}});
+  supervisor.Wait();
+  EXPECT_FALSE(StartedAgain());
+  EXPECT_TRUE(supervisor.failed());
+  EXPECT_EQ(supervisor.exit_code(), 3);
+}
+
 TEST_F(SupervisorTest, TheLastCopyWhoseWorkerDoesNotStartAgainFailsTheJob) {
   // Rank 1 alone: with no other copy left, it cannot be lost.
   Supervisor supervisor(
       signals_.fd(), {1}, [](int) { return true; }, nullptr,
-      /*max_restarts=*/1,
+      {.max_restarts = 1},
       [](int) { return absl::UnavailableError("no port file"); });
   supervisor.StartAll("/bin/sh", {"/bin/sh", "-c", "exit 3"},
                       {{"PATH=/usr/bin:/bin"}});

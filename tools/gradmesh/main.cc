@@ -91,6 +91,10 @@ ABSL_FLAG(int, autotune_window, 5,
 ABSL_FLAG(double, sparse_margin, 1.5,
           "local, run with --algo=auto: SparDL only for the bucket sizes where "
           "its trial was this many times faster than the dense ring's");
+ABSL_FLAG(double, teams_margin, 1.25,
+          "local, run with d autotuned: the largest d whose trial was within "
+          "this x the fastest's (a larger d selects closer to the global "
+          "top-k; 1: the fastest)");
 ABSL_FLAG(bool, verify, true,
           "local: check that every worker gets the same result and that "
           "inputs = result + residuals, every iteration");
@@ -141,6 +145,12 @@ ABSL_FLAG(int, max_restarts, 0,
           "train under gradmesh.torch.elastic so that the new process "
           "rejoins; with none left, a failure stops the job, and a copy whose "
           "worker is gone is lost: the others go on without it");
+ABSL_FLAG(int, min_np, 0,
+          "run: the fewest processes (each with its worker, a node of the "
+          "group) the job goes on with, every node's together: once copies "
+          "lost with their workers leave fewer, the job stops on every node "
+          "with status 1, as Horovod's --min-np (0: no minimum; the job goes "
+          "on while each node has a copy)");
 ABSL_FLAG(double, step_join_timeout_s, 10,
           "local, run: a worker whose trainer has not joined a step its "
           "peers started for this long steps out of the group, and the others "
@@ -222,29 +232,13 @@ constexpr char kUsage[] =
 const std::vector<std::string> kAlgorithmFlags = {
     "algo",          "density",  "teams",  "oktopk_tau", "oktopk_tau_prime",
     "quantize_bits", "encoding", "values", "seed"};
-const std::vector<std::string> kClusterFlags = {"algo",
-                                                "density",
-                                                "teams",
-                                                "encoding",
-                                                "values",
-                                                "quantize_bits",
-                                                "oktopk_tau",
-                                                "oktopk_tau_prime",
-                                                "seed",
-                                                "exact_below",
-                                                "fusion",
-                                                "workers",
-                                                "bin_dir",
-                                                "work_dir",
-                                                "chunk_bytes",
-                                                "autotune_window",
-                                                "timeout_s",
-                                                "topk",
-                                                "tls_ca",
-                                                "tls_cert",
-                                                "tls_key",
-                                                "sparse_margin",
-                                                "step_join_timeout_s"};
+const std::vector<std::string> kClusterFlags = {
+    "algo",      "density",       "teams",        "encoding",
+    "values",    "quantize_bits", "oktopk_tau",   "oktopk_tau_prime",
+    "seed",      "exact_below",   "fusion",       "workers",
+    "bin_dir",   "work_dir",      "chunk_bytes",  "autotune_window",
+    "timeout_s", "topk",          "tls_ca",       "tls_cert",
+    "tls_key",   "sparse_margin", "teams_margin", "step_join_timeout_s"};
 
 std::vector<std::string> Plus(std::vector<std::string> flags,
                               std::initializer_list<const char*> more) {
@@ -369,6 +363,7 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags(
       {"chunk_bytes", absl::StrCat(absl::GetFlag(FLAGS_chunk_bytes))},
       {"autotune_window", absl::StrCat(absl::GetFlag(FLAGS_autotune_window))},
       {"sparse_margin", absl::StrCat(absl::GetFlag(FLAGS_sparse_margin))},
+      {"teams_margin", absl::StrCat(absl::GetFlag(FLAGS_teams_margin))},
       {"heartbeat_timeout_ms", "2000"}};
   if (!exact_flag.empty()) {
     cluster.coordinator_flags.push_back({"exact_below", exact_flag});
@@ -495,6 +490,13 @@ absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
   if (options.max_restarts < 0) {
     return absl::InvalidArgumentError("--max_restarts is negative");
   }
+  options.min_np = absl::GetFlag(FLAGS_min_np);
+  const int copies = options.nodes * options.cluster.workers;
+  if (options.min_np < 0 || options.min_np > copies) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min-np=", options.min_np, " is not in 0..", copies,
+                     " (the job's processes: --nnodes x --nproc_per_node)"));
+  }
   return options;
 }
 
@@ -526,9 +528,9 @@ int Run(int argc, char** argv) {
           "node 0 starts the coordinator, every node G workers and G\n"
           "copies (ranks I*G..I*G+G-1); a failure anywhere stops every\n"
           "node's copies, and every launcher exits with its status.",
-          Plus(kClusterFlags,
-               {"job", "nnodes", "node_rank", "nproc_per_node", "coordinator",
-                "host", "master_port", "start_timeout_s", "max_restarts"})));
+          Plus(kClusterFlags, {"job", "nnodes", "node_rank", "nproc_per_node",
+                               "coordinator", "host", "master_port",
+                               "start_timeout_s", "max_restarts", "min_np"})));
   if (positional.size() > 1) {
     std::fprintf(stderr,
                  "gradmesh run: unexpected argument '%s' (the command goes "

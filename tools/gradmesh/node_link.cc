@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -75,6 +76,14 @@ std::optional<std::pair<std::string, std::vector<int>>> Parse(
 int FailureCode(int code) { return code >= 1 && code <= 255 ? code : 1; }
 
 }  // namespace
+
+std::string TooFewLeft(int left, int total, int minimum) {
+  return absl::StrCat(left, " of the job's ", total, " processes are left (",
+                      total - left,
+                      " lost with their workers), fewer than "
+                      "--min-np=",
+                      minimum);
+}
 
 absl::StatusOr<int> ConnectTcp(const std::string& host, int port) {
   addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM};
@@ -172,7 +181,7 @@ absl::Status NodeLink::Admit(std::vector<Peer>& joining,
     if (lines.empty() || p.node >= 0 || p.fd < 0) continue;
     const auto hello = Parse(lines.front());
     const int node =
-        hello && hello->second.size() == 3 && hello->first == "node"
+        hello && hello->second.size() == 4 && hello->first == "node"
             ? hello->second[0]
             : -1;
     if (node < 1 || node >= shape.nodes || joined[node]) {
@@ -181,11 +190,13 @@ absl::Status NodeLink::Admit(std::vector<Peer>& joining,
       p.fd = -1;
       continue;
     }
-    if (hello->second[1] != shape.nodes || hello->second[2] != shape.per_node) {
+    if (hello->second[1] != shape.nodes || hello->second[2] != shape.per_node ||
+        hello->second[3] != shape.min_copies) {
       return absl::InvalidArgumentError(absl::StrCat(
           "node ", node, " runs with --nnodes=", hello->second[1],
-          " --nproc_per_node=", hello->second[2], ", node 0 with --nnodes=",
-          shape.nodes, " --nproc_per_node=", shape.per_node,
+          " --nproc_per_node=", hello->second[2], " --min-np=",
+          hello->second[3], ", node 0 with --nnodes=", shape.nodes,
+          " --nproc_per_node=", shape.per_node, " --min-np=", shape.min_copies,
           ": every node must give the same"));
     }
     p.node = node;
@@ -198,6 +209,7 @@ absl::Status NodeLink::Admit(std::vector<Peer>& joining,
 absl::Status NodeLink::AwaitNodes(const Shape& shape, const std::string& job,
                                   absl::Time deadline, int signal_fd) {
   job_ = job;
+  shape_ = shape;
   std::vector<Peer> joining;
   std::vector<bool> joined(shape.nodes, false);
   joined[0] = true;
@@ -264,8 +276,8 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
   }
   link->peers_.push_back({.fd = *fd, .node = 0});
   Peer& zero = link->peers_.front();
-  link->Send(
-      zero, absl::StrCat("node ", node, " ", shape.nodes, " ", shape.per_node));
+  link->Send(zero, absl::StrCat("node ", node, " ", shape.nodes, " ",
+                                shape.per_node, " ", shape.min_copies));
   while (absl::Now() < deadline) {
     PollInput({zero.fd, signal_fd}, kTick);
     if (Signalled(signal_fd)) {
@@ -276,8 +288,9 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
       if (!absl::StartsWith(lines.front(), "job ")) {
         return absl::FailedPreconditionError(absl::StrCat(
             "node 0's launcher refused node ", node,
-            " (another node has that rank, the nodes disagree on --nnodes "
-            "or --nproc_per_node, or the job gave up: see node 0)"));
+            " (another node has that rank, the nodes disagree on --nnodes, "
+            "--nproc_per_node or --min-np or run other versions of gradmesh, "
+            "or the job gave up: see node 0)"));
       }
       link->job_ = lines.front().substr(4);
       zero.queued.assign(lines.begin() + 1, lines.end());
@@ -294,6 +307,16 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
 
 std::optional<NodeLink::Stop> NodeLink::Handle(Peer& peer,
                                                const std::string& line) {
+  if (!serving_ && absl::StartsWith(line, "stop ")) {
+    const std::pair<std::string, std::string> parts =
+        absl::StrSplit(line.substr(5), absl::MaxSplits(' ', 1));
+    int code = 1;
+    if (!absl::SimpleAtoi(parts.first, &code)) code = 1;
+    return Stop{absl::StrCat("node 0 stops the job: ",
+                             parts.second.empty() ? "another node failed"
+                                                  : parts.second),
+                FailureCode(code)};
+  }
   const auto parsed = Parse(line);
   if (!parsed || parsed->second.size() != 1) return std::nullopt;
   const std::string& word = parsed->first;
@@ -305,8 +328,18 @@ std::optional<NodeLink::Stop> NodeLink::Handle(Peer& peer,
                              "its exit status ", code, ")"),
                 FailureCode(code)};
   }
-  if (!serving_ && word == "stop") {
-    return Stop{"node 0 stops the job: another node failed", FailureCode(code)};
+  if (word == "ended" && code == 0) {
+    if (serving_) Ended();  // passed on to the others
+    ended_ = true;
+    return std::nullopt;
+  }
+  if (serving_ && word == "lost") {
+    // A count only grows (a line that says less is stale or wrong).
+    peer.lost = std::max(peer.lost, std::clamp(code, 0, shape_.per_node));
+    std::optional<Stop> stop = BelowMinimum();
+    if (!stop || verdict_) return std::nullopt;
+    StopOthers(*stop, nullptr);  // the node that told it too
+    return stop;
   }
   if (!serving_ && word == "end") end_ = code >= 0 && code <= 255 ? code : 1;
   return std::nullopt;
@@ -316,12 +349,43 @@ void NodeLink::StopOthers(const Stop& stop, const Peer* from) {
   if (verdict_) return;
   verdict_ = stop.code;
   for (Peer& p : peers_) {
-    if (&p != from && !p.done) Send(p, absl::StrCat("stop ", stop.code));
+    if (&p != from && !p.done) {
+      Send(p, absl::StrCat("stop ", stop.code, " ", stop.why));
+    }
+  }
+}
+
+std::optional<NodeLink::Stop> NodeLink::BelowMinimum() const {
+  if (ended_) return std::nullopt;  // the job is over: losses do not count
+  int lost = lost_here_;
+  for (const Peer& p : peers_) lost += p.lost;
+  const int total = shape_.nodes * shape_.per_node;
+  if (total - lost >= shape_.min_copies) return std::nullopt;
+  return Stop{TooFewLeft(total - lost, total, shape_.min_copies), 1};
+}
+
+void NodeLink::Lost(int count) {
+  if (!serving_) {
+    Send(peers_.front(), absl::StrCat("lost ", count));
+    return;
+  }
+  lost_here_ = std::max(lost_here_, count);
+  if (std::optional<Stop> stop = BelowMinimum(); stop && !verdict_) {
+    StopOthers(*stop, nullptr);
+    own_stop_ = stop;
+  }
+}
+
+void NodeLink::Ended() {
+  if (ended_) return;
+  ended_ = true;
+  for (Peer& p : peers_) {
+    if (!p.done) Send(p, "ended 0");
   }
 }
 
 std::optional<NodeLink::Stop> NodeLink::Poll() {
-  std::optional<Stop> first;
+  std::optional<Stop> first = std::exchange(own_stop_, std::nullopt);
   for (Peer& peer : peers_) {
     std::vector<Stop> stops;
     for (const std::string& line : Read(peer)) {
@@ -343,6 +407,7 @@ std::optional<NodeLink::Stop> NodeLink::Poll() {
   }
   if (!first || stopped_) return std::nullopt;
   stopped_ = true;
+  why_ = first->why;
   return first;
 }
 

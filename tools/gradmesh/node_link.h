@@ -4,10 +4,17 @@
 //
 // Node 0's launcher serves the link (Listen, then AwaitNodes); every other
 // node's joins it (Join) and learns the job's name. Lines, both ways:
-//   node -> 0:  "node I N G" on joining: its rank, --nnodes, and copies
-//   0 -> node:  "job NAME"   once every node joined, all with the same N, G
+//   node -> 0:  "node I N G M" on joining: its rank, --nnodes, copies and
+//                            --min-np
+//   0 -> node:  "job NAME"   once every node joined, all with the same N, G,
+//                            M
+//   node -> 0:  "lost K"     K of its copies are lost (with their workers)
+//   both ways:  "ended 0"    a copy exited 0: the job is over for it, so no
+//                            node starts a failed copy again (node 0 passes
+//                            it on)
 //   node -> 0:  "done CODE"  its copies ended (CODE: its exit status)
-//   0 -> node:  "stop CODE"  another node failed: stop, exit with CODE
+//   0 -> node:  "stop CODE WHY"  another node failed, or fewer than M copies
+//                            are left in the job: stop, exit with CODE
 //   0 -> node:  "end CODE"   every node is done: the job's exit status
 // A link that breaks counts as its node failing (exit status 1); TCP
 // keepalive notices a host that went silent within about 30 s. A failure's
@@ -38,6 +45,10 @@ namespace gradmesh::tools {
 // resolve, Unavailable when nothing answers.
 absl::StatusOr<int> ConnectTcp(const std::string& host, int port);
 
+// Why a job stops with `left` of its `total` processes, fewer than
+// `minimum` (--min-np).
+std::string TooFewLeft(int left, int total, int minimum);
+
 class NodeLink {
  public:
   // Another node's failure: what to report and the exit status to take.
@@ -48,7 +59,8 @@ class NodeLink {
   // What every node's launcher must agree on.
   struct Shape {
     int nodes = 1;
-    int per_node = 1;  // copies on each node
+    int per_node = 1;    // copies on each node
+    int min_copies = 0;  // the job stops below this many copies left
   };
 
   // Node 0: listens on port `port` of every interface (Unavailable when it
@@ -80,6 +92,19 @@ class NodeLink {
   // known (reported once). On node 0 a failing node's stop goes on to the
   // others.
   std::optional<Stop> Poll();
+  // `count` of this node's copies are lost, in all (gone with their workers,
+  // for good). Node 0 adds up every node's: once fewer than
+  // Shape::min_copies are left in the job, every node is stopped with
+  // status 1, node 0 too (its next Poll reports it).
+  void Lost(int count);
+  // A copy of this node exited 0; told to every node (idempotent).
+  void Ended();
+  // Whether a copy of the job exited 0, as far as this node knows: a failed
+  // copy must not start again, its peers may be gone; losses no longer
+  // count against the minimum.
+  bool ended() const { return ended_; }
+  // Why the job stopped: the first stop Poll reported, else empty.
+  const std::string& why() const { return why_; }
   // This node's copies failed with `code` (or were interrupted: 130): tells
   // the others (node 0: stops them; another node: tells node 0, which stops
   // the rest).
@@ -99,6 +124,7 @@ class NodeLink {
     std::vector<std::string> queued;  // lines read, not yet handled
     bool done = false;
     bool reported = false;  // its link's end, reported as a failure
+    int lost = 0;           // its copies lost (node 0's count)
   };
 
   NodeLink() = default;
@@ -114,15 +140,23 @@ class NodeLink {
   std::optional<Stop> Handle(Peer& peer, const std::string& line);
   // Node 0: the first failure becomes everyone's stop.
   void StopOthers(const Stop& stop, const Peer* from);
+  // Node 0: the stop for every node once fewer than shape_.min_copies
+  // copies are left, else nullopt.
+  std::optional<Stop> BelowMinimum() const;
   bool AllDone() const;
 
   bool serving_ = false;  // node 0
+  Shape shape_;           // node 0: the job's
   int listener_ = -1;     // node 0, until every node joined
   std::string job_;
-  std::vector<Peer> peers_;     // node 0: the others; else: node 0
-  std::optional<int> verdict_;  // the first failure's status, once known
-  std::optional<int> end_;      // node 0's "end", once received
-  bool stopped_ = false;        // a stop was reported by Poll
+  std::vector<Peer> peers_;       // node 0: the others; else: node 0
+  std::optional<int> verdict_;    // the first failure's status, once known
+  std::optional<int> end_;        // node 0's "end", once received
+  bool stopped_ = false;          // a stop was reported by Poll
+  bool ended_ = false;            // a copy of the job exited 0
+  std::string why_;               // the first stop's reason
+  int lost_here_ = 0;             // node 0: its own copies lost
+  std::optional<Stop> own_stop_;  // node 0: its own, for the next Poll
 };
 
 }  // namespace gradmesh::tools

@@ -151,8 +151,9 @@ std::string WorkerEnd(LocalCluster& cluster, int rank, int index,
 }
 
 // Stops the cluster after the copies, reports, and returns `code`, the
-// job's exit status.
-int Finish(const Supervisor& supervisor, LocalCluster& cluster, int code) {
+// job's exit status (`why`: another node's reason for it, if any).
+int Finish(const Supervisor& supervisor, LocalCluster& cluster, int code,
+           const std::string& why = "") {
   bool restarted = false;
   for (int w = 0; w < cluster.size(); ++w) restarted |= cluster.restarts(w) > 0;
   if (supervisor.failed() || !supervisor.lost().empty() || restarted) {
@@ -185,7 +186,8 @@ int Finish(const Supervisor& supervisor, LocalCluster& cluster, int code) {
                  absl::StrJoin(lost, ", ").c_str());
   }
   if (code != supervisor.exit_code()) {
-    std::fprintf(stderr, "gradmesh run: the job ends with status %d\n", code);
+    std::fprintf(stderr, "gradmesh run: the job ends with status %d%s%s\n",
+                 code, why.empty() ? "" : ": ", why.c_str());
   }
   return code;
 }
@@ -233,7 +235,8 @@ int Supervise(const RunOptions& options, const std::string& program,
   }
   Supervisor supervisor(
       signal_fd, ranks, [&cluster](int index) { return cluster.Exited(index); },
-      link, options.max_restarts,
+      link,
+      {.max_restarts = options.max_restarts, .min_copies = options.min_np},
       [&cluster, &ranks](int index) {
         return RestartWorker(cluster, ranks[index], index);
       });
@@ -242,7 +245,7 @@ int Supervise(const RunOptions& options, const std::string& program,
   const int code = link == nullptr
                        ? supervisor.exit_code()
                        : link->Finish(supervisor.exit_code(), signal_fd);
-  return Finish(supervisor, cluster, code);
+  return Finish(supervisor, cluster, code, link == nullptr ? "" : link->why());
 }
 
 // The cluster's start, or why it failed (its logs kept).
@@ -360,7 +363,8 @@ absl::StatusOr<std::unique_ptr<NodeLink>> LinkUp(
     LocalClusterOptions cluster_options, absl::Time deadline, int signal_fd,
     std::unique_ptr<LocalCluster>* cluster) {
   const NodeLink::Shape shape = {.nodes = options.nodes,
-                                 .per_node = cluster_options.workers};
+                                 .per_node = cluster_options.workers,
+                                 .min_copies = options.min_np};
   if (options.node_rank != 0) {
     GM_ASSIGN_OR_RETURN(auto link,
                         NodeLink::Join(host, port + 1, options.node_rank, shape,

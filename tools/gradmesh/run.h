@@ -40,7 +40,9 @@
 // same rank: a new incarnation that rejoins the group), as one restart. With
 // no restart left (or when the worker does not start again) such a copy is
 // lost: the others go on without it, and its end does not count as a
-// failure, unless it was this node's last copy. When one copy fails
+// failure, unless it was this node's last copy or fewer than min_np
+// copies are left in the job. Once a copy anywhere has exited 0 (the job is
+// over for it), no failed copy is started again. When one copy fails
 // (non-zero exit or a signal) with no restart left, or the
 // launcher gets SIGINT or SIGTERM, the others get SIGTERM, and SIGKILL when
 // still running 10 s later (at once on a second SIGINT or SIGTERM); then the
@@ -77,6 +79,10 @@ struct RunOptions {
   int master_port = 0;  // MASTER_PORT on node 0's host; 0: port + 2
   // Restarts of failed copies on this node, in all (see below).
   int max_restarts = 0;
+  // The fewest copies the job goes on with (every node's together; 0: no
+  // minimum): below it, the copies lost with their workers end the job on
+  // every node with status 1, as Horovod's --min-np.
+  int min_np = 0;
 };
 
 // Runs the command as described above, printing progress to stderr, and

@@ -198,13 +198,14 @@ bool SignalPending(int signal_fd) {
 
 Supervisor::Supervisor(int signal_fd, const std::vector<int>& ranks,
                        std::function<bool(int)> worker_gone, NodeLink* link,
-                       int max_restarts,
+                       Limits limits,
                        std::function<absl::Status(int)> restart_worker)
     : signal_fd_(signal_fd),
       worker_gone_(std::move(worker_gone)),
       restart_worker_(std::move(restart_worker)),
       link_(link),
-      restarts_left_(max_restarts) {
+      restarts_left_(limits.max_restarts),
+      min_copies_(limits.min_copies) {
   copies_.resize(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i) {
     copies_[i].index = static_cast<int>(i);
@@ -245,8 +246,8 @@ void Supervisor::Wait() {
       ReadSignals();  // before Reap: a copy that died of our Ctrl-C is no
                       // failure
       Reap();
+      PollLink();  // before Decide: another node's news (a copy ended)
       Decide(/*at_end=*/false);
-      PollLink();
       KillLate();
     }
     Decide(/*at_end=*/true);
@@ -311,7 +312,10 @@ void Supervisor::Reap() {
     const pid_t reaped = waitpid(copy.pid, &status, WNOHANG);
     if (reaped == 0 || (reaped < 0 && errno != ECHILD)) continue;
     copy.pid = -1;  // with ECHILD, reaped elsewhere: its status is unknown
-    if (reaped > 0 && status == 0) finished_ = true;
+    if (reaped > 0 && status == 0) {
+      finished_ = true;
+      if (link_ != nullptr) link_->Ended();
+    }
     if (reaped <= 0 || stopping_ || status == 0) continue;
     undecided_.push_back({.index = copy.index,
                           .status = status,
@@ -327,12 +331,7 @@ void Supervisor::Decide(bool at_end) {
     if (gone && Restartable() && RestartWithWorker(u.index, u.status)) {
       // the worker and the copy run again
     } else if (gone && lost_.size() + 1 < copies_.size()) {
-      lost_.push_back(u.index);
-      std::fprintf(stderr,
-                   "gradmesh run: rank %d %s: its worker is gone; the other "
-                   "%zu go on\n",
-                   rank, Describe(u.status).c_str(),
-                   copies_.size() - lost_.size());
+      Lose(u.index, u.status);
     } else if (!gone && absl::Now() >= u.until && Restartable()) {
       Restart(u.index, u.status);
     } else if (absl::Now() >= u.until || (lost_.size() + 1 >= copies_.size() &&
@@ -341,6 +340,7 @@ void Supervisor::Decide(bool at_end) {
            ExitCode(u.status));
     } else if (at_end) {
       absl::SleepFor(kTick);
+      PollLink();
       continue;
     } else {
       return;  // asked again at the next tick
@@ -349,10 +349,33 @@ void Supervisor::Decide(bool at_end) {
   }
 }
 
+void Supervisor::Lose(int index, int status) {
+  lost_.push_back(index);
+  const int left = static_cast<int>(copies_.size() - lost_.size());
+  // Once the job is over for a copy, losses no longer count.
+  const bool counts = !finished_ && (link_ == nullptr || !link_->ended());
+  if (counts && link_ == nullptr && left < min_copies_) {
+    Fail(absl::StrCat(
+             "rank ", copies_[index].rank, " ", Describe(status),
+             " and its worker is gone: ",
+             TooFewLeft(left, static_cast<int>(copies_.size()), min_copies_)),
+         1);
+    return;
+  }
+  std::fprintf(stderr,
+               "gradmesh run: rank %d %s: its worker is gone; the other %d "
+               "here go on\n",
+               copies_[index].rank, Describe(status).c_str(), left);
+  if (counts && link_ != nullptr) {
+    link_->Lost(static_cast<int>(lost_.size()));  // node 0 counts the job's
+  }
+}
+
 bool Supervisor::Restartable() const {
-  // Not once the job is over for any copy: the new one would wait for
-  // peers that are done.
-  return restarts_left_ > 0 && !finished_ && !stopping_;
+  // Not once the job is over for any copy, here or on another node: the new
+  // one would wait for peers that are done.
+  return restarts_left_ > 0 && !finished_ && !stopping_ &&
+         (link_ == nullptr || !link_->ended());
 }
 
 bool Supervisor::RestartWithWorker(int index, int status) {

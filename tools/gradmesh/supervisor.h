@@ -47,15 +47,22 @@ struct Copy {
 // (`restart_worker(index)`, a new incarnation), then itself, as one restart
 // under the same rule; with no restart left (or when the worker does not
 // start) it is lost, not failed: the others go on without it, unless none
-// is left.
+// is left, or fewer than `min_copies` are left in the job (on several
+// nodes node 0 counts them: NodeLink::Lost), which stops it with status 1.
+// Once a copy anywhere in the job exited 0, no copy starts again.
 class Supervisor {
  public:
+  struct Limits {
+    int max_restarts = 0;  // on this node, in all
+    int min_copies = 0;    // alone (no link): copies left below this fail
+  };
+
   // Copy i has rank ranks[i] in the job; `link` (may be null) joins the
   // other nodes' launchers: a failure there stops these copies, and theirs
   // is told there.
   Supervisor(int signal_fd, const std::vector<int>& ranks,
              std::function<bool(int)> worker_gone, NodeLink* link,
-             int max_restarts = 0,
+             Limits limits,
              std::function<absl::Status(int)> restart_worker = nullptr);
   ~Supervisor();  // forwards what is left of the copies' output
   Supervisor(const Supervisor&) = delete;
@@ -101,6 +108,9 @@ class Supervisor {
   // node's failure, a copy that ended well). The worker's start blocks this
   // loop (restart_worker's bound: LocalCluster's start timeout).
   bool RestartWithWorker(int index, int status);
+  // Copy `index` is lost: counted, and told to the link or checked
+  // against the minimum.
+  void Lose(int index, int status);
   // Kills what is left of a copy's process group and forwards the rest of
   // its output.
   void Retire(supervisor_internal::Copy& copy);
@@ -116,6 +126,7 @@ class Supervisor {
   std::vector<supervisor_internal::Copy> copies_;
   std::vector<int> lost_;  // indices
   int restarts_left_;
+  const int min_copies_;
   bool finished_ = false;  // a copy exited 0
   // What StartAll started, for restarts.
   std::string program_;
