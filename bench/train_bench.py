@@ -34,7 +34,7 @@ from netns_hosts import Hosts, run_then_clean_up  # noqa: E402
 
 JOB = os.path.join(HERE, "train_job.py")
 RATES = {"100mbit": "100mbit", "1gbit": "1gbit", "unshaped": None}
-SYSTEMS = ("gradmesh", "ddp", "powersgd", "noop")
+SYSTEMS = ("gradmesh", "ddp", "fp16", "powersgd", "noop")
 
 
 def log(message):
@@ -68,6 +68,11 @@ def parse_args():
     p.add_argument("--algo", default="spardl", help="gradmesh's plan")
     p.add_argument("--density", type=float, default=0.01,
                    help="gradmesh's plan")
+    p.add_argument("--teams", default="",
+                   help="gradmesh's SparDL d (default: the launcher's, "
+                   "autotuned)")
+    p.add_argument("--num-buckets", type=int, default=0,
+                   help="gradmesh's buckets (0: by size, as DDP)")
     p.add_argument("--train-limit", type=int, default=0,
                    help="the first N training images only (0: all)")
     p.add_argument("--test-limit", type=int, default=0,
@@ -124,9 +129,11 @@ class Bench:
                f"--train-limit={self.args.train_limit}",
                f"--test-limit={self.args.test_limit}",
                f"--evals-per-epoch={self.args.evals_per_epoch}",
-               f"--out={out}"]
+               f"--num-buckets={self.args.num_buckets}", f"--out={out}"]
         plan = [f"--algo={self.args.algo}", f"--density={self.args.density}",
                 "--timeout-s=120"]
+        if self.args.teams:
+            plan.append(f"--teams={self.args.teams}")
         if link == "loopback":
             return [[self.gradmesh, "run", f"--workers={self.args.workers}",
                      *plan, *job]]
@@ -256,6 +263,56 @@ def markdown(runs, target):
                      f"{seconds / steps:.3f} | "
                      f"{100 * r['test_accuracy'][-1]:.2f}% | {when} | "
                      f"{versus} | {plans} |")
+    return "\n".join(lines) + "\n\n" + breakdown(runs)
+
+
+def ring_bytes(run):
+    """Bytes a process sends per step in a dense ring all-reduce of the
+    model's float32 gradient (DDP over Gloo), halved by fp16's hook; None
+    for the others."""
+    halves = {"ddp": 1, "fp16": 2}.get(run["system"])
+    if halves is None:
+        return None
+    p = run["workers"]
+    return 2 * (p - 1) / p * 4 * run["parameters"] / halves
+
+
+def breakdown(runs):
+    """The mean step of each run, in ms: forward and backward, step(),
+    their sum less the limit's (the communication left exposed), and
+    gradmesh's workers' own time (summed over buckets; it overlaps
+    backward): selection and the rest of the worker's work, and the time
+    blocked on peers. Bytes: gradmesh's as counted, DDP's and fp16's from
+    the ring's formula."""
+    lines = ["| link | system | buckets | forward+backward ms | step() ms | "
+             "exposed communication ms (over noop) | workers: own work ms | "
+             "workers: blocked on peers ms | bytes sent per step |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    done = [r for r in runs if "error" not in r and "mean_step" in r]
+    limit = {r["link"]: r["mean_step"] for r in done if r["system"] == "noop"}
+
+    def total(m):
+        return m["forward_backward_s"] + m["step_s"]
+
+    def ms(seconds):
+        return f"{1e3 * seconds:.1f}"
+
+    for r in done:
+        m = r["mean_step"]
+        exposed = (ms(total(m) - total(limit[r["link"]]))
+                   if r["link"] in limit else "")
+        own = wait = ""
+        sent = ring_bytes(r)
+        if r["system"] == "gradmesh":
+            own, wait = ms(m["worker_s"] - m["worker_wait_s"]), ms(
+                m["worker_wait_s"])
+            sent = m["bytes_sent"]
+        lines.append(
+            f"| {r['link']} | {r['system']} | {m['buckets'] or ''} | "
+            f"{ms(m['forward_backward_s'])} | {ms(m['step_s'])} | "
+            f"{exposed} | {own} | {wait} | "
+            f"{'' if sent is None else f'{sent / 1e6:.3f} MB'}"
+            f"{' (ring model)' if r['system'] != 'gradmesh' and sent else ''} |")
     return "\n".join(lines) + "\n"
 
 

@@ -5,6 +5,7 @@ torchrun's variables as well as gradmesh's), trained with one system:
 
   gradmesh  gradmesh.torch.DistributedOptimizer (the launcher's plan)
   ddp       DistributedDataParallel over Gloo, its default buckets
+  fp16      DDP with PyTorch's fp16_compress_hook (half the bytes)
   powersgd  DDP with PyTorch's PowerSGD hook (rank 1), one bucket: with
             DDP's default buckets the hook's collectives run in different
             orders on different ranks under Gloo in torch 1.13 and the job
@@ -19,7 +20,11 @@ rank 0 evaluates, and all go on after a second barrier, so that no process
 trains while rank 0 evaluates. Rank 0 writes the run's curve to --out as
 JSON: the seconds of training so far (data loading and evaluation left out),
 the test accuracy, and for gradmesh its plan ("spardl d=2", "dense"), at
-each point, and the plan's note (why: auto's trial figures) at the end.
+each point, and the plan's note (why: auto's trial figures) at the end,
+and the mean step split into forward and backward (DDP's all-reduce waits
+at the end of backward), step() (gradmesh waits for its buckets there) and,
+for gradmesh, the workers' own time per step (summed over buckets: the
+selection and packing, and the time blocked on peers) and bytes sent.
 """
 
 import argparse
@@ -38,7 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "client", "python",
                                 "examples"))
 from fashion_mnist import DATA_DIR, Net, accuracy, load  # noqa: E402
 
-SYSTEMS = ("gradmesh", "ddp", "powersgd", "noop")
+SYSTEMS = ("gradmesh", "ddp", "fp16", "powersgd", "noop")
 
 
 class Cnn824k(nn.Module):
@@ -88,6 +93,8 @@ def parse_args():
                         help="the first N training images only (0: all)")
     parser.add_argument("--test-limit", type=int, default=0)
     parser.add_argument("--data-dir", default=DATA_DIR)
+    parser.add_argument("--num-buckets", type=int, default=0,
+                        help="gradmesh's buckets (0: by size, as DDP)")
     parser.add_argument("--out", default="", help="rank 0's JSON")
     return parser.parse_args()
 
@@ -99,15 +106,17 @@ def noop_hook(state, bucket):
     return future
 
 
-def wrap(system, model, lr, momentum):
+def wrap(system, model, args):
     """The model to train and the optimizer to step, for `system`."""
+    lr, momentum = args.lr, args.momentum
     sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     if system == "gradmesh":
         import gradmesh.torch
         gradmesh.broadcast_parameters(model.state_dict(), root_rank=0)
         return model, gradmesh.torch.DistributedOptimizer(
             sgd, named_parameters=model.named_parameters(),
-            momentum_correction=momentum > 0)
+            momentum_correction=momentum > 0,
+            num_buckets=args.num_buckets or None)
     if system == "powersgd":
         dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024)
@@ -121,6 +130,10 @@ def wrap(system, model, lr, momentum):
         ddp = nn.parallel.DistributedDataParallel(model)
         if system == "noop":
             ddp.register_comm_hook(None, noop_hook)
+        elif system == "fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import (
+                default_hooks)
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     return ddp, torch.optim.SGD(ddp.parameters(), lr=lr, momentum=momentum)
 
 
@@ -155,6 +168,39 @@ def plan_of(system):
     return f"spardl d={plan.teams}{dense}"
 
 
+class StepTimes:
+    """Sums of this process's step phases, for the mean step, past the
+    first WARM_UP steps (DDP's first step runs one bucket and rebuilds
+    them; connections and buffers warm up)."""
+
+    WARM_UP = 10
+
+    def __init__(self):
+        self.seen = 0
+        self.steps = 0
+        self.buckets = 0
+        self.sums = dict.fromkeys(("forward_backward_s", "step_s",
+                                   "worker_s", "worker_wait_s",
+                                   "bytes_sent"), 0.0)
+
+    def add(self, forward_backward, step, infos):
+        self.seen += 1
+        if self.seen <= self.WARM_UP:
+            return
+        self.steps += 1
+        self.sums["forward_backward_s"] += forward_backward
+        self.sums["step_s"] += step
+        self.buckets = max(self.buckets, len(infos))
+        for info in infos:  # gradmesh's buckets of this step
+            self.sums["worker_s"] += info.seconds
+            self.sums["worker_wait_s"] += info.wait_seconds
+            self.sums["bytes_sent"] += info.bytes_sent
+
+    def mean(self):
+        mean = {k: v / max(1, self.steps) for k, v in self.sums.items()}
+        return dict(mean, buckets=self.buckets)
+
+
 def finish(system):
     sync(system)
     if system != "gradmesh":
@@ -169,7 +215,7 @@ def main():
     train_x, train_y = load(args.data_dir, "train", args.train_limit)
     test_x, test_y = load(args.data_dir, "test", args.test_limit)
     net = MODELS[args.model]()
-    model, optimizer = wrap(args.system, net, args.lr, args.momentum)
+    model, optimizer = wrap(args.system, net, args)
     shard = len(train_x) // size
     steps = shard // args.batch_size
     generator = torch.Generator().manual_seed(args.seed)
@@ -180,6 +226,7 @@ def main():
     evals = max(1, args.evals_per_epoch)
     points = {round(steps * i / evals) for i in range(1, evals + 1)}
     trained = 0.0
+    times = StepTimes()
     for epoch in range(1, args.epochs + 1):
         order = torch.randperm(len(train_x), generator=generator)
         mine = order[rank::size][:steps * args.batch_size]
@@ -187,8 +234,12 @@ def main():
         for step in range(steps):
             batch = mine[step * args.batch_size:(step + 1) * args.batch_size]
             optimizer.zero_grad()
+            t0 = time.perf_counter()
             F.cross_entropy(model(train_x[batch]), train_y[batch]).backward()
+            t1 = time.perf_counter()
             optimizer.step()
+            times.add(t1 - t0, time.perf_counter() - t1,
+                      getattr(optimizer, "last_infos", []))
             if step + 1 not in points:
                 continue
             sync(args.system)
@@ -205,6 +256,7 @@ def main():
             sync(args.system)
             begin = time.monotonic()
     if rank == 0 and args.out:
+        record["mean_step"] = times.mean()
         if args.system == "gradmesh":
             import gradmesh
             record["note"] = gradmesh.plan().note  # why the plan is so

@@ -166,7 +166,7 @@ def assert_identical_on_every_rank_tensor(tensor, name="tensor"):
     assert torch.equal(theirs, tensor.detach()), name
 
 
-@pytest.mark.parametrize("num_buckets", [1, 2])
+@pytest.mark.parametrize("num_buckets", [None, 1, 2])
 def test_distributed_optimizer_averages_like_one_process(num_buckets):
     r = gradmesh.rank()
     model, reference = make_model(), make_model()
@@ -180,11 +180,92 @@ def test_distributed_optimizer_averages_like_one_process(num_buckets):
         optimizer.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
-        assert len(optimizer.last_infos) == num_buckets
+        assert len(optimizer.last_infos) == (num_buckets or 1)
         reference_step(reference, 0.1, batches)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert_identical_on_every_rank(model)
+
+
+def test_buckets_are_sized_as_ddp_s_and_the_first_overlaps_backward():
+    # By default one bucket up to 25 MiB. With DDP's 1 MiB first bucket, in
+    # backward order: the head, then 1.2 MB of body (the first bucket is
+    # full), then the stem.
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(20, 1000), nn.ReLU(),
+                          nn.Linear(1000, 300), nn.ReLU(), nn.Linear(300, 10))
+    one = gradmesh.torch.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters())
+    assert len(one._gradmesh_buckets) == 1
+    one.close()
+    optimizer = gradmesh.torch.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(), first_bucket_mb=1)
+    buckets = optimizer._gradmesh_buckets
+    assert [b.names for b in buckets] == [
+        ["4.bias", "4.weight", "2.bias", "2.weight"], ["0.bias", "0.weight"]]
+    # The first bucket is on its way while backward still computes the
+    # stem's gradient.
+    in_flight = []
+    model[0].weight.register_hook(
+        lambda grad: in_flight.append(buckets[0].pending is not None))
+    x = rank_data(gradmesh.rank(), (4, 20), 3)
+    optimizer.zero_grad()
+    model(x).square().mean().backward()
+    assert in_flight == [True]
+    optimizer.step()
+    assert len(optimizer.last_infos) == 2
+    assert_identical_on_every_rank(model)
+    optimizer.close()
+    # A smaller cap makes more buckets; a tensor past it closes its bucket.
+    optimizer = gradmesh.torch.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(), first_bucket_mb=0.01,
+        bucket_cap_mb=0.05)
+    assert [b.names for b in optimizer._gradmesh_buckets] == [
+        ["4.bias", "4.weight"], ["2.bias", "2.weight"],
+        ["0.bias", "0.weight"]]
+    optimizer.close()
+
+
+@pytest.mark.parametrize("sizes", [dict(num_buckets=0),
+                                   dict(bucket_cap_mb=0),
+                                   dict(first_bucket_mb=-1)])
+def test_bucket_sizes_that_make_no_bucket_are_refused(sizes):
+    model = make_model()
+    with pytest.raises(gradmesh.GradmeshError) as error:
+        gradmesh.torch.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(), **sizes)
+    assert error.value.code == "INVALID_ARGUMENT"
+
+
+def test_a_checkpoint_saved_with_other_buckets_loads_into_these():
+    # Saved with one bucket, loaded into two (DDP's small first bucket): the
+    # same residuals, cut otherwise.
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(20, 1000), nn.ReLU(),
+                          nn.Linear(1000, 300), nn.ReLU(), nn.Linear(300, 10))
+
+    def wrap(**buckets):
+        return gradmesh.torch.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(), **buckets)
+
+    one = wrap(num_buckets=1)  # as an earlier version's default
+    (bucket,) = one._gradmesh_buckets
+    saved = torch.arange(bucket.set.size, dtype=torch.float32) + (
+        gradmesh.rank() * 0.5)
+    gradmesh._the_client().load_residual(bucket.set, saved.numpy())
+    state = one.state_dict()
+    one.close()
+    two = wrap(first_bucket_mb=1)
+    assert len(two._gradmesh_buckets) == 2
+    two.load_state_dict(state)
+    assert torch.equal(
+        torch.cat([t for _, t in two._gradmesh_own_tensors()]), saved)
+    two.close()
 
 
 def test_optimizer_checkpoints_carry_every_rank_s_residuals():

@@ -139,13 +139,48 @@ def _checked_rows(table, keys, sizes):
     return rows
 
 
+def _residual_count(keys):
+    """How many keys lead with residual/0, residual/1, ... in order."""
+    count = 0
+    while count < len(keys) and keys[count] == f"residual/{count}":
+        count += 1
+    return count
+
+
+def rebucketed(keys, sizes, saved_keys, saved_sizes):
+    """Whether state saved as (saved_keys, saved_sizes) holds the same
+    columns as (keys, sizes) under other buckets: every optimizer cuts one
+    parameter list, in one order, into consecutive buckets, so the residuals
+    of a checkpoint saved with other buckets (num_buckets, or an earlier
+    default) are the same values in the same order, named otherwise."""
+    mine, theirs = _residual_count(keys), _residual_count(saved_keys)
+    return (keys[mine:] == saved_keys[theirs:]
+            and sizes[mine:] == saved_sizes[theirs:]
+            and sum(sizes[:mine]) == sum(saved_sizes[:theirs]))
+
+
+def _named_as(table, keys, sizes):
+    """`table`, its residual columns named as (keys, sizes) where only the
+    buckets differ (rebucketed)."""
+    try:
+        saved_keys = list(table.get("keys", ()))
+        saved_sizes = [int(n) for n in table.get("sizes", ())]
+    except (AttributeError, TypeError, ValueError):
+        return table  # _checked_rows says what is wrong
+    if (len(saved_keys) != len(saved_sizes) or saved_keys == keys
+            or not rebucketed(keys, sizes, saved_keys, saved_sizes)):
+        return table
+    return dict(table, keys=keys, sizes=sizes)
+
+
 def mine(table, tensors, op):
     """This process's part of `table` (what gather() returned), as one
     float32 array per tensor of `tensors`; checked against them first
-    (InvalidArgument, nothing changed)."""
+    (InvalidArgument, nothing changed). A table saved with other buckets
+    is read as this optimizer's (rebucketed)."""
     keys = [key for key, _ in tensors]
     sizes = [t.numel() for _, t in tensors]
-    rows = _checked_rows(table, keys, sizes)
+    rows = _checked_rows(_named_as(table, keys, sizes), keys, sizes)
     ends = np.cumsum(sizes, dtype=np.int64)
     return [_row_for(rows[:, end - size:end], key, op)
             for key, size, end in zip(keys, sizes, ends)]

@@ -20,22 +20,37 @@ import gradmesh
 from gradmesh.torch import checkpoint
 from gradmesh.torch.corrections import correction_for
 
-_DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # as DDP's bucket_cap_mb
+_MIB = 1024 * 1024
 _instances = itertools.count()  # names buckets apart, in creation order
 
 
-def _bucket_plan(params, num_buckets):
-    """Splits params (in backward order) into num_buckets runs of
-    ceil(L / M) tensors: the same map on every process."""
+def _bucket_plan(params, num_buckets, bucket_cap_mb=25.0,
+                 first_bucket_mb=None):
+    """Splits params (in backward order) into runs: the same map on every
+    process. With num_buckets = M, M runs of ceil(L / M) tensors. Without,
+    by size as DDP does: a run closes once its float32 gradients reach
+    first_bucket_mb (the first run, at most bucket_cap_mb; None: the cap)
+    or bucket_cap_mb (the others); a tensor past the cap closes the run it
+    joins. A small first bucket (DDP's 1 MiB) is all-reduced early in the
+    backward pass, while the rest of backward runs."""
     count = len(params)
     if count == 0:
         return []
-    if num_buckets is None:
-        total = sum(p.numel() * 4 for _, p in params)
-        num_buckets = math.ceil(total / _DEFAULT_BUCKET_BYTES)
-    num_buckets = max(1, min(int(num_buckets), count))
-    per_bucket = math.ceil(count / num_buckets)
-    return [params[i:i + per_bucket] for i in range(0, count, per_bucket)]
+    if num_buckets is not None:
+        num_buckets = max(1, min(int(num_buckets), count))
+        per_bucket = math.ceil(count / num_buckets)
+        return [params[i:i + per_bucket] for i in range(0, count, per_bucket)]
+    runs, run, size = [], [], 0
+    for named in params:
+        run.append(named)
+        size += named[1].numel() * 4
+        cap = bucket_cap_mb
+        if not runs and first_bucket_mb is not None:
+            cap = min(first_bucket_mb, bucket_cap_mb)
+        if size >= cap * _MIB:
+            runs.append(run)
+            run, size = [], 0
+    return runs + ([run] if run else [])
 
 
 class _Bucket:
@@ -74,11 +89,19 @@ class _Bucket:
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Methods mixed into a subclass of the wrapped optimizer's class."""
 
-    def __init__(self, params, named_parameters, op, num_buckets, fusion,
+    def __init__(self, params, named_parameters, op, buckets, fusion,
                  backward_passes_per_step, grad_scaler, momentum_correction):
         super(self.__class__, self).__init__(params)
         if int(backward_passes_per_step) < 1:
             raise gradmesh._invalid("backward_passes_per_step must be >= 1")
+        num_buckets, bucket_cap_mb, first_bucket_mb = buckets
+        if num_buckets is not None and int(num_buckets) < 1:
+            raise gradmesh._invalid("num_buckets must be >= 1 (or None: by "
+                                    "size)")
+        if not (bucket_cap_mb > 0 and (first_bucket_mb is None or
+                                       first_bucket_mb > 0)):
+            raise gradmesh._invalid("bucket_cap_mb and first_bucket_mb must "
+                                    "be > 0")
         if grad_scaler is not None and not hasattr(grad_scaler, "get_scale"):
             raise gradmesh._invalid("grad_scaler needs get_scale() (a "
                                     "torch.cuda.amp.GradScaler)")
@@ -91,7 +114,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                    momentum_correction)
         self._gradmesh_name = (f"{gradmesh._RESERVED}optimizer"
                                f"{next(_instances)}")
-        self._gradmesh_runs = _bucket_plan(list(reversed(named)), num_buckets)
+        self._gradmesh_runs = _bucket_plan(list(reversed(named)), *buckets)
         self._gradmesh_fusion = fusion
         self._gradmesh_hooks = {}  # id(p) -> (accumulator, hook handle)
         self._gradmesh_register()
@@ -572,7 +595,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """A checkpoint of one process's residuals (and velocities, by
         parameter name), the format before state_dict() gathered them: a
         table with this process's row."""
-        residuals = list(state.pop("gradmesh_residuals"))
+        residuals = [torch.as_tensor(r).reshape(-1)
+                     for r in state.pop("gradmesh_residuals")]
+        sizes = [t.numel() for key, t in tensors
+                 if key.startswith("residual/")]
+        if residuals and [r.numel() for r in residuals] != sizes and sum(
+                r.numel() for r in residuals) == sum(sizes):
+            # Saved with other buckets: the same values, cut otherwise
+            # (checkpoint.rebucketed).
+            residuals = list(torch.cat(residuals).split(sizes))
         velocity = state.pop("gradmesh_velocity", {})
         values = []
         for key, t in tensors:
@@ -619,13 +650,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
                          num_buckets=None, fusion="per_tensor",
                          backward_passes_per_step=1, grad_scaler=None,
-                         momentum_correction=False):
+                         momentum_correction=False, bucket_cap_mb=25.0,
+                         first_bucket_mb=None):
     """Wraps `optimizer` so that step() uses gradients summed across workers.
 
     named_parameters: model.named_parameters() (the names must match on
     every process). op: gradmesh.Average (Horovod's default) or
-    gradmesh.Sum. num_buckets: M, the buckets the parameters are fused into,
-    ceil(L / M) tensors each (default: one per 25 MiB). fusion: "per_tensor"
+    gradmesh.Sum. Buckets, by size as DDP makes them: the parameters in
+    reverse order, a bucket closed once its gradients reach bucket_cap_mb
+    (MiB of float32 gradient), the first at first_bucket_mb if given:
+    first_bucket_mb=1 is DDP's small first bucket, whose all-reduce starts
+    early in backward (one more operation a step, which on hosts without a
+    spare core costs more than it hides: docs/benchmarks.md). num_buckets =
+    M instead (the caps then unused) fuses them into M buckets of
+    ceil(L / M) tensors each. A checkpoint saved with other buckets loads as
+    it is.
+    fusion: "per_tensor"
     (SAFusion's quotas) or "after_fusion". backward_passes_per_step: N
     backward passes are summed locally (in .grad, as torch does) and reduced
     once, at the Nth. grad_scaler: a loss scaler (anything with
@@ -647,8 +687,15 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     """
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
+    try:
+        caps = (float(bucket_cap_mb), None if first_bucket_mb is None else
+                float(first_bucket_mb))
+    except (TypeError, ValueError):
+        raise gradmesh._invalid("bucket_cap_mb and first_bucket_mb must be "
+                                "numbers of MiB") from None
     return cls(optimizer.param_groups, list(named_parameters), op,
-               num_buckets, fusion, backward_passes_per_step, grad_scaler,
+               (num_buckets, *caps),
+               fusion, backward_passes_per_step, grad_scaler,
                momentum_correction)
 
 
