@@ -73,6 +73,8 @@ def parse_args():
                    "autotuned)")
     p.add_argument("--num-buckets", type=int, default=0,
                    help="gradmesh's buckets (0: by size, as DDP)")
+    p.add_argument("--first-bucket-mb", type=float, default=None,
+                   help="gradmesh's first bucket by size (1: DDP's)")
     p.add_argument("--train-limit", type=int, default=0,
                    help="the first N training images only (0: all)")
     p.add_argument("--test-limit", type=int, default=0,
@@ -130,6 +132,8 @@ class Bench:
                f"--test-limit={self.args.test_limit}",
                f"--evals-per-epoch={self.args.evals_per_epoch}",
                f"--num-buckets={self.args.num_buckets}", f"--out={out}"]
+        if self.args.first_bucket_mb is not None:
+            job.append(f"--first-bucket-mb={self.args.first_bucket_mb}")
         plan = [f"--algo={self.args.algo}", f"--density={self.args.density}",
                 "--timeout-s=120"]
         if self.args.teams:

@@ -95,6 +95,9 @@ def parse_args():
     parser.add_argument("--data-dir", default=DATA_DIR)
     parser.add_argument("--num-buckets", type=int, default=0,
                         help="gradmesh's buckets (0: by size, as DDP)")
+    parser.add_argument("--first-bucket-mb", type=float, default=None,
+                        help="gradmesh's first bucket by size (1: DDP's; "
+                        "default: the 25 MiB cap)")
     parser.add_argument("--out", default="", help="rank 0's JSON")
     return parser.parse_args()
 
@@ -116,7 +119,8 @@ def wrap(system, model, args):
         return model, gradmesh.torch.DistributedOptimizer(
             sgd, named_parameters=model.named_parameters(),
             momentum_correction=momentum > 0,
-            num_buckets=args.num_buckets or None)
+            num_buckets=args.num_buckets or None,
+            first_bucket_mb=args.first_bucket_mb)
     if system == "powersgd":
         dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024)

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -61,17 +63,20 @@ std::string SizeFigures(uint64_t n, bool sparse, const std::string& name,
       Milliseconds(sparse ? dense_s : sparse_s));
 }
 
-// Of the SparDL trials not skipped, the one of the largest d whose `cost`
-// is within `margin` x `best`'s: a larger d selects from larger blocks, so
-// closer to the global top-k, and reaches an accuracy in fewer steps.
-template <typename Cost>
-const Trial* LargestDWithin(const std::vector<Trial>& trials, const Trial& best,
-                            double margin, Cost cost) {
-  const Trial* chosen = &best;
+// Of the SparDL trials not skipped that `keep` accepts, the one of the
+// largest d whose `cost` is within `margin` x `fastest`'s: a larger d
+// selects from larger blocks, closer to the global top-k (in the runs of
+// docs/benchmarks.md, it ended an epoch higher).
+template <typename Cost, typename Keep>
+const Trial* LargestDWithin(const std::vector<Trial>& trials,
+                            const Trial& fastest, double margin, Cost cost,
+                            Keep keep) {
+  const Trial* chosen = &fastest;
   if (margin <= 1) return chosen;  // time alone
   for (const Trial& trial : trials) {
     if (!trial.skipped && trial.algorithm == kSparDl &&
-        trial.teams > chosen->teams && cost(trial) <= margin * cost(best)) {
+        trial.teams > chosen->teams && keep(trial) &&
+        cost(trial) <= margin * cost(fastest)) {
       chosen = &trial;
     }
   }
@@ -253,7 +258,7 @@ std::set<uint64_t> AutotuneRound::CommonSizes() const {
 Choice AutotuneRound::SparseOnlyResult() const {
   // Trials are compared over the sizes every one of them timed (all of them,
   // unless a size came too rarely), the fastest winning, ties to the
-  // earlier trial.
+  // earlier trial; then the largest d within the teams margin of it.
   const std::set<uint64_t> common = CommonSizes();
   auto total = [&](const Trial& trial) {
     if (common.empty()) return trial.mean_seconds;
@@ -269,8 +274,8 @@ Choice AutotuneRound::SparseOnlyResult() const {
     }
   }
   GM_CHECK(fastest != nullptr) << "no trial ran";
-  const Trial* best =
-      LargestDWithin(trials_, *fastest, options_.teams_margin, total);
+  const Trial* best = LargestDWithin(trials_, *fastest, options_.teams_margin,
+                                     total, [](const Trial&) { return true; });
   std::vector<std::string> others, skipped;
   for (const Trial& trial : trials_) {
     if (trial.skipped) {
@@ -315,10 +320,18 @@ Choice AutotuneRound::WithDenseResult() const {
     };
     if (fastest == nullptr || key(trial) < key(*fastest)) fastest = &trial;
   }
-  const Trial* best =
-      fastest == nullptr
-          ? nullptr
-          : LargestDWithin(trials_, *fastest, options_.teams_margin, step);
+  // A larger d only where it keeps every size the fastest sums sparsely
+  // sparse: the margin picks a d, it does not turn SparDL off.
+  auto keeps_sparse = [&](const Trial& t) {
+    return std::all_of(sizes.begin(), sizes.end(), [&](uint64_t n) {
+      return !SparseFor(*dense, *fastest, n, margin) ||
+             SparseFor(*dense, t, n, margin);
+    });
+  };
+  const Trial* best = fastest == nullptr ? nullptr
+                                         : LargestDWithin(trials_, *fastest,
+                                                          options_.teams_margin,
+                                                          step, keeps_sparse);
   Choice choice{.algorithm = std::string(kSparDl),
                 .teams = best != nullptr ? best->teams : 1};
   const std::string sparse_name = best != nullptr ? best->Name() : "spardl";

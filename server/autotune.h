@@ -1,7 +1,8 @@
 // AutotuneRound: one round of the coordinator's autotune (coordinator.h says
 // when rounds start and what the coordinator publishes for them). It tries
 // candidate plans one after another on the same members, each for a window
-// of complete operations, and then picks the fastest for each bucket size.
+// of complete operations, and then picks for each bucket size (the choice,
+// below: the fastest, or a larger d close to it).
 //
 // Candidates. SparDL at each team count d it is given, ranked by the
 // alpha-beta model (Rank) and skipped where the model finds them hopeless;

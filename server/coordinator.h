@@ -19,7 +19,8 @@
 //   - a fixed config.teams: that d if it divides P, else d = 1 with a note;
 //   - SparDL with config.teams == 0, or `auto`, and P >= 2: an autotune
 //     round (autotune.h; Section III-D, "the selection of the optimal d":
-//     try each d, keep the fastest; `auto` tries the dense ring too, and
+//     try each d, keep the fastest or the largest d within
+//     config.teams_margin of it; `auto` tries the dense ring too, and
 //     chooses per bucket size).
 //
 // Autotune round. Each membership change starts a round for the new P (a

@@ -265,7 +265,21 @@ def test_a_checkpoint_saved_with_other_buckets_loads_into_these():
     two.load_state_dict(state)
     assert torch.equal(
         torch.cat([t for _, t in two._gradmesh_own_tensors()]), saved)
+    # Two buckets cut elsewhere (by count) load too.
+    state = two.state_dict()
     two.close()
+    other = wrap(num_buckets=2)
+    assert [b.set.size for b in other._gradmesh_buckets] != [
+        int(n) for n in state["gradmesh"]["sizes"]]
+    other.load_state_dict(state)
+    assert torch.equal(
+        torch.cat([t for _, t in other._gradmesh_own_tensors()]), saved)
+    # A cut inside a parameter is another model's: refused.
+    table = state["gradmesh"]
+    with pytest.raises(gradmesh.GradmeshError, match="does not match"):
+        other.load_state_dict(dict(state, gradmesh=dict(
+            table, sizes=[table["sizes"][0] - 1, table["sizes"][1] + 1])))
+    other.close()
 
 
 def test_optimizer_checkpoints_carry_every_rank_s_residuals():

@@ -133,6 +133,21 @@ TEST(AutotuneRoundTest, WithTheDenseRingTheTeamsMarginPicksTheLargestD) {
   EXPECT_THAT(choice.note, HasSubstr("within 1.2x of the fastest, d=1"));
 }
 
+// The fastest d sums size B sparsely; a larger d within the teams margin
+// would sum it densely (its step is the dense ring's): it is not chosen.
+TEST(AutotuneRoundTest, TheTeamsMarginNeverTurnsASparseSizeDense) {
+  AutotuneRound round(
+      kMembers, {1, 2}, /*with_dense=*/true,
+      {.window = 2, .sparse_margin = 1.5, .teams_margin = 1.25});
+  RunTrial(round, 2, {{kSmall, 10e-3}, {kLarge, 1e-3}});    // d=1
+  RunTrial(round, 2, {{kSmall, 10e-3}, {kLarge, 1.9e-3}});  // d=2
+  RunTrial(round, 2, {{kSmall, 10e-3}, {kLarge, 2e-3}});    // dense
+  const Choice choice = round.Result();
+  EXPECT_EQ(choice.algorithm, kSparDl);
+  EXPECT_EQ(choice.teams, 1);
+  EXPECT_THAT(choice.dense_sizes, ElementsAre(kSmall));
+}
+
 TEST(AutotuneRoundTest, AutoSumsDenselyTheSizesWhereSparDlIsNotMarginFaster) {
   AutotuneRound round = Round({1, 2}, /*with_dense=*/true);
   RunTrial(round, 2, {{kSmall, 0.9e-3}, {kLarge, 10e-3}});  // d=1

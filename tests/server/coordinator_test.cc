@@ -622,6 +622,23 @@ TEST(PlanTest, SingleMemberNeedsNoAutotune) {
 
 // ---- Autotune ----
 
+// With the default teams margin (1.25), d=4 at 1.2 ms wins over d=2 at
+// 1.0 ms: the larger d, close enough to the fastest.
+TEST(AutotuneTest, KeepsTheLargestDWithinTheTeamsMargin) {
+  constexpr int kWindow = 2;
+  Coordinator coordinator({.autotune_window = kWindow}, kTimeout);
+  JoinAll(coordinator, {"a", "b", "c", "d"});
+  ASSERT_THAT(TrialTeams(coordinator), ElementsAre(4, 2, 1));
+  for (double seconds : {1.2e-3, 1e-3, 2e-3}) {
+    RunTrial(coordinator, kWindow, seconds);
+  }
+  const View view = coordinator.view();
+  EXPECT_FALSE(view.plan.autotuning);
+  EXPECT_EQ(view.plan.teams, 4);
+  EXPECT_THAT(view.plan.note,
+              HasSubstr("the largest d within 1.25x of the fastest, d=2"));
+}
+
 TEST(AutotuneTest, TriesEachDivisorOnceAndKeepsTheFastest) {
   constexpr int kWindow = 3;
   Coordinator coordinator({.autotune_window = kWindow}, kTimeout);

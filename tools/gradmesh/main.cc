@@ -149,8 +149,9 @@ ABSL_FLAG(int, min_np, 0,
           "run: the fewest processes (each with its worker, a node of the "
           "group) the job goes on with, every node's together: once copies "
           "lost with their workers leave fewer, the job stops on every node "
-          "with status 1, as Horovod's --min-np (0: no minimum; the job goes "
-          "on while each node has a copy)");
+          "with status 1 at once (Horovod's --min-np waits for hosts to come "
+          "back first; 0: no minimum, the job goes on while each node has a "
+          "copy)");
 ABSL_FLAG(double, step_join_timeout_s, 10,
           "local, run: a worker whose trainer has not joined a step its "
           "peers started for this long steps out of the group, and the others "

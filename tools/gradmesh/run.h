@@ -81,7 +81,7 @@ struct RunOptions {
   int max_restarts = 0;
   // The fewest copies the job goes on with (every node's together; 0: no
   // minimum): below it, the copies lost with their workers end the job on
-  // every node with status 1, as Horovod's --min-np.
+  // every node with status 1 at once (Horovod's --min-np waits first).
   int min_np = 0;
 };
 

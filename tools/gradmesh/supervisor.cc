@@ -350,6 +350,7 @@ void Supervisor::Decide(bool at_end) {
 }
 
 void Supervisor::Lose(int index, int status) {
+  if (stopping_) return;  // the job ends anyway (e.g. stopped meanwhile)
   lost_.push_back(index);
   const int left = static_cast<int>(copies_.size() - lost_.size());
   // Once the job is over for a copy, losses no longer count.

@@ -17,9 +17,9 @@ broadcasts the initial parameters; gradients go through gradmesh):
                            gradmesh.torch.allreduce_hook)
 
 Tensor fusion follows SAFusion (paper 002): the optimizer's buckets are
-closed by tensor count (parameters in reverse registration order, the order
-backward produces them, ceil(L/M) per bucket), so every process has the same
-tensor-to-bucket map; and by default each top-k selection gives every tensor
+closed by size as DDP's (bucket_cap_mb) or by tensor count (num_buckets),
+over the parameters in reverse registration order, the order backward
+produces them, so every process has the same tensor-to-bucket map; and by default each top-k selection gives every tensor
 its own quota (fusion="per_tensor"), so no tensor goes missing from the sum.
 fusion="after_fusion" selects over the fused bucket instead, for comparison.
 Error feedback stays in the worker daemons.

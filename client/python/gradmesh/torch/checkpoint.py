@@ -147,19 +147,24 @@ def _residual_count(keys):
     return count
 
 
-def rebucketed(keys, sizes, saved_keys, saved_sizes):
+def rebucketed(keys, sizes, saved_keys, saved_sizes, boundaries):
     """Whether state saved as (saved_keys, saved_sizes) holds the same
     columns as (keys, sizes) under other buckets: every optimizer cuts one
     parameter list, in one order, into consecutive buckets, so the residuals
     of a checkpoint saved with other buckets (num_buckets, or an earlier
-    default) are the same values in the same order, named otherwise."""
+    default) are the same values in the same order, named otherwise, with
+    every saved bucket ending where a parameter ends (`boundaries`: the
+    running sums of this optimizer's parameter sizes, in bucket order)."""
     mine, theirs = _residual_count(keys), _residual_count(saved_keys)
+    ends = set(boundaries)
     return (keys[mine:] == saved_keys[theirs:]
             and sizes[mine:] == saved_sizes[theirs:]
-            and sum(sizes[:mine]) == sum(saved_sizes[:theirs]))
+            and sum(sizes[:mine]) == sum(saved_sizes[:theirs])
+            and all(int(end) in ends
+                    for end in np.cumsum(saved_sizes[:theirs])))
 
 
-def _named_as(table, keys, sizes):
+def _named_as(table, keys, sizes, boundaries):
     """`table`, its residual columns named as (keys, sizes) where only the
     buckets differ (rebucketed)."""
     try:
@@ -167,20 +172,22 @@ def _named_as(table, keys, sizes):
         saved_sizes = [int(n) for n in table.get("sizes", ())]
     except (AttributeError, TypeError, ValueError):
         return table  # _checked_rows says what is wrong
-    if (len(saved_keys) != len(saved_sizes) or saved_keys == keys
-            or not rebucketed(keys, sizes, saved_keys, saved_sizes)):
+    if (len(saved_keys) != len(saved_sizes)
+            or (saved_keys, saved_sizes) == (keys, sizes) or not rebucketed(
+                keys, sizes, saved_keys, saved_sizes, boundaries)):
         return table
     return dict(table, keys=keys, sizes=sizes)
 
 
-def mine(table, tensors, op):
+def mine(table, tensors, op, boundaries=()):
     """This process's part of `table` (what gather() returned), as one
     float32 array per tensor of `tensors`; checked against them first
     (InvalidArgument, nothing changed). A table saved with other buckets
-    is read as this optimizer's (rebucketed)."""
+    is read as this optimizer's (rebucketed, `boundaries`)."""
     keys = [key for key, _ in tensors]
     sizes = [t.numel() for _, t in tensors]
-    rows = _checked_rows(_named_as(table, keys, sizes), keys, sizes)
+    rows = _checked_rows(_named_as(table, keys, sizes, boundaries), keys,
+                         sizes)
     ends = np.cumsum(sizes, dtype=np.int64)
     return [_row_for(rows[:, end - size:end], key, op)
             for key, size, end in zip(keys, sizes, ends)]

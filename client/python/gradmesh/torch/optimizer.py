@@ -561,8 +561,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return super(self.__class__, self).load_state_dict(state)
         tensors = self._gradmesh_own_tensors()
         if "gradmesh_residuals" in state:  # an earlier per-process format
-            table = self._gradmesh_own_table(state, tensors)
-        values = checkpoint.mine(table, tensors, self._gradmesh_op)
+            table = self._gradmesh_own_table(state, tensors,
+                                             self._gradmesh_boundaries())
+        values = checkpoint.mine(table, tensors, self._gradmesh_op,
+                                 self._gradmesh_boundaries())
         before = super(self.__class__, self).state_dict()
         super(self.__class__, self).load_state_dict(state)
         try:
@@ -590,8 +592,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 client.load_residual(bucket.set, earlier.numpy())
             raise
 
+    def _gradmesh_boundaries(self):
+        """Where each parameter ends in the buckets' residuals, laid end to
+        end: what a checkpoint saved with other buckets must cut at."""
+        sizes = [p.numel() for b in self._gradmesh_buckets for p in b.params]
+        return list(itertools.accumulate(sizes))
+
     @staticmethod
-    def _gradmesh_own_table(state, tensors):
+    def _gradmesh_own_table(state, tensors, boundaries):
         """A checkpoint of one process's residuals (and velocities, by
         parameter name), the format before state_dict() gathered them: a
         table with this process's row."""
@@ -599,8 +607,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                      for r in state.pop("gradmesh_residuals")]
         sizes = [t.numel() for key, t in tensors
                  if key.startswith("residual/")]
-        if residuals and [r.numel() for r in residuals] != sizes and sum(
-                r.numel() for r in residuals) == sum(sizes):
+        saved = [r.numel() for r in residuals]
+        if residuals and saved != sizes and sum(saved) == sum(sizes) and set(
+                itertools.accumulate(saved)) <= set(boundaries):
             # Saved with other buckets: the same values, cut otherwise
             # (checkpoint.rebucketed).
             residuals = list(torch.cat(residuals).split(sizes))
