@@ -673,9 +673,7 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     spare core costs more than it hides: docs/benchmarks.md). num_buckets =
     M instead (the caps then unused) fuses them into M buckets of
     ceil(L / M) tensors each. A checkpoint saved with other buckets loads as
-    it is.
-    fusion: "per_tensor"
-    (SAFusion's quotas) or "after_fusion". backward_passes_per_step: N
+    it is. fusion: "per_tensor" (SAFusion's quotas) or "after_fusion". backward_passes_per_step: N
     backward passes are summed locally (in .grad, as torch does) and reduced
     once, at the Nth. grad_scaler: a loss scaler (anything with
     get_scale(), such as torch.cuda.amp.GradScaler): the workers get
