@@ -514,7 +514,7 @@ TEST_F(ClusterTest, ATrainerThatStopsJoiningStepsOutAndTheOthersGoOn) {
   const StepResults late = RunStep(trainers, {2}, 1);
   EXPECT_TRUE(absl::IsFailedPrecondition(late[0].status)) << late[0].status;
   EXPECT_THAT(late[0].status.message(),
-              testing::HasSubstr("stepped out of the group"));
+              ::testing::HasSubstr("stepped out of the group"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(8));
   ASSERT_TRUE(cluster_->WaitForView(3, absl::Seconds(10)).ok());
   for (const auto& r : RunStep(trainers, {0, 1}, 2)) {
