@@ -38,6 +38,33 @@ Plan PlanOfConfig(const PlanConfig& config) {
               .chunk_bytes = config.chunk_bytes};
 }
 
+// The autotune's part of ValidatePlanConfig.
+absl::Status ValidateAutotuneConfig(const PlanConfig& config) {
+  if (config.autotune_window < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "autotune_window must be at least 1, got ", config.autotune_window));
+  }
+  if (!(config.sparse_margin >= 1 && std::isfinite(config.sparse_margin))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparse_margin must be at least 1, got ", config.sparse_margin));
+  }
+  if (!(config.teams_margin >= 1 && std::isfinite(config.teams_margin))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "teams_margin must be at least 1, got ", config.teams_margin));
+  }
+  if (!(config.skip_factor >= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "skip_factor must be at least 1, got ", config.skip_factor));
+  }
+  if (!(config.link.alpha_s >= 0 && config.link.beta_s_per_byte >= 0 &&
+        std::isfinite(config.link.alpha_s) &&
+        std::isfinite(config.link.beta_s_per_byte))) {
+    return absl::InvalidArgumentError(
+        "link alpha and beta must be finite and non-negative");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidatePlanConfig(const PlanConfig& config) {
@@ -67,10 +94,6 @@ absl::Status ValidatePlanConfig(const PlanConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("teams must be 0 (auto) or positive, got ", config.teams));
   }
-  if (config.autotune_window < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "autotune_window must be at least 1, got ", config.autotune_window));
-  }
   if (config.switch_lead_steps < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("switch_lead_steps must be at least 1, got ",
@@ -82,25 +105,7 @@ absl::Status ValidatePlanConfig(const PlanConfig& config) {
         absl::StrCat("fusion must be per_tensor or after_fusion, got '",
                      config.fusion, "'"));
   }
-  if (!(config.sparse_margin >= 1 && std::isfinite(config.sparse_margin))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sparse_margin must be at least 1, got ", config.sparse_margin));
-  }
-  if (!(config.teams_margin >= 1 && std::isfinite(config.teams_margin))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "teams_margin must be at least 1, got ", config.teams_margin));
-  }
-  if (!(config.skip_factor >= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "skip_factor must be at least 1, got ", config.skip_factor));
-  }
-  if (!(config.link.alpha_s >= 0 && config.link.beta_s_per_byte >= 0 &&
-        std::isfinite(config.link.alpha_s) &&
-        std::isfinite(config.link.beta_s_per_byte))) {
-    return absl::InvalidArgumentError(
-        "link alpha and beta must be finite and non-negative");
-  }
-  return absl::OkStatus();
+  return ValidateAutotuneConfig(config);
 }
 
 Coordinator::Coordinator(PlanConfig config, absl::Duration heartbeat_timeout)
