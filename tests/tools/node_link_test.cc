@@ -73,17 +73,25 @@ std::optional<NodeLink::Stop> AwaitStop(NodeLink& link) {
   return std::nullopt;
 }
 
+// Every node's Finish(code) at once; the job's exit status on each.
+std::vector<int> FinishAll(std::vector<Link>& links, int code) {
+  NoSignals signals;
+  std::vector<std::future<int>> ends;
+  for (Link& link : links) {
+    ends.push_back(std::async(std::launch::async, [&link, &signals, code] {
+      return link->Finish(code, signals.fd());
+    }));
+  }
+  std::vector<int> codes;
+  for (auto& end : ends) codes.push_back(end.get());
+  return codes;
+}
+
 TEST(NodeLinkTest, EveryNodeLearnsTheJobAndAllEndWithZero) {
   std::vector<Link> links = Connect(FreePort(), 3);
   ASSERT_TRUE(links[0] && links[1] && links[2]);
   for (const Link& link : links) EXPECT_EQ(link->job(), "the-job");
-  NoSignals signals;
-  std::vector<std::future<int>> ends;
-  for (Link& link : links) {
-    ends.push_back(std::async(std::launch::async,
-                              [&] { return link->Finish(0, signals.fd()); }));
-  }
-  for (auto& end : ends) EXPECT_EQ(end.get(), 0);
+  for (int code : FinishAll(links, 0)) EXPECT_EQ(code, 0);
 }
 
 TEST(NodeLinkTest, AFailureOnOneNodeStopsTheOthersWithItsStatus) {
@@ -226,13 +234,7 @@ TEST(NodeLinkTest, FewerCopiesThanTheMinimumStopEveryNode) {
         << stop->why;
     EXPECT_NE(stop->why.find("--min-np=5"), std::string::npos) << stop->why;
   }
-  NoSignals signals;
-  std::vector<std::future<int>> ends;
-  for (Link& link : links) {
-    ends.push_back(std::async(std::launch::async,
-                              [&] { return link->Finish(1, signals.fd()); }));
-  }
-  for (auto& end : ends) EXPECT_EQ(end.get(), 1);
+  for (int code : FinishAll(links, 1)) EXPECT_EQ(code, 1);
 }
 
 TEST(NodeLinkTest, NodeZerosOwnLossCountsToo) {
