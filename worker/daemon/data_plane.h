@@ -178,9 +178,13 @@ class DataPlane {
   // Why this worker's trainer counts as absent, or nullopt: the peers of
   // the current view started the next step of a bucket (one that has
   // stepped before, and that no call of this worker runs) at least
-  // `join_timeout` ago, and this worker's client has not. Its first step
-  // after a registration is never counted (start-up is slow and uneven).
-  // Needs a transport that tracks UnclaimedSince (gRPC's).
+  // `join_timeout` ago, and this worker's client has not; or they started
+  // a step that this worker refused before its agreement (its view not
+  // ready, the plan unable to run here, a registration older than the
+  // view), so that it tells its peers by stepping out instead of leaving
+  // them to their operation timeout. Its first step after a registration is
+  // never counted (start-up is slow and uneven). Needs a transport that
+  // tracks UnclaimedSince (gRPC's, the loopback's).
   std::optional<std::string> Absent(absl::Duration join_timeout) const;
 
  private:
@@ -242,6 +246,9 @@ class DataPlane {
   absl::Status Commit(const Group& g, const Bucket& bucket,
                       const ReduceCall& call, const sparse::SparseBlock& result,
                       absl::Time deadline, bool* refused_by_vote);
+  // Sets bucket.last_step_refused (whether this worker refused its last
+  // step before the agreement; Absent watches such a step too).
+  static void MarkRefused(Bucket& bucket, bool refused);
   // missed_: notes that the replica of `bucket`'s job missed `step`; the
   // job's mark as StepRecord::missed (1 + the step, or 0 when none); and
   // forgets it (a Broadcast of one of the job's buckets made it whole).

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 #include "common/steady_clock.h"
 #include "worker/daemon/data_plane_internal.h"
 
@@ -25,24 +26,31 @@ std::optional<std::string> DataPlane::Absent(
   }
   const absl::Time now = SteadyNow();
   for (const std::shared_ptr<Bucket>& bucket : buckets) {
-    uint64_t next;
+    uint64_t last;
+    bool refused;
     {
       absl::MutexLock lock(&bucket->mu);
       if (bucket->busy || bucket->forgotten || !bucket->last_step) continue;
-      next = *bucket->last_step + 1;
+      last = *bucket->last_step;
+      refused = bucket->last_step_refused;
     }
-    const uint64_t agree = AgreeOperation(*bucket, next);
-    // Peers run the step on whichever group it falls in.
-    for (const std::shared_ptr<Group>& group : groups) {
-      const std::optional<absl::Time> since =
-          group->transport->UnclaimedSince(group->view.epoch, agree);
-      if (!since.has_value() || now - *since < join_timeout) continue;
-      return absl::StrFormat(
-          "its peers started step %d of bucket '%s' (job '%s') %.1f s "
-          "before, and its trainer had not (--step_join_timeout_s=%g)",
-          next, bucket->name.bucket, bucket->name.job,
-          absl::ToDoubleSeconds(now - *since),
-          absl::ToDoubleSeconds(join_timeout));
+    // The next step, and the last one when this worker refused it.
+    const uint64_t watched[] = {last + 1, last};
+    for (uint64_t step : absl::MakeConstSpan(watched, refused ? 2 : 1)) {
+      const uint64_t agree = AgreeOperation(*bucket, step);
+      // Peers run the step on whichever group it falls in.
+      for (const std::shared_ptr<Group>& group : groups) {
+        const std::optional<absl::Time> since =
+            group->transport->UnclaimedSince(group->view.epoch, agree);
+        if (!since.has_value() || now - *since < join_timeout) continue;
+        return absl::StrFormat(
+            "its peers started step %d of bucket '%s' (job '%s') %.1f s "
+            "before, and %s (--step_join_timeout_s=%g)",
+            step, bucket->name.bucket, bucket->name.job,
+            absl::ToDoubleSeconds(now - *since),
+            step > last ? "its trainer had not" : "this worker had refused it",
+            absl::ToDoubleSeconds(join_timeout));
+      }
     }
   }
   return std::nullopt;

@@ -33,6 +33,11 @@ void DataPlane::ClearMissed(const Bucket& bucket) {
   missed_.erase(bucket.name.job);
 }
 
+void DataPlane::MarkRefused(Bucket& bucket, bool refused) {
+  absl::MutexLock lock(&bucket.mu);
+  bucket.last_step_refused = refused;
+}
+
 absl::StatusOr<ReduceResult> DataPlane::AllReduce(const ReduceCall& call,
                                                   absl::Time deadline) {
   absl::StatusOr<ReduceResult> result = WithBucket<ReduceResult>(
@@ -67,8 +72,10 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   if (!group.ok()) {
     // Nothing is lost: the next step carries this gradient.
     engine_.Keep(bucket.buffer, bucket.values()).IgnoreError();
+    if (refused.ok()) MarkRefused(bucket, true);
     return group.status();
   }
+  MarkRefused(bucket, false);
   // A step that failed because membership changed runs again on the new
   // view, from the residual, which holds its gradient now: every member
   // whose attempt failed does the same (an attempt is all or nothing), so
@@ -88,6 +95,7 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
     if (!group.ok() || (*group)->view.epoch == failed) return out;
     // (The gradient is in the residual already.)
     if (group = RegisteredOn(bucket, *std::move(group)); !group.ok()) {
+      MarkRefused(bucket, true);
       return group.status();
     }
     if (hooks_.metrics != nullptr) hooks_.metrics->retries().Increment();

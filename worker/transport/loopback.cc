@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/steady_clock.h"
 
 namespace gradmesh::transport {
 
@@ -26,8 +27,11 @@ class LoopbackNetwork::Endpoint : public Transport {
     mine.bytes_sent += payload.size();
     mine.bytes_sent_to[peer] += payload.size();
     Inbox& theirs = net_->inboxes_[peer];
-    if (!theirs.ended.contains(std::pair(tag.epoch, tag.operation))) {
-      theirs.mailboxes[MessageKey{rank_, tag}].push_back(std::move(payload));
+    const OperationKey op(tag.epoch, tag.operation);
+    if (theirs.ended.contains(op)) return absl::OkStatus();
+    theirs.mailboxes[MessageKey{rank_, tag}].push_back(std::move(payload));
+    if (!theirs.started.contains(op)) {
+      theirs.unclaimed_since.try_emplace(op, SteadyNow());
     }
     return absl::OkStatus();
   }
@@ -37,7 +41,11 @@ class LoopbackNetwork::Endpoint : public Transport {
     GM_CHECK(peer >= 0 && peer < size() && peer != rank_) << "peer " << peer;
     const MessageKey key{peer, tag};
     absl::MutexLock lock(&net_->mu_);
-    auto& mailboxes = net_->inboxes_[rank_].mailboxes;
+    Inbox& inbox = net_->inboxes_[rank_];
+    const OperationKey op(tag.epoch, tag.operation);
+    if (!inbox.ended.contains(op)) inbox.started.insert(op);
+    inbox.unclaimed_since.erase(op);
+    auto& mailboxes = inbox.mailboxes;
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(net_->mu_) {
       if (!net_->aborted_[rank_].ok() || !net_->aborted_[peer].ok()) {
         return true;
@@ -78,8 +86,11 @@ class LoopbackNetwork::Endpoint : public Transport {
   void EndOperation(uint64_t epoch, uint64_t operation) override {
     absl::MutexLock lock(&net_->mu_);
     Inbox& mine = net_->inboxes_[rank_];
-    if (!mine.ended.insert(std::pair(epoch, operation)).second) return;
-    mine.ended_order.emplace_back(epoch, operation);
+    const OperationKey op(epoch, operation);
+    mine.started.erase(op);
+    mine.unclaimed_since.erase(op);
+    if (!mine.ended.insert(op).second) return;
+    mine.ended_order.push_back(op);
     if (mine.ended_order.size() > kEndedOperationsKept) {
       mine.ended.erase(mine.ended_order.front());
       mine.ended_order.pop_front();
@@ -92,6 +103,15 @@ class LoopbackNetwork::Endpoint : public Transport {
   Counters counters() const override {
     absl::MutexLock lock(&net_->mu_);
     return net_->counters_[rank_];
+  }
+
+  std::optional<absl::Time> UnclaimedSince(uint64_t epoch,
+                                           uint64_t operation) const override {
+    absl::MutexLock lock(&net_->mu_);
+    const Inbox& mine = net_->inboxes_[rank_];
+    auto it = mine.unclaimed_since.find(OperationKey(epoch, operation));
+    if (it == mine.unclaimed_since.end()) return std::nullopt;
+    return it->second;
   }
 
  private:

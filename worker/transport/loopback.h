@@ -37,11 +37,16 @@ class LoopbackNetwork {
  private:
   class Endpoint;
 
-  // One rank's messages waiting, and the operations it ended.
+  using OperationKey = std::pair<uint64_t, uint64_t>;  // epoch, operation
+
+  // One rank's messages waiting, the operations it started and ended, and
+  // when the first message of each operation not started here arrived.
   struct Inbox {
     absl::flat_hash_map<MessageKey, std::deque<std::string>> mailboxes;
-    absl::flat_hash_set<std::pair<uint64_t, uint64_t>> ended;  // epoch, op
-    std::deque<std::pair<uint64_t, uint64_t>> ended_order;     // oldest first
+    absl::flat_hash_set<OperationKey> started;  // a Recv ran; not ended
+    absl::flat_hash_map<OperationKey, absl::Time> unclaimed_since;
+    absl::flat_hash_set<OperationKey> ended;
+    std::deque<OperationKey> ended_order;  // oldest first
   };
 
   mutable absl::Mutex mu_;

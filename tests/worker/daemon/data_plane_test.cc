@@ -97,6 +97,13 @@ class Workers {
     });
   }
 
+  // Worker r can't run the plans of views installed from now on, for `why`
+  // (as a worker that does not know the plan's fusion).
+  void PlanFails(int r, absl::Status why) {
+    absl::MutexLock lock(&mu_);
+    plan_fails_[r] = std::move(why);
+  }
+
   int size() const { return static_cast<int>(planes_.size()); }
   DataPlane& plane(int r) { return *planes_[r]; }
 
@@ -172,6 +179,7 @@ class Workers {
                                     .teams = view.plan.teams},
                       .timeout = absl::Seconds(20),
                       .epoch = view.epoch};
+    if (plan_fails_.contains(worker)) group->error = plan_fails_[worker];
     return group;
   }
 
@@ -181,6 +189,7 @@ class Workers {
   std::map<int, std::function<void(transport::FaultInjectingTransport&)>>
       faults_ ABSL_GUARDED_BY(mu_);
   std::set<int> unreachable_ ABSL_GUARDED_BY(mu_);
+  std::map<int, absl::Status> plan_fails_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> next_index_ = std::vector<uint64_t>(64, 0);
   ViewInfo view_;
   std::vector<std::unique_ptr<ViewTracker>> views_;
@@ -640,6 +649,45 @@ TEST(DataPlaneTest, WaitingForABusyBucketEndsAtTheCallersDeadline) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(second.status())) << second.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   stuck.join();
+}
+
+// A worker that refuses a step before its agreement (the new plan can't run
+// on it) counts as absent once its peers have waited for it the step-join
+// timeout, so that it steps out instead of leaving them to their operation
+// timeout. Before, the watch looked at the step after, which nobody ran.
+TEST(DataPlaneTest, AStepRefusedBeforeItsAgreementIsWatched) {
+  constexpr uint64_t kN = 50;
+  constexpr absl::Duration kJoin = absl::Milliseconds(100);
+  Workers w(2);
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  for (const auto& result : AllReduceAll(w, {.name = {"job", "b"}})) {
+    ASSERT_TRUE(result.ok()) << result.status();
+  }
+  w.PlanFails(0, absl::InvalidArgumentError("fusion 'x' is unknown"));
+  ViewInfo plan_change = w.View(2, {0, 1});
+  plan_change.start_step = 1;
+  for (int r = 0; r < 2; ++r) w.Install(r, plan_change);
+  absl::SleepFor(2 * kJoin);
+  EXPECT_EQ(w.plane(0).Absent(kJoin), std::nullopt);  // nobody started 1
+  std::thread peer([&] {
+    auto result = w.plane(1).AllReduce({.name = {"job", "b"}, .step = 1},
+                                       absl::Now() + absl::Seconds(3));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(result.status())) << result.status();
+  });
+  auto refused =
+      w.plane(0).AllReduce({.name = {"job", "b"}, .step = 1}, Soon());
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status()))
+      << refused.status();
+  std::optional<std::string> absent;
+  for (int i = 0; i < 40 && !absent.has_value(); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    absent = w.plane(0).Absent(kJoin);
+  }
+  ASSERT_TRUE(absent.has_value());
+  EXPECT_THAT(*absent, ::testing::HasSubstr("step 1 of bucket 'b'"));
+  EXPECT_THAT(*absent, ::testing::HasSubstr("this worker had refused it"));
+  peer.join();
 }
 
 // Writes seeded gradients into every worker's bucket; returns them.

@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/steady_clock.h"
 #include "worker/transport/fault_injection.h"
 
 namespace gradmesh::transport {
@@ -87,6 +88,33 @@ TEST(LoopbackTest, AnEndedOperationsMessagesAreDroppedLateOnesToo) {
   // Only the receiver ended it: rank 0 still receives operation 3.
   ASSERT_TRUE(net.endpoint(1)->Send(0, ended, "back").ok());
   EXPECT_EQ(*net.endpoint(0)->Recv(1, ended, Soon()), "back");
+}
+
+// Peers' messages of an operation this rank has not started tell since when
+// they wait (the step-join watch reads it); starting or ending it clears it.
+TEST(LoopbackTest, TellsSinceWhenPeersRunAnOperationNotStartedHere) {
+  LoopbackNetwork net(3);
+  Transport* me = net.endpoint(0);
+  const Tag op{.epoch = 1, .operation = 7, .step = 0};
+  EXPECT_FALSE(me->UnclaimedSince(1, 7).has_value());
+  const absl::Time before = SteadyNow();
+  ASSERT_TRUE(net.endpoint(1)->Send(0, op, "a").ok());
+  absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(net.endpoint(2)->Send(0, op, "b").ok());
+  const std::optional<absl::Time> since = me->UnclaimedSince(1, 7);
+  ASSERT_TRUE(since.has_value());
+  EXPECT_GE(*since, before);
+  EXPECT_LT(*since, before + absl::Milliseconds(20));  // the first message's
+  EXPECT_FALSE(me->UnclaimedSince(2, 7).has_value());  // by epoch
+  EXPECT_EQ(*me->Recv(1, op, Soon()), "a");
+  EXPECT_FALSE(me->UnclaimedSince(1, 7).has_value());  // started here
+  ASSERT_TRUE(net.endpoint(1)->Send(0, op, "c").ok());
+  EXPECT_FALSE(me->UnclaimedSince(1, 7).has_value());
+  const Tag next{.epoch = 1, .operation = 8, .step = 0};
+  ASSERT_TRUE(net.endpoint(1)->Send(0, next, "d").ok());
+  ASSERT_TRUE(me->UnclaimedSince(1, 8).has_value());
+  { const OperationScope scope(me, 1, 8); }
+  EXPECT_FALSE(me->UnclaimedSince(1, 8).has_value());  // ended here
 }
 
 TEST(FaultInjectionTest, CrashesAfterNSends) {
