@@ -108,13 +108,18 @@ absl::Status ValidatePlanConfig(const PlanConfig& config) {
   return ValidateAutotuneConfig(config);
 }
 
-Coordinator::Coordinator(PlanConfig config, absl::Duration heartbeat_timeout)
+Coordinator::Coordinator(PlanConfig config, absl::Duration heartbeat_timeout,
+                         absl::Duration quarantine)
     : config_(std::move(config)),
       heartbeat_timeout_(heartbeat_timeout),
-      config_status_(heartbeat_timeout > absl::ZeroDuration()
-                         ? ValidatePlanConfig(config_)
-                         : absl::InvalidArgumentError(
-                               "heartbeat_timeout must be positive")),
+      config_status_(
+          heartbeat_timeout <= absl::ZeroDuration()
+              ? absl::InvalidArgumentError("heartbeat_timeout must be positive")
+          : quarantine <= absl::ZeroDuration()
+              ? absl::InvalidArgumentError("quarantine must be positive")
+              : ValidatePlanConfig(config_)),
+      links_(std::max(heartbeat_timeout, absl::Milliseconds(1)),
+             std::max(quarantine, absl::Milliseconds(1))),
       plan_(BasePlan()),
       link_(config_.link) {}
 
@@ -149,9 +154,11 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
     present->second.last_seen = std::max(present->second.last_seen, now);
     return ViewLocked();
   }
+  GM_RETURN_IF_ERROR(links_.MayJoin(member.node_id, member.incarnation, now));
   if (known != nullptr) epoch_ = std::max(epoch_, known->epoch);
   // A previous incarnation's figures do not describe the new one.
   last_seconds_.erase(member.node_id);
+  links_.Forget(member.node_id);
   members_.insert_or_assign(member.node_id,
                             Member{.info = member, .last_seen = now});
   MembershipChangedLocked();
@@ -241,7 +248,9 @@ bool Coordinator::PlanFits(const Plan& plan, int world_size) const {
   return plan.algorithm == fixed.algorithm && plan.teams == fixed.teams;
 }
 
-absl::Status Coordinator::Heartbeat(absl::string_view node_id, absl::Time now) {
+absl::Status Coordinator::Heartbeat(
+    absl::string_view node_id, absl::Time now,
+    const std::vector<std::string>& unreachable) {
   absl::MutexLock lock(&mu_);
   auto it = members_.find(node_id);
   if (it == members_.end()) {
@@ -249,6 +258,11 @@ absl::Status Coordinator::Heartbeat(absl::string_view node_id, absl::Time now) {
         absl::StrCat("'", node_id, "' is not a member; join again"));
   }
   it->second.last_seen = std::max(it->second.last_seen, now);
+  std::vector<std::string> members;  // what is kept stays bounded
+  for (const std::string& peer : unreachable) {
+    if (members_.contains(peer)) members.push_back(peer);
+  }
+  links_.Update(node_id, members, now);
   return absl::OkStatus();
 }
 
@@ -259,24 +273,43 @@ absl::Status Coordinator::Leave(absl::string_view node_id) {
     return absl::NotFoundError(absl::StrCat("'", node_id, "' is not a member"));
   }
   last_seconds_.erase(it->first);
+  links_.Forget(it->first);
   members_.erase(it);
   MembershipChangedLocked();
   return absl::OkStatus();
 }
 
-void Coordinator::Tick(absl::Time now) {
+std::optional<Coordinator::LinkRemoval> Coordinator::Tick(absl::Time now) {
   absl::MutexLock lock(&mu_);
   bool removed = false;
   for (auto it = members_.begin(); it != members_.end();) {
     if (now - it->second.last_seen > heartbeat_timeout_) {
       last_seconds_.erase(it->first);
+      links_.Forget(it->first);
       it = members_.erase(it);
       removed = true;
     } else {
       ++it;
     }
   }
-  if (removed) MembershipChangedLocked();
+  if (removed) {
+    MembershipChangedLocked();
+    return std::nullopt;
+  }
+  absl::flat_hash_set<std::string> ids;
+  for (const auto& [id, member] : members_) ids.insert(id);
+  std::optional<LinkReports::Verdict> verdict = links_.Choose(ids, now);
+  if (!verdict.has_value()) return std::nullopt;
+  auto it = members_.find(verdict->node_id);
+  LinkRemoval removal{
+      .node_id = verdict->node_id,
+      .reporters = std::move(verdict->reporters),
+      .kept_out = links_.KeepOut(it->first, it->second.info.incarnation, now)};
+  last_seconds_.erase(it->first);
+  links_.Forget(it->first);
+  members_.erase(it);
+  MembershipChangedLocked();
+  return removal;
 }
 
 void Coordinator::Excuse(absl::Duration unobserved, absl::Time now) {

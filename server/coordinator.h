@@ -8,7 +8,9 @@
 // new epoch (epoch + 1). A view lists the members sorted by node_id: a
 // member's index is its rank. Tick(now) removes the members whose last join
 // or heartbeat is more than heartbeat_timeout before `now` (exactly
-// heartbeat_timeout old still counts as alive), in one epoch. A removed
+// heartbeat_timeout old still counts as alive), in one epoch; or else the
+// member that others cannot reach, as their heartbeats report it
+// (link_reports.h), keeping it out for the quarantine. A removed
 // worker learns it from Heartbeat's NotFound and joins again, into a later
 // epoch. Workers run each step with the plan of the newest view whose
 // start_step it has reached (a membership change applies at once).
@@ -64,6 +66,7 @@
 #include "absl/time/time.h"
 #include "server/autotune.h"
 #include "server/cost_model.h"
+#include "server/link_reports.h"
 #include "worker/collectives/plan.h"
 
 namespace gradmesh::server {
@@ -138,9 +141,10 @@ inline constexpr absl::string_view kAutoAlgorithm = "auto";
 
 class Coordinator {
  public:
-  // heartbeat_timeout must be positive, and the config valid; otherwise every
-  // Join fails with InvalidArgument.
-  Coordinator(PlanConfig config, absl::Duration heartbeat_timeout);
+  // heartbeat_timeout and quarantine (LinkReports) must be positive, and
+  // the config valid; otherwise every Join fails with InvalidArgument.
+  Coordinator(PlanConfig config, absl::Duration heartbeat_timeout,
+              absl::Duration quarantine = absl::Seconds(30));
 
   ~Coordinator();
 
@@ -149,7 +153,9 @@ class Coordinator {
 
   // Adds `member` (last seen at `now`) and publishes a new epoch; returns its
   // view. A node_id already present is replaced: its old incarnation leaves.
-  // InvalidArgument for an empty node_id or address, or an unusable config.
+  // InvalidArgument for an empty node_id or address, or an unusable config;
+  // Unavailable, nothing changed, while the process is kept out
+  // (LinkReports).
   //
   // `known` is the view the worker runs now, if any (it keeps it across a
   // coordinator restart). So that a restart loses nothing:
@@ -174,16 +180,25 @@ class Coordinator {
   static constexpr uint64_t kMaxAdoptedEpoch =
       (uint64_t{1} << 53) - (uint64_t{1} << 31);
 
-  // Marks the member alive at `now`. NotFound if it is not a member (it was
+  // Marks the member alive at `now`, and notes the members it cannot reach
+  // (node ids; LinkReports::Update). NotFound if it is not a member (it was
   // removed and must join again).
-  absl::Status Heartbeat(absl::string_view node_id, absl::Time now);
+  absl::Status Heartbeat(absl::string_view node_id, absl::Time now,
+                         const std::vector<std::string>& unreachable = {});
 
   // Removes the member and publishes a new epoch; NotFound if not a member.
   absl::Status Leave(absl::string_view node_id);
 
+  // A member removed because others could not reach it.
+  struct LinkRemoval {
+    std::string node_id;
+    std::vector<std::string> reporters;
+    absl::Duration kept_out;
+  };
   // Removes the members silent for more than heartbeat_timeout before `now`;
-  // one new epoch if any was removed.
-  void Tick(absl::Time now);
+  // if none, the one LinkReports chooses (returned). One new epoch if any
+  // was removed.
+  std::optional<LinkRemoval> Tick(absl::Time now);
 
   // The coordinator could not watch for `unobserved` before `now` (its
   // process was paused or starved): that silence is no member's. Moves every
@@ -251,6 +266,7 @@ class Coordinator {
   uint64_t start_step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t max_step_ ABSL_GUARDED_BY(mu_) = 0;  // highest step reported
   std::map<std::string, Member, std::less<>> members_ ABSL_GUARDED_BY(mu_);
+  LinkReports links_ ABSL_GUARDED_BY(mu_);
   Plan plan_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<AutotuneRound> round_ ABSL_GUARDED_BY(mu_);  // null: none
   LinkModel link_ ABSL_GUARDED_BY(mu_);

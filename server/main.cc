@@ -63,6 +63,10 @@ ABSL_FLAG(int, switch_lead_steps, 3,
           "a plan change starts this many steps after the last reported one");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
           "a worker silent this long is removed (new epoch)");
+ABSL_FLAG(int, quarantine_s, 30,
+          "a worker removed because other members could not reach it may "
+          "not join again for this long (doubled at each removal of the same "
+          "process, to 16x)");
 ABSL_FLAG(double, link_latency_us, 50,
           "alpha of the link model until workers' reports allow a fit");
 ABSL_FLAG(double, link_gbps, 10,
@@ -107,7 +111,8 @@ int main(int argc, char** argv) {
                .link = {.alpha_s = absl::GetFlag(FLAGS_link_latency_us) * 1e-6,
                         .beta_s_per_byte = gbps > 0 ? 8 / (gbps * 1e9) : -1}},
       .heartbeat_timeout =
-          absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms))};
+          absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+      .quarantine = absl::Seconds(absl::GetFlag(FLAGS_quarantine_s))};
   auto server = gradmesh::server::CoordinatorServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "gradmesh-coordinator: %s\n",

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cli.h"
 #include "common/grpc/health_server.h"
@@ -110,6 +112,13 @@ class Metrics {
                            "Times each node left the view (left, expired or "
                            "replaced by a new process)")
                        .Register(*registry_);
+    link_removals_ =
+        &prometheus::BuildCounter()
+             .Name("gradmesh_coordinator_link_removals_total")
+             .Help(
+                 "Times each node was removed because other members could "
+                 "not reach it (a link dropping its packets)")
+             .Register(*registry_);
     refused_ = &prometheus::BuildCounter()
                     .Name("gradmesh_coordinator_calls_refused_total")
                     .Help(
@@ -133,6 +142,9 @@ class Metrics {
   void CountRefused() { refused_->Increment(); }
   void CountDepartures(const std::string& node, int departures) {
     departures_->Add({{"node", node}}).Increment(departures);
+  }
+  void CountLinkRemoval(const std::string& node) {
+    link_removals_->Add({{"node", node}}).Increment();
   }
 
   // Scrapes may come at once: one refresh at a time keeps the series it
@@ -197,6 +209,7 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<MetricsEndpoint> endpoint_;
   prometheus::Family<prometheus::Counter>* departures_;
+  prometheus::Family<prometheus::Counter>* link_removals_;
   prometheus::Gauge* members_;
   prometheus::Gauge* epoch_;
   prometheus::Gauge* teams_;
@@ -220,15 +233,17 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
  public:
   explicit Server(const ServerOptions& options)
       : options_(options),
-        coordinator_(options.plan, options.heartbeat_timeout),
+        coordinator_(options.plan, options.heartbeat_timeout,
+                     options.quarantine),
         metrics_(&coordinator_) {}
   ~Server() override { Stop(); }
 
   absl::Status Init() {
     GM_RETURN_IF_ERROR(ValidatePlanConfig(options_.plan));
-    if (options_.heartbeat_timeout <= absl::ZeroDuration()) {
+    if (options_.heartbeat_timeout <= absl::ZeroDuration() ||
+        options_.quarantine <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError(
-          "the heartbeat timeout must be positive");
+          "the heartbeat timeout and the quarantine must be positive");
     }
     GM_ASSIGN_OR_RETURN(auto credentials, ServerCredentials(options_.tls));
     GM_RETURN_IF_ERROR(metrics_.Serve(options_.metrics_listen));
@@ -314,8 +329,9 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                          const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
     GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, request->node_id()));
-    GM_RETURN_IF_ERROR_GRPC(
-        coordinator_.Heartbeat(request->node_id(), Heard()));
+    GM_RETURN_IF_ERROR_GRPC(coordinator_.Heartbeat(
+        request->node_id(), Heard(),
+        {request->unreachable().begin(), request->unreachable().end()}));
     response->set_epoch(coordinator_.view().epoch);
     return grpc::Status::OK;
   }
@@ -419,7 +435,14 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
         if (stopping_) return;
       }
       ExcuseAPause();
-      coordinator_.Tick(SteadyNow());
+      if (std::optional<Coordinator::LinkRemoval> removed =
+              coordinator_.Tick(SteadyNow())) {
+        Log(absl::StrFormat(
+            "removed %s: %s could not reach it; kept out for %.0f s",
+            removed->node_id, absl::StrJoin(removed->reporters, ", "),
+            absl::ToDoubleSeconds(removed->kept_out)));
+        metrics_.CountLinkRemoval(removed->node_id);
+      }
       View view = coordinator_.view();
       if (view.epoch != epoch) {
         // Every member's series exists from its arrival, at 0, so that

@@ -51,6 +51,9 @@ struct ServerOptions {
   TlsFiles tls;
   PlanConfig plan;
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // How long a member removed because others could not reach it is kept
+  // out at first (LinkReports).
+  absl::Duration quarantine = absl::Seconds(30);
 };
 
 class CoordinatorServer {

@@ -296,7 +296,7 @@ def kill_worker(work, rank):
 # that a 2 s `for:` over a minute-old cluster cannot judge).
 QUIET = ("GradmeshWorkerDown", "GradmeshCoordinatorDown",
          "GradmeshAllReduceErrors", "GradmeshMemberLost",
-         "GradmeshMemberFlapping")
+         "GradmeshMemberFlapping", "GradmeshLinkRemovals")
 
 
 def check_quiet(prometheus, targets):

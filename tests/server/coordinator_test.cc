@@ -514,6 +514,46 @@ TEST(CoordinatorTest, TickRemovesSilentMembersAfterTheTimeout) {
   EXPECT_EQ(coordinator.view().epoch, 6u);
 }
 
+// A member that the others report they cannot reach (a black-holed link;
+// it still heartbeats) is removed once the reports have stood a heartbeat
+// timeout, in one epoch; that process may not join again for the
+// quarantine, and a new process of the node may.
+TEST(CoordinatorTest, AMemberTheOthersCannotReachIsRemovedAndKeptOut) {
+  constexpr absl::Duration kQuarantine = absl::Seconds(30);
+  Coordinator coordinator({}, kTimeout, kQuarantine);
+  JoinAll(coordinator, {"a", "b", "c"});
+  const uint64_t epoch = coordinator.view().epoch;
+  const absl::Time t1 = kT0 + absl::Seconds(1);
+  ASSERT_TRUE(coordinator.Heartbeat("a", t1, {"b", "nobody"}).ok());
+  ASSERT_TRUE(coordinator.Heartbeat("b", t1).ok());
+  ASSERT_TRUE(coordinator.Heartbeat("c", t1, {"b"}).ok());
+  EXPECT_EQ(coordinator.Tick(t1 + kTimeout - absl::Seconds(1)), std::nullopt);
+  EXPECT_EQ(coordinator.view().epoch, epoch);
+  const absl::Time t2 = t1 + kTimeout - absl::Seconds(1);
+  ASSERT_TRUE(coordinator.Heartbeat("a", t2, {"b"}).ok());
+  ASSERT_TRUE(coordinator.Heartbeat("b", t2).ok());
+  ASSERT_TRUE(coordinator.Heartbeat("c", t2, {"b"}).ok());
+  const std::optional<Coordinator::LinkRemoval> removed =
+      coordinator.Tick(t1 + kTimeout);
+  ASSERT_TRUE(removed.has_value());
+  EXPECT_EQ(removed->node_id, "b");
+  EXPECT_THAT(removed->reporters, ElementsAre("a", "c"));
+  EXPECT_EQ(removed->kept_out, kQuarantine);
+  EXPECT_EQ(coordinator.view().epoch, epoch + 1);
+  EXPECT_THAT(Ids(coordinator.view()), ElementsAre("a", "c"));
+
+  const absl::Time later = t1 + kTimeout + absl::Seconds(1);
+  EXPECT_TRUE(absl::IsNotFound(coordinator.Heartbeat("b", later)));
+  EXPECT_TRUE(absl::IsUnavailable(coordinator.Join(Node("b"), later).status()));
+  EXPECT_EQ(coordinator.view().epoch, epoch + 1);
+  MemberInfo restarted = Node("b");
+  restarted.incarnation = 2;
+  ASSERT_TRUE(coordinator.Join(restarted, later).ok());
+  EXPECT_THAT(Ids(coordinator.view()), ElementsAre("a", "b", "c"));
+  // The reports about the old process do not carry over to the new one.
+  EXPECT_EQ(coordinator.Tick(later + absl::Seconds(1)), std::nullopt);
+}
+
 // A coordinator paused (SIGSTOP, a starved VM) heard no heartbeats while it
 // was: that silence is excused, and only the silence it watched counts.
 TEST(CoordinatorTest, SilenceTheCoordinatorDidNotWatchIsExcused) {

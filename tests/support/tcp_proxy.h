@@ -1,6 +1,8 @@
 // TcpProxy: a TCP forwarder on 127.0.0.1 whose connections a test can cut,
 // as a network fault would (a reset link): Cut() ends every connection open
-// now; new connections are accepted and forwarded as before.
+// now; new connections are accepted and forwarded as before. Freeze(true)
+// stops forwarding without closing anything (a link that drops every
+// packet): connections, new ones too, carry nothing until Freeze(false).
 //
 //   TcpProxy proxy(server_port);
 //   dial(absl::StrCat("127.0.0.1:", proxy.port()));
@@ -16,10 +18,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace gradmesh::testing {
@@ -40,6 +44,7 @@ class TcpProxy {
   }
 
   ~TcpProxy() {
+    Freeze(false);
     shutdown(listener_, SHUT_RDWR);
     acceptor_.join();
     close(listener_);
@@ -53,6 +58,8 @@ class TcpProxy {
   }
 
   int port() const { return port_; }
+
+  void Freeze(bool frozen) { frozen_.store(frozen); }
 
   // Ends every connection open now (both sides see it close).
   void Cut() {
@@ -94,6 +101,10 @@ class TcpProxy {
     char buffer[1 << 16];
     bool done = false;
     while (!done && poll(fds, 2, -1) > 0) {
+      if (frozen_.load()) {  // what waits stays in the socket buffers
+        absl::SleepFor(absl::Milliseconds(10));
+        continue;
+      }
       for (int i = 0; i < 2 && !done; ++i) {
         if (fds[i].revents == 0) continue;
         const ssize_t got = read(fds[i].fd, buffer, sizeof(buffer));
@@ -121,6 +132,7 @@ class TcpProxy {
   int listener_ = -1;
   int port_ = 0;
   std::thread acceptor_;
+  std::atomic<bool> frozen_ = false;
   absl::Mutex mu_;
   std::vector<int> open_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> pumps_ ABSL_GUARDED_BY(mu_);

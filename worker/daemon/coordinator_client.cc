@@ -20,11 +20,13 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 
 CoordinatorClient::CoordinatorClient(
     std::unique_ptr<v1::Coordinator::Stub> stub, v1::NodeInfo node,
-    absl::Duration heartbeat_interval, OnView on_view, Log log)
+    absl::Duration heartbeat_interval, OnView on_view, Log log,
+    Unreachable unreachable)
     : stub_(std::move(stub)),
       heartbeat_interval_(heartbeat_interval),
       on_view_(std::move(on_view)),
       log_(std::move(log)),
+      unreachable_(std::move(unreachable)),
       node_(std::move(node)) {}
 
 CoordinatorClient::~CoordinatorClient() { Stop(); }
@@ -117,6 +119,9 @@ void CoordinatorClient::HeartbeatLoop() {
         SetDeadline(&context, absl::Seconds(2));
         v1::HeartbeatRequest request;
         request.set_node_id(node_id);
+        for (std::string& peer : unreachable_()) {
+          request.add_unreachable(std::move(peer));
+        }
         v1::HeartbeatResponse response;
         status = ToAbsl(stub_->Heartbeat(&context, request, &response));
         // NotFound: the coordinator dropped us (a missed heartbeat, or it

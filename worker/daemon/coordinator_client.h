@@ -2,7 +2,9 @@
 //
 // It joins the coordinator (retrying until it answers), heartbeats, rejoins
 // when the coordinator has dropped it, follows the stream of views (passing
-// each to `on_view`), and sends iteration reports for autotune. It keeps the
+// each to `on_view`), and sends iteration reports for autotune. Each
+// heartbeat names the members this worker cannot reach (`unreachable`). It
+// keeps the
 // newest view it has seen and joins with it, so that a restarted coordinator
 // adopts the view the members run (see Coordinator::Join).
 //
@@ -34,10 +36,13 @@ class CoordinatorClient {
  public:
   using OnView = std::function<void(const gradmesh::v1::View&)>;
   using Log = std::function<void(const std::string&)>;
+  // The node ids of the members this worker cannot reach now.
+  using Unreachable = std::function<std::vector<std::string>()>;
 
   CoordinatorClient(std::unique_ptr<gradmesh::v1::Coordinator::Stub> stub,
                     gradmesh::v1::NodeInfo node,
-                    absl::Duration heartbeat_interval, OnView on_view, Log log);
+                    absl::Duration heartbeat_interval, OnView on_view, Log log,
+                    Unreachable unreachable);
   ~CoordinatorClient();  // Stop()
 
   void Start();
@@ -73,6 +78,7 @@ class CoordinatorClient {
   const absl::Duration heartbeat_interval_;
   const OnView on_view_;
   const Log log_;
+  const Unreachable unreachable_;
   std::thread watch_thread_;
   std::thread heartbeat_thread_;
   // The loops' waits, on the steady clock (a wall-clock step must not hold

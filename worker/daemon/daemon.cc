@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -25,6 +26,7 @@
 #include "common/grpc/grpc_util.h"
 #include "common/grpc/health_server.h"
 #include "common/status_macros.h"
+#include "common/steady_clock.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "proto/plan_proto.h"
 #include "worker/daemon/coordinator_client.h"
@@ -84,6 +86,25 @@ ViewInfo ToViewInfo(const v1::View& view) {
   return info;
 }
 
+// InvalidArgument naming what `options` gets wrong.
+absl::Status CheckOptions(const DaemonOptions& options) {
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("the coordinator address is required");
+  }
+  if (options.operation_timeout <= absl::ZeroDuration() ||
+      options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.view_wait < absl::ZeroDuration() ||
+      options.step_join_timeout < absl::ZeroDuration() ||
+      options.link_timeout < absl::ZeroDuration() ||
+      options.peer_buffer_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "the operation timeout, heartbeat interval and peer buffer must be "
+        "positive, the view wait, step-join and link timeouts not "
+        "negative");
+  }
+  return absl::OkStatus();
+}
+
 class Daemon final : public WorkerDaemon {
  public:
   explicit Daemon(const DaemonOptions& options)
@@ -108,6 +129,10 @@ class Daemon final : public WorkerDaemon {
   std::shared_ptr<grpc::Channel> Channel(const std::string& address);
   std::shared_ptr<Group> MakeGroup(const ViewInfo& view);
   void InstallView(const v1::View& view);
+  // The node ids of the current view's members that this worker has had
+  // messages queued for, none written, for link_timeout; logs changes. On
+  // the heartbeat thread only.
+  std::vector<std::string> Unreachable();
   void Report(const ReduceResult& result);
   // Before each scrape: residual norms and dropped frames.
   void Refresh();
@@ -154,6 +179,7 @@ class Daemon final : public WorkerDaemon {
   absl::Notification trainer_watched_;  // trainer_watch_ is set
   absl::Notification stop_reaping_;
   std::thread reaper_;
+  std::vector<std::string> last_unreachable_;  // Unreachable()'s last answer
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
@@ -166,18 +192,7 @@ class Daemon final : public WorkerDaemon {
 };
 
 absl::Status Daemon::Init() {
-  if (options_.coordinator.empty()) {
-    return absl::InvalidArgumentError("the coordinator address is required");
-  }
-  if (options_.operation_timeout <= absl::ZeroDuration() ||
-      options_.heartbeat_interval <= absl::ZeroDuration() ||
-      options_.view_wait < absl::ZeroDuration() ||
-      options_.step_join_timeout < absl::ZeroDuration() ||
-      options_.peer_buffer_bytes == 0) {
-    return absl::InvalidArgumentError(
-        "the operation timeout, heartbeat interval and peer buffer must be "
-        "positive, the view wait and step-join timeout not negative");
-  }
+  GM_RETURN_IF_ERROR(CheckOptions(options_));
   GM_ASSIGN_OR_RETURN(channel_credentials_, ChannelCredentials(options_.tls));
   GM_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_listen,
                                                       [this] { Refresh(); }));
@@ -201,7 +216,8 @@ absl::Status Daemon::Init() {
       v1::Coordinator::NewStub(Channel(options_.coordinator)), Node(),
       options_.heartbeat_interval,
       [this](const v1::View& view) { InstallView(view); },
-      [this](const std::string& line) { Log(line); });
+      [this](const std::string& line) { Log(line); },
+      [this] { return Unreachable(); });
   Log(absl::StrCat(
       "serving on ", advertise_,
       sdk_address_.empty() ? "" : absl::StrCat(" and ", sdk_address_),
@@ -416,6 +432,28 @@ std::shared_ptr<Group> Daemon::MakeGroup(const ViewInfo& view) {
         absl::StrCat("fusion '", plan.fusion, "' is unknown to this worker"));
   }
   return group;
+}
+
+std::vector<std::string> Daemon::Unreachable() {
+  std::vector<std::string> ids;
+  const std::shared_ptr<Group> group = views_->current();
+  if (options_.link_timeout > absl::ZeroDuration() && group != nullptr &&
+      group->rank >= 0 && group->transport != nullptr) {
+    for (int peer :
+         group->transport->StalledPeers(options_.link_timeout, SteadyNow())) {
+      ids.push_back(group->view.member_ids[peer]);
+    }
+  }
+  if (ids != last_unreachable_) {
+    Log(ids.empty() ? std::string("every peer is reachable again")
+                    : absl::StrCat("cannot reach ", absl::StrJoin(ids, ", "),
+                                   ": messages queued, none written for ",
+                                   absl::FormatDuration(options_.link_timeout),
+                                   "; reported to the coordinator"));
+    last_unreachable_ = ids;
+    metrics_->unreachable_peers().Set(static_cast<double>(ids.size()));
+  }
+  return ids;
 }
 
 void Daemon::InstallView(const v1::View& view) {

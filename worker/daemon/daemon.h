@@ -65,6 +65,11 @@ struct DaemonOptions {
   // Peers that started a step this worker's trainer has not joined for this
   // long go on without it (TrainerWatch); zero: never.
   absl::Duration step_join_timeout = absl::Seconds(10);
+  // A member of the view that this worker has had messages queued for this
+  // long without a write completing is reported unreachable with the
+  // heartbeats (the coordinator removes the member most members name;
+  // server/link_reports.h); zero: never.
+  absl::Duration link_timeout = absl::Seconds(10);
   // What one peer's messages may hold here (PeerService); 0 is refused.
   uint64_t peer_buffer_bytes = transport::PeerService::kDefaultHeldBytesPerPeer;
   // Where the algorithms' top-k selections run (--topk); null: the CPU.

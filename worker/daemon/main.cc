@@ -48,6 +48,11 @@ ABSL_FLAG(int, view_wait_ms, 5000,
           "a step cut by a membership change waits this long for the new "
           "view, then runs again there (more than the coordinator's "
           "--heartbeat-timeout-ms)");
+ABSL_FLAG(double, link_timeout_s, 10,
+          "a member of the view that this worker has had messages queued for "
+          "this long, none written, is reported unreachable to the "
+          "coordinator, which removes the member most members name (a link "
+          "that drops every packet; 0: never report)");
 ABSL_FLAG(double, step_join_timeout_s, 10,
           "when the peers started a step this worker's trainer has not joined "
           "for this long, the worker steps out of the group and the others go "
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
        .view_wait = absl::Milliseconds(absl::GetFlag(FLAGS_view_wait_ms)),
        .step_join_timeout =
            absl::Seconds(absl::GetFlag(FLAGS_step_join_timeout_s)),
+       .link_timeout = absl::Seconds(absl::GetFlag(FLAGS_link_timeout_s)),
        .peer_buffer_bytes =
            uint64_t(std::max(absl::GetFlag(FLAGS_peer_buffer_mib), 0)) << 20,
        .topk = *topk});

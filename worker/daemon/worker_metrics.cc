@@ -84,6 +84,11 @@ void WorkerMetrics::RegisterSingleSeries(prometheus::Registry& r) {
   peer_channels_ = &Gauges(r, "gradmesh_worker_peer_channels",
                            "gRPC channels kept to peers and the coordinator")
                         .Add({});
+  unreachable_peers_ =
+      &Gauges(r, "gradmesh_worker_unreachable_peers",
+              "Members this worker reports it cannot reach (messages queued "
+              "to them, none written, for --link_timeout_s)")
+           .Add({});
   late_views_ = &Counters(r, "gradmesh_worker_late_views_total",
                           "Plan changes that arrived after their start step")
                      .Add({});

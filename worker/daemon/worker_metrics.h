@@ -22,6 +22,8 @@
 //       (a certificate not naming the member's host), token (SDK over TCP)
 //   gradmesh_worker_peer_channels                       gauge: channels kept
 //       (to the newest view's members, and the coordinator)
+//   gradmesh_worker_unreachable_peers                   gauge: members this
+//       worker reports it cannot reach (--link_timeout_s)
 //   gradmesh_worker_late_views_total                    counter
 //   gradmesh_worker_step_retries_total                  counter: steps run
 //       again on a new view after membership changed under them
@@ -89,6 +91,7 @@ class WorkerMetrics {
   prometheus::Gauge& rank() { return *rank_; }
   prometheus::Gauge& world_size() { return *world_size_; }
   prometheus::Gauge& peer_channels() { return *peer_channels_; }
+  prometheus::Gauge& unreachable_peers() { return *unreachable_peers_; }
   prometheus::Counter& late_views() { return *late_views_; }
   prometheus::Counter& retries() { return *retries_; }
   prometheus::Counter& unresolved() { return *unresolved_; }
@@ -124,6 +127,7 @@ class WorkerMetrics {
   prometheus::Gauge* rank_;
   prometheus::Gauge* world_size_;
   prometheus::Gauge* peer_channels_;
+  prometheus::Gauge* unreachable_peers_;
   prometheus::Counter* late_views_;
   prometheus::Counter* retries_;
   prometheus::Counter* unresolved_;

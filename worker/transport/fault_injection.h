@@ -61,6 +61,10 @@ class FaultInjectingTransport : public Transport {
                                            uint64_t operation) const override {
     return base_->UnclaimedSince(epoch, operation);
   }
+  std::vector<int> StalledPeers(absl::Duration timeout,
+                                absl::Time now) const override {
+    return base_->StalledPeers(timeout, now);
+  }
   Counters counters() const override { return base_->counters(); }
 
  private:

@@ -114,6 +114,15 @@ class Transport {
                                                    uint64_t operation) const {
     return std::nullopt;
   }
+
+  // The peers that this endpoint has had messages queued for, for at least
+  // `timeout` before `now` (SteadyNow() time), without a write completing: a
+  // link that drops every packet, a connection that cannot be made. Empty on
+  // transports that do not track it.
+  virtual std::vector<int> StalledPeers(absl::Duration timeout,
+                                        absl::Time now) const {
+    return {};
+  }
 };
 
 // Ends an operation on a transport when it goes out of scope, however the

@@ -19,6 +19,8 @@ namespace gradmesh::transport {
 namespace {
 
 using ::gradmesh::testing::GrpcNetwork;
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
 
 std::string Bytes(size_t n, char seed) {
   std::string s(n, '\0');
@@ -171,8 +173,7 @@ TEST(GrpcTransportTest, AnEpochSkippedIsRetired) {
   frame.set_message_bytes(3);
   frame.set_data("abc");
   stream->Write(frame);
-  stream->WritesDone();
-  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_TRUE(testing::EndExchange(*stream).ok());
   EXPECT_EQ(net.service(1)->stats().frames_dropped_old_epoch, 1u);
   EXPECT_EQ(net.service(1)->stats().messages_delivered, 0u);
 }
@@ -198,8 +199,7 @@ TEST(GrpcTransportTest, RefusesMalformedStreams) {
   frame.set_offset(4);  // not where the message starts
   frame.set_data("abc");
   stream->Write(frame);
-  stream->WritesDone();
-  const grpc::Status status = stream->Finish();
+  const grpc::Status status = testing::EndExchange(*stream);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(net.service(1)->stats().streams_refused, 1u);
   auto m = net.endpoint(1)->Recv(0, {0, 0, 0}, Soon());
@@ -417,6 +417,50 @@ TEST(GrpcTransportTest, AResetLinkFailsOnlyTheOperationsInFlight) {
   }
 }
 
+// Whether, within 5 s, everything `sender` sent is acknowledged.
+bool AcknowledgedSoon(const Transport& sender) {
+  const absl::Time deadline = SteadyNow() + absl::Seconds(5);
+  while (!sender.StalledPeers(absl::ZeroDuration(), SteadyNow()).empty()) {
+    if (SteadyNow() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// A link that drops every packet: what is sent to the peer is no longer
+// acknowledged (a small message's write completes all the same: gRPC has
+// its bytes), and once it has waited the timeout the peer is named; when
+// the link carries again, it is not.
+TEST(GrpcTransportTest, NamesAPeerWhoseMessagesStoppedMoving) {
+  ProxiedPair pair;
+  ASSERT_TRUE(pair.endpoint(0).Send(1, {0, 1, 0}, "first").ok());
+  ASSERT_EQ(*pair.endpoint(1).Recv(0, {0, 1, 0}, Soon()), "first");
+  // Nothing waits once the receiver's acknowledgement is back.
+  ASSERT_TRUE(AcknowledgedSoon(pair.endpoint(0)));
+  const absl::Time start = SteadyNow();
+  pair.proxy().Freeze(true);
+  constexpr uint64_t kOps = 3;
+  for (uint64_t op = 2; op < 2 + kOps; ++op) {
+    ASSERT_TRUE(pair.endpoint(0).Send(1, {0, op, 0}, Bytes(100, 'a')).ok());
+  }
+  constexpr absl::Duration kTimeout = absl::Milliseconds(300);
+  std::vector<int> stalled;
+  while (stalled.empty() && SteadyNow() - start < absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(50));
+    stalled = pair.endpoint(0).StalledPeers(kTimeout, SteadyNow());
+  }
+  EXPECT_THAT(stalled, ElementsAre(1));
+  EXPECT_GE(SteadyNow() - start, kTimeout);
+  EXPECT_THAT(pair.endpoint(1).StalledPeers(kTimeout, SteadyNow()), IsEmpty());
+
+  pair.proxy().Freeze(false);
+  for (uint64_t op = 2; op < 2 + kOps; ++op) {
+    auto m = pair.endpoint(1).Recv(0, {0, op, 0}, Soon());
+    ASSERT_TRUE(m.ok()) << "operation " << op << ": " << m.status();
+  }
+  EXPECT_TRUE(AcknowledgedSoon(pair.endpoint(0)));
+}
+
 // Frames of an epoch not started here are held up to a bound; past it the
 // stream is refused, and what was held is freed with the epoch.
 TEST(GrpcTransportTest, BoundsWhatIsHeldForEpochsNotStarted) {
@@ -442,8 +486,7 @@ TEST(GrpcTransportTest, BoundsWhatIsHeldForEpochsNotStarted) {
       if (!stream->Write(frame)) break;
     }
   }
-  stream->WritesDone();
-  EXPECT_EQ(stream->Finish().error_code(),
+  EXPECT_EQ(testing::EndExchange(*stream).error_code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(net.service(1)->stats().streams_refused_unopened_bytes, 1u);
   // The open epoch is untouched.
@@ -465,8 +508,8 @@ TEST(GrpcTransportTest, RefusesStreamsClaimingNoPeersRank) {
     frame.set_message_bytes(3);
     frame.set_data("abc");
     stream->Write(frame);
-    stream->WritesDone();
-    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+    EXPECT_EQ(testing::EndExchange(*stream).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
         << claimed;
   }
   EXPECT_EQ(net.service(1)->stats().streams_refused, 3u);
@@ -485,8 +528,7 @@ TEST(GrpcTransportTest, BoundsHowManyEpochsNotStartedAreHeld) {
     frame.set_epoch(epoch);
     frame.set_from_rank(0);
     stream->Write(frame);  // an empty message: it still holds its overhead
-    stream->WritesDone();
-    return stream->Finish().error_code();
+    return testing::EndExchange(*stream).error_code();
   };
   for (uint64_t e = 1; e <= PeerService::kMaxUnopenedEpochs; ++e) {
     EXPECT_EQ(send(e), grpc::StatusCode::OK) << e;
@@ -527,8 +569,7 @@ struct RawStream {
     stream->Write(frame);
   }
   grpc::StatusCode Finish() {
-    stream->WritesDone();
-    return stream->Finish().error_code();
+    return testing::EndExchange(*stream).error_code();
   }
 };
 

@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "gradmesh/v1/peer.pb.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/slice.h"
 #include "worker/transport/transport.h"
@@ -31,6 +32,25 @@ void ReleaseMessage(void* holder) {
 }
 
 }  // namespace
+
+grpc::ByteBuffer EncodeSignal(uint64_t frames_received) {
+  v1::PeerSignal signal;
+  signal.set_frames_received(frames_received);
+  grpc::Slice slice(signal.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::optional<uint64_t> DecodeSignal(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok()) return std::nullopt;
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  v1::PeerSignal signal;
+  if (!signal.ParseFromString(bytes)) return std::nullopt;
+  return signal.frames_received();
+}
 
 grpc::ByteBuffer EncodeFrame(const FrameHeader& header,
                              const std::shared_ptr<const std::string>& message,

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -46,6 +47,16 @@ using FrameSink = std::function<absl::StatusOr<std::string*>(const FrameHeader&,
 // data longer than kMaxChunkBytes or than the bytes present); the sink's error
 // if it refuses. The sink never sees a size larger than the data really there.
 absl::Status DecodeFrame(grpc::ByteBuffer* buffer, const FrameSink& sink);
+
+// The metadata key by which a sender asks for acknowledgements: a receiver
+// acknowledges only then, since a sender that never reads them would hold
+// the call (gRPC opens the window for them only as they are read).
+inline constexpr char kAcknowledgeKey[] = "gradmesh-acknowledge";
+
+// A PeerSignal acknowledging `frames_received` frames of a stream.
+grpc::ByteBuffer EncodeSignal(uint64_t frames_received);
+// Its frames_received; nullopt for bytes that are not a PeerSignal.
+std::optional<uint64_t> DecodeSignal(const grpc::ByteBuffer& buffer);
 
 }  // namespace gradmesh::transport
 

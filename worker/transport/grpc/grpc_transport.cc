@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/steady_clock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "worker/transport/grpc/frame_codec.h"
 
@@ -25,6 +26,7 @@ class GrpcTransport::Stream final
                                       int peer) {
     std::shared_ptr<Stream> stream(
         new Stream(std::move(channel), service, epoch, peer));
+    stream->context_.AddMetadata(kAcknowledgeKey, "1");
     stream->stub_->PrepareBidiStreamingCall(&stream->context_, kExchangeMethod,
                                             grpc::StubOptions(), stream.get());
     stream->StartRead(&stream->signal_);
@@ -43,8 +45,19 @@ class GrpcTransport::Stream final
             absl::StrCat("the stream to peer ", peer_, " is closed"));
       }
       const bool idle = queue_.empty();
-      for (grpc::ByteBuffer& frame : frames) queue_.push_back(std::move(frame));
+      const absl::Time now = SteadyNow();
+      for (grpc::ByteBuffer& frame : frames) {
+        queue_.push_back(std::move(frame));
+        unacknowledged_.push_back(now);
+      }
+      // A receiver that does not acknowledge can't grow this past a bound
+      // (the oldest frames' times go, as if acknowledged).
+      while (unacknowledged_.size() > kFramesTracked) {
+        unacknowledged_.pop_front();
+        ++acknowledged_;
+      }
       if (idle) {
+        waiting_since_ = now;
         first = &queue_.front();
         // Keeps the call alive until StartWrite, whatever Cancel does
         // meanwhile (the main hold is still held here).
@@ -89,6 +102,23 @@ class GrpcTransport::Stream final
     ReleaseHold();
   }
 
+  // Since when frames have waited with no progress, or nullopt when none
+  // waits or the stream is broken. Once the receiver has acknowledged
+  // frames: since the oldest frame not acknowledged was queued or the last
+  // acknowledgement came, whichever is later (a write completes once gRPC
+  // has the bytes, delivered or not). Before (a connection not made yet, a
+  // receiver that does not acknowledge): since the queue last moved.
+  std::optional<absl::Time> WaitingSince() {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) return std::nullopt;
+    if (acknowledged_at_.has_value()) {
+      if (unacknowledged_.empty()) return std::nullopt;
+      return std::max(*acknowledged_at_, unacknowledged_.front());
+    }
+    if (queue_.empty()) return std::nullopt;
+    return waiting_since_;
+  }
+
   // Whether messages can still be queued (not broken, closing or closed).
   bool open() {
     absl::MutexLock lock(&mu_);
@@ -115,9 +145,11 @@ class GrpcTransport::Stream final
         }
         broken = broken_;
         queue_.clear();
+        unacknowledged_.clear();
         release = closing_;  // Close is waiting for the queue to drain
       } else {
         queue_.pop_front();
+        waiting_since_ = SteadyNow();
         if (!queue_.empty()) {
           next = &queue_.front();
         } else if (closing_ && !writes_done_) {
@@ -134,10 +166,11 @@ class GrpcTransport::Stream final
     }
   }
 
-  // The receiver sends nothing today, so a finished read means the stream
-  // ended; before Close that is the peer going away.
+  // The receiver sends acknowledgements; a finished read means the stream
+  // ended, which before Close is the peer going away.
   void OnReadDone(bool ok) override {
     if (ok) {
+      Acknowledged(DecodeSignal(signal_));
       StartRead(&signal_);
       return;
     }
@@ -177,6 +210,18 @@ class GrpcTransport::Stream final
         peer_(peer),
         number_(service->OutgoingStreamOpened(epoch, peer)) {}
 
+  // The receiver has read `frames` frames (nullopt: not a PeerSignal,
+  // ignored).
+  void Acknowledged(std::optional<uint64_t> frames) {
+    if (!frames.has_value()) return;
+    absl::MutexLock lock(&mu_);
+    while (acknowledged_ < *frames && !unacknowledged_.empty()) {
+      unacknowledged_.pop_front();
+      ++acknowledged_;
+    }
+    acknowledged_at_ = SteadyNow();
+  }
+
   void ReleaseHold() {
     {
       absl::MutexLock lock(&mu_);
@@ -192,10 +237,17 @@ class GrpcTransport::Stream final
   const int peer_;
   const uint64_t number_;  // PeerService's stream number
   grpc::ClientContext context_;
-  grpc::ByteBuffer signal_;  // the receiver sends nothing yet
+  grpc::ByteBuffer signal_;  // the receiver's acknowledgements
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
+  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_);  // the queue last moved
+  // When each frame not acknowledged yet was queued, oldest first; how many
+  // were; and when the last acknowledgement came (nullopt: none yet).
+  std::deque<absl::Time> unacknowledged_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kFramesTracked = 1 << 16;
+  uint64_t acknowledged_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<absl::Time> acknowledged_at_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -344,6 +396,23 @@ void GrpcTransport::EndOperation(uint64_t epoch, uint64_t operation) {
 std::optional<absl::Time> GrpcTransport::UnclaimedSince(
     uint64_t epoch, uint64_t operation) const {
   return options_.service->UnclaimedSince(epoch, operation);
+}
+
+std::vector<int> GrpcTransport::StalledPeers(absl::Duration timeout,
+                                             absl::Time now) const {
+  std::vector<std::pair<int, std::shared_ptr<Stream>>> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int peer = 0; peer < size(); ++peer) {
+      if (streams_[peer] != nullptr) streams.emplace_back(peer, streams_[peer]);
+    }
+  }
+  std::vector<int> stalled;
+  for (const auto& [peer, stream] : streams) {
+    const std::optional<absl::Time> since = stream->WaitingSince();
+    if (since.has_value() && now - *since >= timeout) stalled.push_back(peer);
+  }
+  return stalled;
 }
 
 Counters GrpcTransport::counters() const {

@@ -9,7 +9,11 @@
 // Failure: a stream that breaks fails the operations in flight with its peer
 // (their Recv from it fails with Unavailable instead of waiting; see
 // PeerService), and the next Send to the peer opens a new stream, so one
-// transient reset costs only the operations it hit. Abort fails this
+// transient reset costs only the operations it hit. A peer whose queued
+// messages have not moved for a while is named by StalledPeers, for the
+// coordinator to decide (a break needs the connection to die first, and a
+// link that drops every packet may take gRPC's keepalive to notice, after
+// which every new connection hangs). Abort fails this
 // endpoint's calls with its status and cancels its streams, which peers see
 // as a break. Nothing waits past the caller's deadline.
 //
@@ -67,6 +71,8 @@ class GrpcTransport final : public Transport {
   void EndOperation(uint64_t epoch, uint64_t operation) override;
   std::optional<absl::Time> UnclaimedSince(uint64_t epoch,
                                            uint64_t operation) const override;
+  std::vector<int> StalledPeers(absl::Duration timeout,
+                                absl::Time now) const override;
   Counters counters() const override;
 
  private:

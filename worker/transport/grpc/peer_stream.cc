@@ -1,5 +1,6 @@
 // PeerService, one incoming stream: reads frames, checks them against the
-// stream and the message being assembled, and delivers whole messages.
+// stream and the message being assembled, delivers whole messages, and
+// acknowledges what it has read.
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -35,16 +36,21 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }  // namespace
 
 // One incoming stream: reads frames, checks them, reassembles messages.
+// Acknowledges the frames read (a PeerSignal with their count), one write
+// in flight, where the sender asks for it (kAcknowledgeKey), so that the
+// sender can tell a link that drops its frames.
 class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
  public:
   Reactor(PeerService* service, grpc::CallbackServerContext* context)
-      : service_(service), context_(context) {
+      : service_(service),
+        context_(context),
+        acknowledges_(context->client_metadata().contains(kAcknowledgeKey)) {
     StartRead(&buffer_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status::OK);
+      FinishOnce(grpc::Status::OK);
       return;
     }
     absl::Status accepted =
@@ -53,6 +59,7 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
         });
     buffer_.Clear();
     if (accepted.ok()) {
+      Acknowledge();
       ++frames_;
       if (!keep_) message_.clear();  // read into nothing
       if (received_ == message_bytes_) {
@@ -76,7 +83,16 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
       service_->CountRefused();
     }
     refused_ = accepted;
-    Finish(ToGrpcStatus(accepted));
+    FinishOnce(ToGrpcStatus(accepted));
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&write_mu_);
+      writing_ = false;
+      if (!ok) broken_write_ = true;  // no more acknowledgements
+    }
+    SendAcknowledgement();
   }
 
   void OnDone() override {
@@ -158,8 +174,40 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
     return &message_;
   }
 
+  // Counts a frame read, and acknowledges it unless an acknowledgement is
+  // in flight (its completion sends the count then).
+  void Acknowledge() {
+    if (!acknowledges_) return;
+    {
+      absl::MutexLock lock(&write_mu_);
+      ++frames_read_;
+    }
+    SendAcknowledgement();
+  }
+  // StartWrite and Finish are called under write_mu_: never at once (both
+  // send the initial metadata when it has not gone yet). A write in flight
+  // at Finish completes before OnDone.
+  void SendAcknowledgement() {
+    absl::MutexLock lock(&write_mu_);
+    if (writing_ || finishing_ || broken_write_ ||
+        acknowledged_ == frames_read_) {
+      return;
+    }
+    writing_ = true;
+    acknowledged_ = frames_read_;
+    signal_ = EncodeSignal(acknowledged_);
+    StartWrite(&signal_);
+  }
+  void FinishOnce(grpc::Status status) {
+    absl::MutexLock lock(&write_mu_);
+    if (finishing_) return;
+    finishing_ = true;
+    Finish(std::move(status));
+  }
+
   PeerService* const service_;
   grpc::CallbackServerContext* const context_;
+  const bool acknowledges_;
   grpc::ByteBuffer buffer_;
   bool identified_ = false;
   uint64_t stream_ = 0;  // its number (IncomingStreamOpened)
@@ -173,6 +221,14 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
   uint64_t frames_ = 0;
   bool keep_ = true;  // false: its epoch or operation is retired here
   std::string message_;
+  // Acknowledgements; OnReadDone and OnWriteDone may run at once.
+  absl::Mutex write_mu_;
+  uint64_t frames_read_ ABSL_GUARDED_BY(write_mu_) = 0;
+  uint64_t acknowledged_ ABSL_GUARDED_BY(write_mu_) = 0;
+  grpc::ByteBuffer signal_ ABSL_GUARDED_BY(write_mu_);  // the one in flight
+  bool writing_ ABSL_GUARDED_BY(write_mu_) = false;
+  bool broken_write_ ABSL_GUARDED_BY(write_mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(write_mu_) = false;
 };
 
 grpc::ServerGenericBidiReactor* PeerService::CreateReactor(
