@@ -154,11 +154,10 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
     present->second.last_seen = std::max(present->second.last_seen, now);
     return ViewLocked();
   }
-  GM_RETURN_IF_ERROR(links_.MayJoin(member.node_id, member.incarnation, now));
+  GM_RETURN_IF_ERROR(links_.MayJoin(member.node_id, now));
   if (known != nullptr) epoch_ = std::max(epoch_, known->epoch);
   // A previous incarnation's figures do not describe the new one.
   last_seconds_.erase(member.node_id);
-  links_.Forget(member.node_id);
   members_.insert_or_assign(member.node_id,
                             Member{.info = member, .last_seen = now});
   MembershipChangedLocked();
@@ -258,6 +257,11 @@ absl::Status Coordinator::Heartbeat(
         absl::StrCat("'", node_id, "' is not a member; join again"));
   }
   it->second.last_seen = std::max(it->second.last_seen, now);
+  if (unreachable.size() > members_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", node_id, "' names ", unreachable.size(),
+        " peers it cannot reach, of ", members_.size(), " members"));
+  }
   std::vector<std::string> members;  // what is kept stays bounded
   for (const std::string& peer : unreachable) {
     if (members_.contains(peer)) members.push_back(peer);
@@ -273,7 +277,6 @@ absl::Status Coordinator::Leave(absl::string_view node_id) {
     return absl::NotFoundError(absl::StrCat("'", node_id, "' is not a member"));
   }
   last_seconds_.erase(it->first);
-  links_.Forget(it->first);
   members_.erase(it);
   MembershipChangedLocked();
   return absl::OkStatus();
@@ -285,7 +288,6 @@ std::optional<Coordinator::LinkRemoval> Coordinator::Tick(absl::Time now) {
   for (auto it = members_.begin(); it != members_.end();) {
     if (now - it->second.last_seen > heartbeat_timeout_) {
       last_seconds_.erase(it->first);
-      links_.Forget(it->first);
       it = members_.erase(it);
       removed = true;
     } else {
@@ -301,12 +303,10 @@ std::optional<Coordinator::LinkRemoval> Coordinator::Tick(absl::Time now) {
   std::optional<LinkReports::Verdict> verdict = links_.Choose(ids, now);
   if (!verdict.has_value()) return std::nullopt;
   auto it = members_.find(verdict->node_id);
-  LinkRemoval removal{
-      .node_id = verdict->node_id,
-      .reporters = std::move(verdict->reporters),
-      .kept_out = links_.KeepOut(it->first, it->second.info.incarnation, now)};
+  LinkRemoval removal{.node_id = verdict->node_id,
+                      .reporters = std::move(verdict->reporters),
+                      .kept_out = links_.KeepOut(it->first, now)};
   last_seconds_.erase(it->first);
-  links_.Forget(it->first);
   members_.erase(it);
   MembershipChangedLocked();
   return removal;
@@ -317,6 +317,7 @@ void Coordinator::Excuse(absl::Duration unobserved, absl::Time now) {
   for (auto& [node_id, member] : members_) {
     member.last_seen = std::min(member.last_seen + unobserved, now);
   }
+  links_.Excuse(unobserved, now);
 }
 
 absl::Status Coordinator::Report(const IterationReport& report) {
@@ -389,6 +390,7 @@ void Coordinator::PublishLocked(Plan plan, uint64_t start_step) {
 Plan Coordinator::BasePlan() const { return PlanOfConfig(config_); }
 
 void Coordinator::MembershipChangedLocked() {
+  links_.ForgetReports();  // they were about the old view's links
   const int world_size = static_cast<int>(members_.size());
   round_.reset();
   if (Tunes(world_size)) {

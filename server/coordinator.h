@@ -154,8 +154,7 @@ class Coordinator {
   // Adds `member` (last seen at `now`) and publishes a new epoch; returns its
   // view. A node_id already present is replaced: its old incarnation leaves.
   // InvalidArgument for an empty node_id or address, or an unusable config;
-  // Unavailable, nothing changed, while the process is kept out
-  // (LinkReports).
+  // Unavailable, nothing changed, while the node is kept out (LinkReports).
   //
   // `known` is the view the worker runs now, if any (it keeps it across a
   // coordinator restart). So that a restart loses nothing:
@@ -182,7 +181,8 @@ class Coordinator {
 
   // Marks the member alive at `now`, and notes the members it cannot reach
   // (node ids; LinkReports::Update). NotFound if it is not a member (it was
-  // removed and must join again).
+  // removed and must join again); InvalidArgument, the reports ignored, for
+  // more names than members.
   absl::Status Heartbeat(absl::string_view node_id, absl::Time now,
                          const std::vector<std::string>& unreachable = {});
 
@@ -202,7 +202,8 @@ class Coordinator {
 
   // The coordinator could not watch for `unobserved` before `now` (its
   // process was paused or starved): that silence is no member's. Moves every
-  // member's last sign of life forward by it, to `now` at most.
+  // member's last sign of life, and every link report, forward by it, to
+  // `now` at most.
   void Excuse(absl::Duration unobserved, absl::Time now);
 
   // Feeds the autotune, the link model and last_iteration_seconds().

@@ -1,6 +1,7 @@
 #include "server/link_reports.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -29,29 +30,43 @@ void LinkReports::Update(absl::string_view reporter,
   mine = std::move(listed);
 }
 
-void LinkReports::Forget(absl::string_view node_id) {
-  reports_.erase(node_id);
-  for (auto& [reporter, peers] : reports_) peers.erase(node_id);
+void LinkReports::ForgetReports() { reports_.clear(); }
+
+void LinkReports::Excuse(absl::Duration unobserved, absl::Time now) {
+  for (auto& [reporter, peers] : reports_) {
+    for (auto& [peer, since] : peers) since = std::min(since + unobserved, now);
+  }
 }
 
 std::optional<LinkReports::Verdict> LinkReports::Choose(
     const absl::flat_hash_set<std::string>& members, absl::Time now) const {
-  std::map<std::string, std::vector<std::string>> reported;  // peer -> by
-  absl::Time newest = absl::InfinitePast();
+  if (members.size() < 2) return std::nullopt;
+  const size_t others = members.size() - 1;
+  std::map<std::string, std::vector<std::string>> named;  // peer -> by
+  absl::flat_hash_set<std::string> reporting;
   for (const auto& [reporter, peers] : reports_) {
     if (!members.contains(reporter)) continue;
+    std::vector<std::string> standing;
     for (const auto& [peer, since] : peers) {
-      if (peer == reporter || !members.contains(peer)) continue;
-      reported[peer].push_back(reporter);
-      newest = std::max(newest, since);
+      if (peer != reporter && members.contains(peer) &&
+          now - since >= settle_) {
+        standing.push_back(peer);
+      }
     }
+    if (standing.empty()) continue;
+    reporting.insert(reporter);
+    if (members.size() > 2 && 2 * standing.size() > others) continue;
+    for (std::string& peer : standing) named[peer].push_back(reporter);
   }
-  // Every report has stood for `settle`: no member still on its way to say
-  // what it sees.
-  if (reported.empty() || now - newest < settle_) return std::nullopt;
+  // The most named; then one that reports others; then the last node id.
   std::optional<Verdict> chosen;
-  for (auto& [peer, by] : reported) {  // node-id order: ties go to the last
-    if (!chosen.has_value() || by.size() >= chosen->reporters.size()) {
+  auto rank = [&](const std::string& id, size_t votes) {
+    return std::tuple(votes, reporting.contains(id), id);
+  };
+  for (auto& [peer, by] : named) {
+    if (!chosen.has_value() ||
+        rank(peer, by.size()) >
+            rank(chosen->node_id, chosen->reporters.size())) {
       std::sort(by.begin(), by.end());
       chosen = Verdict{.node_id = peer, .reporters = by};
     }
@@ -60,27 +75,25 @@ std::optional<LinkReports::Verdict> LinkReports::Choose(
 }
 
 absl::Duration LinkReports::KeepOut(const std::string& node_id,
-                                    uint64_t incarnation, absl::Time now) {
+                                    absl::Time now) {
   KeptOut& out = kept_out_[node_id];
-  if (out.incarnation != incarnation) out = {.incarnation = incarnation};
+  if (out.strikes > 0 && now - out.until > 16 * quarantine_) out.strikes = 0;
   out.strikes = std::min(out.strikes + 1, 5);
-  const absl::Duration length = quarantine_ * (1 << (out.strikes - 1));
-  out.until = now + length;
-  ++removals_[node_id];
-  return length;
+  out.length = quarantine_ * (1 << (out.strikes - 1));
+  out.until = now + out.length;
+  return out.length;
 }
 
 absl::Status LinkReports::MayJoin(absl::string_view node_id,
-                                  uint64_t incarnation, absl::Time now) const {
+                                  absl::Time now) const {
   auto it = kept_out_.find(node_id);
-  if (it == kept_out_.end() || it->second.incarnation != incarnation ||
-      now >= it->second.until) {
+  if (it == kept_out_.end() || now >= it->second.until) {
     return absl::OkStatus();
   }
   return absl::UnavailableError(absl::StrFormat(
-      "'%s' is kept out for %.1f s more: members could not reach it (a link "
-      "that drops its packets); it may join again then",
-      node_id, absl::ToDoubleSeconds(it->second.until - now)));
+      "'%s' was removed because members could not reach it (a link that "
+      "drops its packets), and is kept out for %.0f s from then",
+      node_id, absl::ToDoubleSeconds(it->second.length)));
 }
 
 }  // namespace gradmesh::server

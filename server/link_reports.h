@@ -3,26 +3,28 @@
 //
 // A link that drops every packet (a black-holed route, a switch port gone
 // bad) while both ends heartbeat leaves membership unchanged, so every step
-// that needs the link fails. Each worker reports, with its heartbeats, the
-// members of its view whose channel has not been ready for its link timeout
-// (LinkWatch). Once no report is newer than `settle` (at least a heartbeat
-// timeout, so that every member that sees the fault has had a heartbeat to
-// say so), the member reported by the most members is removed, and with ties
-// the last in node-id order. A node that lost its network to
-// every peer is reported by all of them and removed; of the two ends of one
-// bad link, one is.
+// that needs the link fails. Each worker names, with its heartbeats, the
+// members of its view to which it has had frames unacknowledged for its
+// link timeout (GrpcTransport::StalledPeers). A report counts once it has
+// stood for `settle` (a heartbeat timeout: every member that sees the fault
+// has had a heartbeat to say so). The member with the most counted reports
+// is removed. A reporter that names more than half of the other members
+// (itself the likely fault: cut off, or too starved to read) is not
+// counted while there are more than two members. Ties go first to a member
+// that itself reports others (on a ring, a node cut off is named by its
+// predecessor and names its successor), then to the last in node-id order.
 //
-// The removed process (node id and incarnation) may not join again for the
-// quarantine, doubled at each removal of the same process (to 16 times), so
-// that a link still bad does not cut the others' steps every few seconds. A
-// new process of the node (a restart) is not kept out.
+// The removed node may not join again for the quarantine, doubled at each
+// removal (to 16 times; the count starts over once the node has stayed in
+// for 16 quarantines), so that a link still bad does not cut the others'
+// steps every few seconds. A new process of the node is kept out too: the
+// link is the node's.
 //
 // Not thread-safe: the Coordinator holds it under its mutex. Time is passed
 // in (steady time in the service).
 #ifndef GRADMESH_SERVER_LINK_REPORTS_H_
 #define GRADMESH_SERVER_LINK_REPORTS_H_
 
-#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -47,9 +49,13 @@ class LinkReports {
   void Update(absl::string_view reporter,
               const std::vector<std::string>& unreachable, absl::Time now);
 
-  // Forgets `node_id`'s reports and the reports about it (it left, or a new
-  // process replaced it).
-  void Forget(absl::string_view node_id);
+  // Forgets every report (the members changed: the reports were about
+  // another view's links).
+  void ForgetReports();
+
+  // The coordinator could not watch for `unobserved` before `now`: moves
+  // every report's time forward by it, to `now` at most.
+  void Excuse(absl::Duration unobserved, absl::Time now);
 
   struct Verdict {
     std::string node_id;
@@ -60,23 +66,18 @@ class LinkReports {
   std::optional<Verdict> Choose(const absl::flat_hash_set<std::string>& members,
                                 absl::Time now) const;
 
-  // Keeps `node_id`'s process `incarnation` out from `now`; returns for how
-  // long.
-  absl::Duration KeepOut(const std::string& node_id, uint64_t incarnation,
-                         absl::Time now);
+  // Keeps `node_id` out from `now`; returns for how long.
+  absl::Duration KeepOut(const std::string& node_id, absl::Time now);
 
-  // OK, or Unavailable saying for how long while that process is kept out.
-  absl::Status MayJoin(absl::string_view node_id, uint64_t incarnation,
-                       absl::Time now) const;
-
-  // How many times each node's processes were removed for its links.
-  const std::map<std::string, int>& removals() const { return removals_; }
+  // OK, or Unavailable (the same message throughout) while `node_id` is
+  // kept out.
+  absl::Status MayJoin(absl::string_view node_id, absl::Time now) const;
 
  private:
   struct KeptOut {
-    uint64_t incarnation = 0;
     absl::Time until;
-    int strikes = 0;  // removals of this incarnation
+    absl::Duration length;
+    int strikes = 0;  // removals in a row
   };
 
   const absl::Duration settle_;
@@ -85,7 +86,6 @@ class LinkReports {
   absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, absl::Time>>
       reports_;
   absl::flat_hash_map<std::string, KeptOut> kept_out_;
-  std::map<std::string, int> removals_;
 };
 
 }  // namespace gradmesh::server

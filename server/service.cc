@@ -143,8 +143,8 @@ class Metrics {
   void CountDepartures(const std::string& node, int departures) {
     departures_->Add({{"node", node}}).Increment(departures);
   }
-  void CountLinkRemoval(const std::string& node) {
-    link_removals_->Add({{"node", node}}).Increment();
+  void CountLinkRemovals(const std::string& node, int removals) {
+    link_removals_->Add({{"node", node}}).Increment(removals);
   }
 
   // Scrapes may come at once: one refresh at a time keeps the series it
@@ -329,6 +329,11 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                          const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
     GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, request->node_id()));
+    // More names than any view has members: refused before any copy.
+    if (request->unreachable_size() > kMaxUnreachable) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "too many unreachable peers named");
+    }
     GM_RETURN_IF_ERROR_GRPC(coordinator_.Heartbeat(
         request->node_id(), Heard(),
         {request->unreachable().begin(), request->unreachable().end()}));
@@ -441,7 +446,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
             "removed %s: %s could not reach it; kept out for %.0f s",
             removed->node_id, absl::StrJoin(removed->reporters, ", "),
             absl::ToDoubleSeconds(removed->kept_out)));
-        metrics_.CountLinkRemoval(removed->node_id);
+        metrics_.CountLinkRemovals(removed->node_id, 1);
       }
       View view = coordinator_.view();
       if (view.epoch != epoch) {
@@ -449,6 +454,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
         // increase() sees its first departure.
         for (const MemberInfo& m : view.members) {
           metrics_.CountDepartures(m.node_id, 0);
+          metrics_.CountLinkRemovals(m.node_id, 0);
         }
       }
       if (view.epoch != epoch && epoch != 0) {
@@ -499,6 +505,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   }
 
   static constexpr absl::Duration kTickInterval = absl::Milliseconds(100);
+  static constexpr int kMaxUnreachable = 1 << 16;
   static constexpr absl::Duration kPauseGap = absl::Seconds(1);
 
   const ServerOptions options_;

@@ -1,7 +1,9 @@
 // Real processes on 127.0.0.1: a coordinator and P gradmesh-worker
 // processes (LocalCluster), driven through the SDK over shared memory.
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -218,8 +220,14 @@ TEST_F(ClusterTest, AStalledWorkerIsDroppedThenRejoins) {
 class LinkCutTest : public ::testing::Test {
  protected:
   static constexpr int kHosts = 4;
+  using Flags = std::vector<std::pair<std::string, std::string>>;
 
   void SetUp() override {
+    // One test at a time may own the namespaces' names (ctest runs tests
+    // side by side); the lock goes with the process.
+    lock_ = open("/tmp/gradmesh-link-cut.lock", O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(lock_, 0);
+    ASSERT_EQ(flock(lock_, LOCK_EX), 0);
     RemoveAll();
     if (!Run("ip link add gmfbr0 type bridge")) {
       GTEST_SKIP() << "cannot create network namespaces here (needs root)";
@@ -250,6 +258,7 @@ class LinkCutTest : public ::testing::Test {
     }
     cluster_.reset();
     RemoveAll();
+    if (lock_ >= 0) close(lock_);
   }
 
   static bool Run(const std::string& command) {
@@ -266,6 +275,24 @@ class LinkCutTest : public ::testing::Test {
   static void Link(int host, bool up) {
     ASSERT_TRUE(
         Run(absl::StrCat("ip link set gmfv", host, up ? " up" : " down")));
+  }
+
+  // Starts a worker on each host and the coordinator on the bridge (SparDL,
+  // d = 2, heartbeats every 250 ms, plus the flags given); waits for the
+  // view of all of them.
+  void StartOnHosts(Flags coordinator_flags, Flags worker_flags) {
+    coordinator_flags.insert(coordinator_flags.begin(),
+                             {{"algo", "spardl"}, {"teams", "2"}});
+    worker_flags.push_back({"heartbeat_interval_ms", "250"});
+    auto cluster =
+        LocalCluster::Start({.workers = kHosts,
+                             .coordinator_flags = std::move(coordinator_flags),
+                             .worker_flags = std::move(worker_flags),
+                             .hosts = hosts_,
+                             .coordinator_host = "10.78.0.254"});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    ASSERT_TRUE(cluster_->WaitForView(kHosts, absl::Seconds(30)).ok());
   }
 
   // Drops every packet between hosts a and b, both ways, or stops dropping
@@ -285,6 +312,7 @@ class LinkCutTest : public ::testing::Test {
 
   std::vector<LocalClusterOptions::Host> hosts_;
   std::unique_ptr<LocalCluster> cluster_;
+  int lock_ = -1;
 };
 
 // A link cut shorter than the heartbeat timeout: the step in flight ends
@@ -294,18 +322,9 @@ class LinkCutTest : public ::testing::Test {
 // and a Broadcast brings its trainer the current parameters.
 TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
   constexpr absl::Duration kTimeout = absl::Seconds(8);
-  auto cluster = LocalCluster::Start(
-      {.workers = kHosts,
-       .coordinator_flags = {{"algo", "spardl"},
-                             {"teams", "2"},
-                             {"heartbeat_timeout_ms", "2000"}},
-       .worker_flags = {{"operation_timeout_s", "8"},
-                        {"heartbeat_interval_ms", "250"}},
-       .hosts = hosts_,
-       .coordinator_host = "10.78.0.254"});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  cluster_ = *std::move(cluster);
-  ASSERT_TRUE(cluster_->WaitForView(kHosts, absl::Seconds(30)).ok());
+  StartOnHosts({{"heartbeat_timeout_ms", "2000"}},
+               {{"operation_timeout_s", "8"}});
+  ASSERT_FALSE(HasFatalFailure());
   std::vector<Trainer> trainers = ConnectAll(*cluster_, "cut", 10000, kTimeout);
   const StepResults warm = RunStep(trainers, {0, 1, 2, 3}, 0);
   for (const auto& r : warm) ASSERT_TRUE(r.status.ok()) << r.status;
@@ -373,20 +392,9 @@ TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
 // parameters.
 TEST_F(LinkCutTest, ABlackHoledLinkRemovesOneEndAndTheOthersGoOn) {
   constexpr absl::Duration kTimeout = absl::Seconds(20);
-  auto cluster = LocalCluster::Start(
-      {.workers = kHosts,
-       .coordinator_flags = {{"algo", "spardl"},
-                             {"teams", "2"},
-                             {"heartbeat_timeout_ms", "1500"},
-                             {"quarantine_s", "10"}},
-       .worker_flags = {{"operation_timeout_s", "20"},
-                        {"heartbeat_interval_ms", "250"},
-                        {"link_timeout_s", "1"}},
-       .hosts = hosts_,
-       .coordinator_host = "10.78.0.254"});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  cluster_ = *std::move(cluster);
-  ASSERT_TRUE(cluster_->WaitForView(kHosts, absl::Seconds(30)).ok());
+  StartOnHosts({{"heartbeat_timeout_ms", "1500"}, {"quarantine_s", "10"}},
+               {{"operation_timeout_s", "20"}, {"link_timeout_s", "1"}});
+  ASSERT_FALSE(HasFatalFailure());
   std::vector<Trainer> trainers =
       ConnectAll(*cluster_, "hole", 200000, kTimeout);
   const StepResults warm = RunStep(trainers, {0, 1, 2, 3}, 0);

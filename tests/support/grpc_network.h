@@ -11,7 +11,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "gradmesh/v1/peer.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "worker/transport/grpc/grpc_transport.h"
@@ -97,18 +96,6 @@ class GrpcNetwork {
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<transport::GrpcTransport>> transports_;
 };
-
-// Ends a raw Exchange stream as a sender should: no more frames, the
-// receiver's acknowledgements read (a status waits behind unread ones),
-// then the status.
-inline grpc::Status EndExchange(
-    grpc::ClientReaderWriter<v1::Frame, v1::PeerSignal>& stream) {
-  stream.WritesDone();
-  v1::PeerSignal signal;
-  while (stream.Read(&signal)) {
-  }
-  return stream.Finish();
-}
 
 }  // namespace gradmesh::testing
 

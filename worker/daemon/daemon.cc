@@ -129,9 +129,9 @@ class Daemon final : public WorkerDaemon {
   std::shared_ptr<grpc::Channel> Channel(const std::string& address);
   std::shared_ptr<Group> MakeGroup(const ViewInfo& view);
   void InstallView(const v1::View& view);
-  // The node ids of the current view's members that this worker has had
-  // messages queued for, none written, for link_timeout; logs changes. On
-  // the heartbeat thread only.
+  // The node ids of the current view's members to which this worker has
+  // had frames unacknowledged for link_timeout (StalledPeers); logs
+  // changes. On the heartbeat thread only.
   std::vector<std::string> Unreachable();
   void Report(const ReduceResult& result);
   // Before each scrape: residual norms and dropped frames.
@@ -447,7 +447,7 @@ std::vector<std::string> Daemon::Unreachable() {
   if (ids != last_unreachable_) {
     Log(ids.empty() ? std::string("every peer is reachable again")
                     : absl::StrCat("cannot reach ", absl::StrJoin(ids, ", "),
-                                   ": messages queued, none written for ",
+                                   ": frames unacknowledged for ",
                                    absl::FormatDuration(options_.link_timeout),
                                    "; reported to the coordinator"));
     last_unreachable_ = ids;

@@ -65,8 +65,8 @@ struct DaemonOptions {
   // Peers that started a step this worker's trainer has not joined for this
   // long go on without it (TrainerWatch); zero: never.
   absl::Duration step_join_timeout = absl::Seconds(10);
-  // A member of the view that this worker has had messages queued for this
-  // long without a write completing is reported unreachable with the
+  // A member of the view to which this worker has had frames
+  // unacknowledged for this long is reported unreachable with the
   // heartbeats (the coordinator removes the member most members name;
   // server/link_reports.h); zero: never.
   absl::Duration link_timeout = absl::Seconds(10);

@@ -49,8 +49,8 @@ ABSL_FLAG(int, view_wait_ms, 5000,
           "view, then runs again there (more than the coordinator's "
           "--heartbeat-timeout-ms)");
 ABSL_FLAG(double, link_timeout_s, 10,
-          "a member of the view that this worker has had messages queued for "
-          "this long, none written, is reported unreachable to the "
+          "a member of the view to which this worker has had frames "
+          "unacknowledged for this long is reported unreachable to the "
           "coordinator, which removes the member most members name (a link "
           "that drops every packet; 0: never report)");
 ABSL_FLAG(double, step_join_timeout_s, 10,

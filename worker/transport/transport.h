@@ -115,10 +115,11 @@ class Transport {
     return std::nullopt;
   }
 
-  // The peers that this endpoint has had messages queued for, for at least
-  // `timeout` before `now` (SteadyNow() time), without a write completing: a
-  // link that drops every packet, a connection that cannot be made. Empty on
-  // transports that do not track it.
+  // The peers to which this endpoint has had messages on their way, with
+  // no progress (nothing acknowledged by the receiver) for at least
+  // `timeout` before `now` (SteadyNow() time): a link that drops every
+  // packet, a connection that cannot be made. Empty on transports that do
+  // not track it.
   virtual std::vector<int> StalledPeers(absl::Duration timeout,
                                         absl::Time now) const {
     return {};

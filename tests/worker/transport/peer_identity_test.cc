@@ -12,7 +12,6 @@
 #include "gradmesh/v1/peer.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "tests/support/grpc_network.h"
 #include "worker/transport/grpc/peer_service.h"
 
 namespace gradmesh::transport {
@@ -99,7 +98,8 @@ class PeerIdentityTest : public ::testing::Test {
       stream->Write(frame);
     }
     grpc::StatusCode Finish() {
-      return testing::EndExchange(*stream).error_code();
+      stream->WritesDone();
+      return stream->Finish().error_code();
     }
   };
   std::unique_ptr<Stream> Connect(const std::string& host) {

@@ -33,6 +33,9 @@ void ReleaseMessage(void* holder) {
 
 }  // namespace
 
+// A PeerSignal is at most 11 bytes.
+constexpr size_t kMaxSignalBytes = 16;
+
 grpc::ByteBuffer EncodeSignal(uint64_t frames_received) {
   v1::PeerSignal signal;
   signal.set_frames_received(frames_received);
@@ -41,6 +44,7 @@ grpc::ByteBuffer EncodeSignal(uint64_t frames_received) {
 }
 
 std::optional<uint64_t> DecodeSignal(const grpc::ByteBuffer& buffer) {
+  if (buffer.Length() > kMaxSignalBytes) return std::nullopt;
   std::vector<grpc::Slice> slices;
   if (!buffer.Dump(&slices).ok()) return std::nullopt;
   std::string bytes;

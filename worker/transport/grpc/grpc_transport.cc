@@ -45,19 +45,16 @@ class GrpcTransport::Stream final
             absl::StrCat("the stream to peer ", peer_, " is closed"));
       }
       const bool idle = queue_.empty();
-      const absl::Time now = SteadyNow();
-      for (grpc::ByteBuffer& frame : frames) {
-        queue_.push_back(std::move(frame));
-        unacknowledged_.push_back(now);
-      }
-      // A receiver that does not acknowledge can't grow this past a bound
-      // (the oldest frames' times go, as if acknowledged).
-      while (unacknowledged_.size() > kFramesTracked) {
+      sent_ += frames.size();
+      for (grpc::ByteBuffer& frame : frames) queue_.push_back(std::move(frame));
+      unacknowledged_.push_back({.frames_end = sent_, .queued = SteadyNow()});
+      // Bounded whatever the receiver does: the oldest time stays.
+      if (unacknowledged_.size() > kSendsTracked) {
+        const absl::Time oldest = unacknowledged_.front().queued;
         unacknowledged_.pop_front();
-        ++acknowledged_;
+        unacknowledged_.front().queued = oldest;
       }
       if (idle) {
-        waiting_since_ = now;
         first = &queue_.front();
         // Keeps the call alive until StartWrite, whatever Cancel does
         // meanwhile (the main hold is still held here).
@@ -102,21 +99,15 @@ class GrpcTransport::Stream final
     ReleaseHold();
   }
 
-  // Since when frames have waited with no progress, or nullopt when none
-  // waits or the stream is broken. Once the receiver has acknowledged
-  // frames: since the oldest frame not acknowledged was queued or the last
+  // Since when frames have waited with no progress: since the oldest frame
+  // the receiver has not acknowledged was queued, or the last
   // acknowledgement came, whichever is later (a write completes once gRPC
-  // has the bytes, delivered or not). Before (a connection not made yet, a
-  // receiver that does not acknowledge): since the queue last moved.
+  // has the bytes, delivered or not). nullopt when every frame is
+  // acknowledged, or the stream is broken.
   std::optional<absl::Time> WaitingSince() {
     absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) return std::nullopt;
-    if (acknowledged_at_.has_value()) {
-      if (unacknowledged_.empty()) return std::nullopt;
-      return std::max(*acknowledged_at_, unacknowledged_.front());
-    }
-    if (queue_.empty()) return std::nullopt;
-    return waiting_since_;
+    if (!broken_.ok() || unacknowledged_.empty()) return std::nullopt;
+    return std::max(acknowledged_at_, unacknowledged_.front().queued);
   }
 
   // Whether messages can still be queued (not broken, closing or closed).
@@ -149,7 +140,6 @@ class GrpcTransport::Stream final
         release = closing_;  // Close is waiting for the queue to drain
       } else {
         queue_.pop_front();
-        waiting_since_ = SteadyNow();
         if (!queue_.empty()) {
           next = &queue_.front();
         } else if (closing_ && !writes_done_) {
@@ -215,9 +205,13 @@ class GrpcTransport::Stream final
   void Acknowledged(std::optional<uint64_t> frames) {
     if (!frames.has_value()) return;
     absl::MutexLock lock(&mu_);
-    while (acknowledged_ < *frames && !unacknowledged_.empty()) {
+    // Only progress counts: a repeated count, one going back or one past
+    // what was sent moves nothing.
+    if (*frames <= acknowledged_ || *frames > sent_) return;
+    acknowledged_ = *frames;
+    while (!unacknowledged_.empty() &&
+           unacknowledged_.front().frames_end <= acknowledged_) {
       unacknowledged_.pop_front();
-      ++acknowledged_;
     }
     acknowledged_at_ = SteadyNow();
   }
@@ -241,13 +235,18 @@ class GrpcTransport::Stream final
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
-  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_);  // the queue last moved
-  // When each frame not acknowledged yet was queued, oldest first; how many
-  // were; and when the last acknowledgement came (nullopt: none yet).
-  std::deque<absl::Time> unacknowledged_ ABSL_GUARDED_BY(mu_);
-  static constexpr size_t kFramesTracked = 1 << 16;
+  // Frames queued and acknowledged so far; each Enqueue not acknowledged in
+  // full (the count of frames once it is, and when it was queued), oldest
+  // first; when the last acknowledgement came (InfinitePast: none yet).
+  struct Queued {
+    uint64_t frames_end = 0;
+    absl::Time queued;
+  };
+  uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t acknowledged_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<absl::Time> acknowledged_at_ ABSL_GUARDED_BY(mu_);
+  std::deque<Queued> unacknowledged_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kSendsTracked = 4096;
+  absl::Time acknowledged_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool writes_done_ ABSL_GUARDED_BY(mu_) = false;

@@ -9,11 +9,12 @@
 // Failure: a stream that breaks fails the operations in flight with its peer
 // (their Recv from it fails with Unavailable instead of waiting; see
 // PeerService), and the next Send to the peer opens a new stream, so one
-// transient reset costs only the operations it hit. A peer whose queued
-// messages have not moved for a while is named by StalledPeers, for the
-// coordinator to decide (a break needs the connection to die first, and a
-// link that drops every packet may take gRPC's keepalive to notice, after
-// which every new connection hangs). Abort fails this
+// transient reset costs only the operations it hit. Streams ask their
+// receivers to acknowledge the frames they read (kAcknowledgeKey), and a
+// peer whose frames have gone unacknowledged for a while is named by
+// StalledPeers, for the coordinator to decide: a link that drops every
+// packet breaks no stream until gRPC's keepalive notices, and every new
+// connection then hangs. Abort fails this
 // endpoint's calls with its status and cancels its streams, which peers see
 // as a break. Nothing waits past the caller's deadline.
 //

@@ -87,12 +87,10 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
   }
 
   void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&write_mu_);
-      writing_ = false;
-      if (!ok) broken_write_ = true;  // no more acknowledgements
-    }
-    SendAcknowledgement();
+    absl::MutexLock lock(&write_mu_);
+    writing_ = false;
+    if (!ok) broken_write_ = true;  // no more acknowledgements
+    SendAcknowledgementLocked();
   }
 
   void OnDone() override {
@@ -178,17 +176,14 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
   // in flight (its completion sends the count then).
   void Acknowledge() {
     if (!acknowledges_) return;
-    {
-      absl::MutexLock lock(&write_mu_);
-      ++frames_read_;
-    }
-    SendAcknowledgement();
+    absl::MutexLock lock(&write_mu_);
+    ++frames_read_;
+    SendAcknowledgementLocked();
   }
   // StartWrite and Finish are called under write_mu_: never at once (both
   // send the initial metadata when it has not gone yet). A write in flight
-  // at Finish completes before OnDone.
-  void SendAcknowledgement() {
-    absl::MutexLock lock(&write_mu_);
+  // at Finish completes before OnDone; gRPC runs no write reaction inline.
+  void SendAcknowledgementLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
     if (writing_ || finishing_ || broken_write_ ||
         acknowledged_ == frames_read_) {
       return;
