@@ -44,19 +44,27 @@ std::optional<LinkReports::Verdict> LinkReports::Choose(
   const size_t others = members.size() - 1;
   std::map<std::string, std::vector<std::string>> named;  // peer -> by
   absl::flat_hash_set<std::string> reporting;
+  absl::Time newest = absl::InfinitePast();
+  absl::Time oldest = absl::InfiniteFuture();
   for (const auto& [reporter, peers] : reports_) {
     if (!members.contains(reporter)) continue;
-    std::vector<std::string> standing;
+    std::vector<std::string> names;
     for (const auto& [peer, since] : peers) {
-      if (peer != reporter && members.contains(peer) &&
-          now - since >= settle_) {
-        standing.push_back(peer);
-      }
+      if (peer == reporter || !members.contains(peer)) continue;
+      names.push_back(peer);
+      newest = std::max(newest, since);
+      oldest = std::min(oldest, since);
     }
-    if (standing.empty()) continue;
+    if (names.empty()) continue;
     reporting.insert(reporter);
-    if (members.size() > 2 && 2 * standing.size() > others) continue;
-    for (std::string& peer : standing) named[peer].push_back(reporter);
+    if (members.size() > 2 && 2 * names.size() > others) continue;
+    for (std::string& peer : names) named[peer].push_back(reporter);
+  }
+  // Every report has stood `settle` (or the oldest twice that, so that a
+  // stream of new reports cannot put the choice off for ever).
+  if (reporting.empty() ||
+      (now - newest < settle_ && now - oldest < 2 * settle_)) {
+    return std::nullopt;
   }
   // The most named; then one that reports others; then the last node id.
   std::optional<Verdict> chosen;

@@ -5,20 +5,21 @@
 // bad) while both ends heartbeat leaves membership unchanged, so every step
 // that needs the link fails. Each worker names, with its heartbeats, the
 // members of its view to which it has had frames unacknowledged for its
-// link timeout (GrpcTransport::StalledPeers). A report counts once it has
-// stood for `settle` (a heartbeat timeout: every member that sees the fault
-// has had a heartbeat to say so). The member with the most counted reports
-// is removed. A reporter that names more than half of the other members
-// (itself the likely fault: cut off, or too starved to read) is not
-// counted while there are more than two members. Ties go first to a member
-// that itself reports others (on a ring, a node cut off is named by its
-// predecessor and names its successor), then to the last in node-id order.
+// link timeout (GrpcTransport::StalledPeers). The coordinator decides once
+// every report has stood for `settle` (a heartbeat timeout: every member
+// that sees the fault has had a heartbeat to say so), or the oldest twice
+// that. The member named by the most reports is removed. A reporter that
+// names more than half of the other members (itself the likely fault: cut
+// off, or too starved to read) is not counted while there are more than two
+// members. Ties go first to a member that itself reports others (on a ring,
+// a node cut off is named by its predecessor and names its successor), then
+// to the last in node-id order.
 //
 // The removed node may not join again for the quarantine, doubled at each
-// removal (to 16 times; the count starts over once the node has stayed in
-// for 16 quarantines), so that a link still bad does not cut the others'
-// steps every few seconds. A new process of the node is kept out too: the
-// link is the node's.
+// removal (to 16 times; the count starts over once 16 quarantines have
+// passed since the last one ended), so that a link still bad does not cut
+// the others' steps every few seconds. A new process of the node is kept
+// out too: the link is the node's. A restarted coordinator forgets it.
 //
 // Not thread-safe: the Coordinator holds it under its mutex. Time is passed
 // in (steady time in the service).

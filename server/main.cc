@@ -65,8 +65,8 @@ ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
           "a worker silent this long is removed (new epoch)");
 ABSL_FLAG(int, quarantine_s, 30,
           "a worker removed because other members could not reach it may "
-          "not join again for this long (doubled at each removal of the same "
-          "process, to 16x)");
+          "not join again for this long (doubled at each removal of the "
+          "node, to 16x)");
 ABSL_FLAG(double, link_latency_us, 50,
           "alpha of the link model until workers' reports allow a fit");
 ABSL_FLAG(double, link_gbps, 10,

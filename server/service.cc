@@ -329,11 +329,6 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                          const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
     GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, request->node_id()));
-    // More names than any view has members: refused before any copy.
-    if (request->unreachable_size() > kMaxUnreachable) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "too many unreachable peers named");
-    }
     GM_RETURN_IF_ERROR_GRPC(coordinator_.Heartbeat(
         request->node_id(), Heard(),
         {request->unreachable().begin(), request->unreachable().end()}));
@@ -505,7 +500,6 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   }
 
   static constexpr absl::Duration kTickInterval = absl::Milliseconds(100);
-  static constexpr int kMaxUnreachable = 1 << 16;
   static constexpr absl::Duration kPauseGap = absl::Seconds(1);
 
   const ServerOptions options_;

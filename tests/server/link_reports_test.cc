@@ -23,13 +23,13 @@ TEST(LinkReportsTest, ANodeCutOffFromEveryPeerGoes) {
   EXPECT_EQ(reports.Choose(kMembers, kT0 + kSettle), std::nullopt);
   reports.Update("b", {"a"}, kT0 + absl::Seconds(1));
   reports.Update("c", {"a"}, kT0 + absl::Seconds(2));
-  std::optional<LinkReports::Verdict> verdict =
-      reports.Choose(kMembers, kT0 + absl::Seconds(1) + kSettle);
+  // Not before every report has stood the settle time.
+  EXPECT_EQ(reports.Choose(kMembers, kT0 + absl::Seconds(1) + kSettle),
+            std::nullopt);
+  const std::optional<LinkReports::Verdict> verdict =
+      reports.Choose(kMembers, kT0 + absl::Seconds(2) + kSettle);
   ASSERT_TRUE(verdict.has_value());
   EXPECT_EQ(verdict->node_id, "a");
-  EXPECT_THAT(verdict->reporters, ElementsAre("b"));  // c's not settled yet
-  verdict = reports.Choose(kMembers, kT0 + absl::Seconds(2) + kSettle);
-  ASSERT_TRUE(verdict.has_value());
   EXPECT_THAT(verdict->reporters, ElementsAre("b", "c"));
 }
 
@@ -48,15 +48,28 @@ TEST(LinkReportsTest, OneEndOfABadLinkGoes) {
 }
 
 // On a ring, a node cut off is named by its predecessor and names its
-// successor: the tie goes to the one that reports others.
+// successor, whichever report comes first: the tie goes to the one that
+// reports others.
 TEST(LinkReportsTest, ATieGoesToTheMemberThatReportsOthers) {
   LinkReports reports(kSettle, kQuarantine);
-  reports.Update("a", {"b"}, kT0);  // a -> b (cut) -> c
-  reports.Update("b", {"c"}, kT0);
+  reports.Update("b", {"c"}, kT0);  // a -> b (cut) -> c
+  reports.Update("a", {"b"}, kT0 + absl::Milliseconds(500));
+  EXPECT_EQ(reports.Choose(kMembers, kT0 + kSettle), std::nullopt);
   const std::optional<LinkReports::Verdict> verdict =
-      reports.Choose(kMembers, kT0 + kSettle);
+      reports.Choose(kMembers, kT0 + absl::Milliseconds(500) + kSettle);
   ASSERT_TRUE(verdict.has_value());
   EXPECT_EQ(verdict->node_id, "b");
+}
+
+// New reports put the choice off, but not past twice the settle time from
+// the oldest.
+TEST(LinkReportsTest, NewReportsDoNotPutTheChoiceOffForEver) {
+  LinkReports reports(kSettle, kQuarantine);
+  reports.Update("a", {"b"}, kT0);
+  reports.Update("c", {"d"}, kT0 + absl::Seconds(5));
+  EXPECT_EQ(reports.Choose(kMembers, kT0 + 2 * kSettle - absl::Seconds(1)),
+            std::nullopt);
+  EXPECT_TRUE(reports.Choose(kMembers, kT0 + 2 * kSettle).has_value());
 }
 
 // One reporter naming most of the others (starved, or cut off itself)

@@ -149,6 +149,13 @@ class Daemon final : public WorkerDaemon {
   void ReapLoop();
   // Drops cached channels to addresses the newest view does not have.
   void PruneChannelsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the cached channels to the `members` of a view being installed
+  // that were not in the last one (all of them when this worker was not):
+  // their connections may have lived through what kept them apart (a cut
+  // link leaves TCP backing off its retransmissions for seconds), so the
+  // next use dials again.
+  void FreshChannelsLocked(const std::vector<std::string>& members)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The Commit service's check: not over a unix socket, and on TLS, the
   // caller's certificate names the host of a member of `epoch` (of any view
   // remembered, for an older one). Unavailable for an epoch newer than
@@ -383,8 +390,12 @@ std::shared_ptr<grpc::Channel> Daemon::Channel(const std::string& address) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<grpc::Channel>& channel = channels_[address];
   if (channel == nullptr) {
-    channel = grpc::CreateCustomChannel(address, channel_credentials_,
-                                        DefaultChannelArguments());
+    // Its own connections, not the process-wide pool's: a channel made
+    // again is a new connection (see FreshChannelsLocked).
+    grpc::ChannelArguments arguments = DefaultChannelArguments();
+    arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    channel =
+        grpc::CreateCustomChannel(address, channel_credentials_, arguments);
     metrics_->peer_channels().Set(static_cast<double>(channels_.size()));
   }
   return channel;
@@ -477,6 +488,7 @@ void Daemon::InstallView(const v1::View& view) {
         "the view changed to epoch ", view.epoch(), " during the operation")));
   }
   absl::MutexLock lock(&mu_);
+  FreshChannelsLocked(group.view.addresses);
   // In epoch order, whichever of two views installed at once gets here first.
   auto at = std::upper_bound(
       recent_members_.begin(), recent_members_.end(), group.view.epoch,
@@ -484,6 +496,19 @@ void Daemon::InstallView(const v1::View& view) {
   recent_members_.emplace(at, group.view.epoch, group.view.addresses);
   if (recent_members_.size() > kViewsRemembered) recent_members_.pop_front();
   PruneChannelsLocked();
+}
+
+void Daemon::FreshChannelsLocked(const std::vector<std::string>& members) {
+  if (recent_members_.empty()) return;
+  const std::vector<std::string>& before = recent_members_.back().second;
+  const bool was_member =
+      std::find(before.begin(), before.end(), advertise_) != before.end();
+  for (const std::string& address : members) {
+    if (!was_member ||
+        std::find(before.begin(), before.end(), address) == before.end()) {
+      channels_.erase(address);
+    }
+  }
 }
 
 void Daemon::PruneChannelsLocked() {

@@ -50,7 +50,8 @@ absl::Status DecodeFrame(grpc::ByteBuffer* buffer, const FrameSink& sink);
 
 // The metadata key by which a sender asks for acknowledgements: a receiver
 // acknowledges only then, since a sender that never reads them would hold
-// the call (gRPC opens the window for them only as they are read).
+// the call (gRPC opens the window for them only as they are read). A
+// receiver that acknowledges sends it back in its initial metadata.
 inline constexpr char kAcknowledgeKey[] = "gradmesh-acknowledge";
 
 // A PeerSignal acknowledging `frames_received` frames of a stream.

@@ -103,10 +103,13 @@ class GrpcTransport::Stream final
   // the receiver has not acknowledged was queued, or the last
   // acknowledgement came, whichever is later (a write completes once gRPC
   // has the bytes, delivered or not). nullopt when every frame is
-  // acknowledged, or the stream is broken.
+  // acknowledged, the stream is broken, or its receiver said it does not
+  // acknowledge.
   std::optional<absl::Time> WaitingSince() {
     absl::MutexLock lock(&mu_);
-    if (!broken_.ok() || unacknowledged_.empty()) return std::nullopt;
+    if (!broken_.ok() || !acknowledging_ || unacknowledged_.empty()) {
+      return std::nullopt;
+    }
     return std::max(acknowledged_at_, unacknowledged_.front().queued);
   }
 
@@ -154,6 +157,16 @@ class GrpcTransport::Stream final
       StartWritesDone();
       ReleaseHold();
     }
+  }
+
+  // A receiver that does not say it acknowledges (an older worker) is not
+  // watched.
+  void OnReadInitialMetadataDone(bool ok) override {
+    if (!ok) return;
+    const bool acknowledging =
+        context_.GetServerInitialMetadata().contains(kAcknowledgeKey);
+    absl::MutexLock lock(&mu_);
+    acknowledging_ = acknowledging;
   }
 
   // The receiver sends acknowledgements; a finished read means the stream
@@ -242,6 +255,9 @@ class GrpcTransport::Stream final
     uint64_t frames_end = 0;
     absl::Time queued;
   };
+  // Until the receiver's initial metadata says otherwise (a link dead from
+  // the start is watched too).
+  bool acknowledging_ ABSL_GUARDED_BY(mu_) = true;
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t acknowledged_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Queued> unacknowledged_ ABSL_GUARDED_BY(mu_);

@@ -45,6 +45,11 @@ class PeerService::Reactor final : public grpc::ServerGenericBidiReactor {
       : service_(service),
         context_(context),
         acknowledges_(context->client_metadata().contains(kAcknowledgeKey)) {
+    if (acknowledges_) {  // says so at once: the sender watches from then
+      context_->AddInitialMetadata(kAcknowledgeKey, "1");
+      absl::MutexLock lock(&write_mu_);
+      StartSendInitialMetadata();
+    }
     StartRead(&buffer_);
   }
 
