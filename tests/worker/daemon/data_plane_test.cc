@@ -677,8 +677,7 @@ TEST(DataPlaneTest, AStepRefusedBeforeItsAgreementIsWatched) {
   });
   auto refused =
       w.plane(0).AllReduce({.name = {"job", "b"}, .step = 1}, Soon());
-  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status()))
-      << refused.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
   std::optional<std::string> absent;
   for (int i = 0; i < 40 && !absent.has_value(); ++i) {
     absl::SleepFor(absl::Milliseconds(50));
