@@ -248,9 +248,8 @@ class GrpcTransport::Stream final
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
-  // Frames queued and acknowledged so far; each Enqueue not acknowledged in
-  // full (the count of frames once it is, and when it was queued), oldest
-  // first; when the last acknowledgement came (InfinitePast: none yet).
+  // An Enqueue not acknowledged in full: the count of frames sent once it
+  // is, and when it was queued.
   struct Queued {
     uint64_t frames_end = 0;
     absl::Time queued;
@@ -258,6 +257,9 @@ class GrpcTransport::Stream final
   // Until the receiver's initial metadata says otherwise (a link dead from
   // the start is watched too).
   bool acknowledging_ ABSL_GUARDED_BY(mu_) = true;
+  // Frames queued and acknowledged so far; the Enqueues not acknowledged in
+  // full, oldest first; when the last acknowledgement came (InfinitePast:
+  // none yet).
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t acknowledged_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Queued> unacknowledged_ ABSL_GUARDED_BY(mu_);
