@@ -1,14 +1,13 @@
 #include <cuda_runtime.h>
-#include <thrust/iterator/counting_iterator.h>
 
 #include <algorithm>
 #include <climits>
 #include <cub/block/block_scan.cuh>
-#include <cub/device/device_select.cuh>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/kernels/tile_compaction.cuh"
 #include "worker/kernels/topk_cuda.h"
 
 namespace gradmesh::kernels {
@@ -20,6 +19,11 @@ constexpr uint32_t kMidMask = 0x7ff;
 constexpr uint32_t kLowMask = 0x1ff;
 constexpr int kBins = 2048;
 constexpr int kThreads = 256;
+// Copies of the first level's shared histogram, so that lanes counting the
+// same bin in one instruction mostly hit different words.
+constexpr int kCopies = 4;
+// Values each thread of the first level loads before counting them.
+constexpr int kUnroll = 8;
 
 __device__ __forceinline__ uint32_t Key(float v) {
   return __float_as_uint(v) & 0x7fffffffu;
@@ -35,40 +39,66 @@ struct Cut {
   long long cutoff;         // last position whose tie is taken (-1: none)
 };
 
-// Histogram of one level: `shift`/`mask` pick the bits, `match_shift` and the
-// cut's prefix restrict it to the boundary bin of the previous level
-// (match_shift 32: every nonzero key).
-__global__ void Histogram(const float* x, size_t n, int shift, uint32_t mask,
-                          int match_shift, const Cut* cut,
-                          unsigned long long* hist) {
-  __shared__ unsigned int local[kBins];
-  for (int b = threadIdx.x; b < kBins; b += blockDim.x) local[b] = 0;
-  __syncthreads();
-  const uint32_t prefix = cut->prefix;
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    const uint32_t key = Key(x[i]);
-    if (key == 0) continue;
-    if (match_shift < 32 && (key >> match_shift) != prefix) continue;
-    atomicAdd(&local[(key >> shift) & mask], 1u);
-  }
-  __syncthreads();
-  for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
-    if (local[b] != 0) atomicAdd(&hist[b], local[b]);
+// Adds a block's shared counts to the global histogram.
+__device__ void FlushCounts(const unsigned* local, int bins, int copies,
+                            unsigned long long* hist) {
+  for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+    unsigned sum = 0;
+    for (int c = 0; c < copies; ++c) sum += local[b * copies + c];
+    if (sum != 0) atomicAdd(&hist[b], sum);
   }
 }
 
-// Picks the boundary bin of a level, in one block: extends the prefix by
-// `bits` bits and lowers `need` by the count above the bin. On the first
-// level it also decides take_all; on the last it fixes kth and ties. Thread t
-// holds bins bins-1-2t and bins-2-2t, so the bins run in descending order and
-// an exclusive sum gives each bin the count above it; the boundary is the one
-// bin with above < need <= above + count.
+// Clears the histogram and the cut, and marks the three compactions' tiles
+// not yet scanned. One thread per tile or bin, whichever is more.
+__global__ void Reset(TileState a, TileState b, TileState c, int tiles,
+                      unsigned long long* hist, Cut* cut) {
+  a.InitializeStatus(tiles);
+  b.InitializeStatus(tiles);
+  c.InitializeStatus(tiles);
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < kBins) hist[i] = 0;
+  if (i == 0) *cut = Cut{};
+}
+
+// First level: histogram of bits 30..20 of every nonzero key.
+__global__ void __launch_bounds__(kThreads)
+    TopHistogram(const float* x, size_t n, unsigned long long* hist) {
+  __shared__ unsigned local[kBins * kCopies];
+  for (int b = threadIdx.x; b < kBins * kCopies; b += kThreads) local[b] = 0;
+  __syncthreads();
+  const int copy = threadIdx.x % kCopies;
+  const size_t stride = size_t{gridDim.x} * kThreads * kUnroll;
+  for (size_t base = size_t{blockIdx.x} * kThreads * kUnroll + threadIdx.x;
+       base < n; base += stride) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = base + static_cast<size_t>(u) * kThreads;
+      v[u] = i < n ? x[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint32_t key = Key(v[u]);
+      if (key != 0) atomicAdd(&local[(key >> kTopShift) * kCopies + copy], 1u);
+    }
+  }
+  __syncthreads();
+  FlushCounts(local, kBins, kCopies, hist);
+}
+
+// Picks the boundary bin of a level, in one block, and clears the histogram
+// for the next level: extends the prefix by `bits` bits and lowers `need` by
+// the count above the bin. On the first level it also decides take_all; on
+// the last it fixes kth and ties. Thread t holds bins bins-1-2t and
+// bins-2-2t, so the bins run in descending order and an exclusive sum gives
+// each bin the count above it; the boundary is the one bin with
+// above < need <= above + count.
 constexpr int kBoundaryThreads = kBins / 2;
 static_assert(2 * kBoundaryThreads >= kBins, "two bins a thread cover all");
 
 __global__ void __launch_bounds__(kBoundaryThreads)
-    Boundary(const unsigned long long* hist, int bins, int bits, bool first,
+    Boundary(unsigned long long* hist, int bins, int bits, bool first,
              bool last, unsigned long long k, Cut* cut) {
   using Scan = cub::BlockScan<unsigned long long, kBoundaryThreads>;
   __shared__ typename Scan::TempStorage scan;
@@ -77,7 +107,11 @@ __global__ void __launch_bounds__(kBoundaryThreads)
   unsigned long long counts[2], above[2], total;
   for (int j = 0; j < 2; ++j) {
     const int bin = bins - 1 - (2 * static_cast<int>(threadIdx.x) + j);
-    counts[j] = bin >= 0 ? hist[bin] : 0;
+    counts[j] = 0;
+    if (bin >= 0) {
+      counts[j] = hist[bin];
+      hist[bin] = 0;
+    }
   }
   Scan(scan).ExclusiveSum(counts, above, total);
   if (threadIdx.x == 0) {
@@ -110,38 +144,140 @@ __global__ void __launch_bounds__(kBoundaryThreads)
   }
 }
 
-struct IsTie {
-  const float* x;
-  const Cut* cut;
-  __device__ bool operator()(uint32_t i) const {
-    return !cut->take_all && Key(x[i]) == cut->kth;
+// The candidates, in one pass over x: every nonzero key at or above the
+// first level's boundary bin, in position order (positions and values), and
+// the second level's histogram of the keys in that bin. With take_all,
+// every nonzero key.
+__global__ void __launch_bounds__(kTileThreads)
+    Candidates(const float* x, long long n, const Cut* cut, TileState state,
+               uint32_t* positions, float* values, int* count,
+               unsigned long long* hist) {
+  __shared__ TileStorage storage;
+  __shared__ unsigned local[kBins];
+  for (int b = threadIdx.x; b < kBins; b += kTileThreads) local[b] = 0;
+  __syncthreads();
+  const int tile = blockIdx.x;
+  const bool take_all = cut->take_all;
+  const uint32_t bin = cut->prefix;
+  float v[kTileRounds];
+  bool flags[kTileRounds];
+#pragma unroll
+  for (int r = 0; r < kTileRounds; ++r) {
+    const long long i = TileItem(tile, r);
+    v[r] = i < n ? x[i] : 0.0f;
   }
-};
-
-__global__ void TieCutoff(const uint32_t* ties, const int* num_ties, Cut* cut) {
-  if (cut->take_all || cut->ties == 0 || *num_ties == 0) return;
-  const long long m = static_cast<long long>(cut->ties);
-  cut->cutoff = m <= *num_ties ? ties[m - 1] : ties[*num_ties - 1];
+#pragma unroll
+  for (int r = 0; r < kTileRounds; ++r) {
+    const uint32_t key = Key(v[r]);
+    flags[r] = key != 0 && (take_all || (key >> kTopShift) >= bin);
+    if (key != 0 && !take_all && (key >> kTopShift) == bin) {
+      atomicAdd(&local[(key >> kMidShift) & kMidMask], 1u);
+    }
+  }
+  int offsets[kTileRounds];
+  const int end = TileOffsets(flags, tile, state, storage, offsets);
+#pragma unroll
+  for (int r = 0; r < kTileRounds; ++r) {
+    if (!flags[r]) continue;
+    positions[offsets[r]] = static_cast<uint32_t>(TileItem(tile, r));
+    values[offsets[r]] = v[r];
+  }
+  if (threadIdx.x == 0 && tile == gridDim.x - 1) *count = end;
+  FlushCounts(local, kBins, 1, hist);  // TileOffsets synchronized the block
 }
 
-struct IsSelected {
-  const float* x;
-  const Cut* cut;
-  __device__ bool operator()(uint32_t i) const {
-    const uint32_t key = Key(x[i]);
-    if (key == 0) return false;
-    if (cut->take_all) return true;
-    return key > cut->kth ||
-           (key == cut->kth && static_cast<long long>(i) <= cut->cutoff);
+// Third level: histogram of bits 8..0 of the candidates in the second
+// level's boundary bin.
+__global__ void __launch_bounds__(kThreads)
+    CandidateHistogram(const float* values, const int* count, const Cut* cut,
+                       unsigned long long* hist) {
+  __shared__ unsigned local[kLowMask + 1];
+  if (cut->take_all) return;
+  for (int b = threadIdx.x; b <= kLowMask; b += kThreads) local[b] = 0;
+  __syncthreads();
+  const uint32_t prefix = cut->prefix;
+  const int n = *count;
+  for (int i = blockIdx.x * kThreads + threadIdx.x; i < n;
+       i += gridDim.x * kThreads) {
+    const uint32_t key = Key(values[i]);
+    if ((key >> kMidShift) == prefix) atomicAdd(&local[key & kLowMask], 1u);
   }
-};
+  __syncthreads();
+  FlushCounts(local, kLowMask + 1, 1, hist);
+}
 
-__global__ void Gather(const float* x, const uint32_t* positions,
-                       const int* count, float* values) {
-  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < *count;
-       j += gridDim.x * blockDim.x) {
-    values[j] = x[positions[j]];
+// Loads the candidates of this thread's rounds (key 0 past the end).
+__device__ __forceinline__ void LoadCandidates(const float* values, int n,
+                                               int tile,
+                                               uint32_t (&keys)[kTileRounds]) {
+#pragma unroll
+  for (int r = 0; r < kTileRounds; ++r) {
+    const long long i = TileItem(tile, r);
+    keys[r] = i < n ? Key(values[i]) : 0;
   }
+}
+
+// The cut-off among the ties: the position of the `ties`-th candidate
+// whose key is kth.
+__global__ void __launch_bounds__(kTileThreads)
+    TieCutoff(const uint32_t* positions, const float* values, const int* count,
+              Cut* cut, TileState state) {
+  __shared__ TileStorage storage;
+  const int n = *count;
+  const int tile = blockIdx.x;
+  if (cut->take_all || cut->ties == 0 ||
+      static_cast<long long>(tile) * kTileItems >= n) {
+    return;
+  }
+  const uint32_t kth = cut->kth;
+  const long long last = static_cast<long long>(cut->ties) - 1;
+  uint32_t keys[kTileRounds];
+  LoadCandidates(values, n, tile, keys);
+  bool flags[kTileRounds];
+#pragma unroll
+  for (int r = 0; r < kTileRounds; ++r) flags[r] = keys[r] == kth;
+  int offsets[kTileRounds];
+  TileOffsets(flags, tile, state, storage, offsets);
+#pragma unroll
+  for (int r = 0; r < kTileRounds; ++r) {
+    if (flags[r] && offsets[r] == last) {
+      cut->cutoff = positions[TileItem(tile, r)];
+    }
+  }
+}
+
+// The selection: the candidates above kth, and the ties up to the cut-off,
+// in position order; the count is written by the last candidate's tile (or
+// tile 0 when there are none).
+__global__ void __launch_bounds__(kTileThreads)
+    Select(const uint32_t* positions, const float* values, const int* count,
+           const Cut* cut, TileState state, uint32_t* out_positions,
+           float* out_values, int* out_count) {
+  __shared__ TileStorage storage;
+  const int n = *count;
+  const int tile = blockIdx.x;
+  if (n == 0 && tile == 0 && threadIdx.x == 0) *out_count = 0;
+  if (static_cast<long long>(tile) * kTileItems >= n) return;
+  uint32_t keys[kTileRounds];
+  LoadCandidates(values, n, tile, keys);
+  bool flags[kTileRounds];
+#pragma unroll
+  for (int r = 0; r < kTileRounds; ++r) {
+    const long long i = TileItem(tile, r);
+    flags[r] =
+        keys[r] != 0 && (cut->take_all || keys[r] > cut->kth ||
+                         (keys[r] == cut->kth && positions[i] <= cut->cutoff));
+  }
+  int offsets[kTileRounds];
+  const int end = TileOffsets(flags, tile, state, storage, offsets);
+#pragma unroll
+  for (int r = 0; r < kTileRounds; ++r) {
+    if (!flags[r]) continue;
+    const long long i = TileItem(tile, r);
+    out_positions[offsets[r]] = positions[i];
+    out_values[offsets[r]] = values[i];
+  }
+  if (threadIdx.x == 0 && tile == (n - 1) / kTileItems) *out_count = end;
 }
 
 absl::Status Check(cudaError_t error, const char* what) {
@@ -150,38 +286,46 @@ absl::Status Check(cudaError_t error, const char* what) {
       absl::StrCat(what, ": ", cudaGetErrorString(error)));
 }
 
+int Tiles(size_t len) {
+  return static_cast<int>((len + kTileItems - 1) / kTileItems);
+}
+
 }  // namespace
 
 struct CudaTopK::State {
   size_t max_segment = 0;
   cudaStream_t stream = nullptr;
+  int histogram_grid = 1;  // blocks that fill the device
+  int candidate_grid = 1;
   unsigned long long* hist = nullptr;  // kBins
   Cut* cut = nullptr;
-  uint32_t* scratch_positions = nullptr;  // ties, then the selection
+  void* tile_memory = nullptr;
+  TileState tiles[3];  // candidates, ties, selection
+  uint32_t* candidate_positions = nullptr;
+  float* candidate_values = nullptr;
+  uint32_t* positions = nullptr;  // the selection
   float* values = nullptr;
-  int* counts = nullptr;  // [0] ties, [1] selected
-  void* temp = nullptr;
-  size_t temp_bytes = 0;
+  int* counts = nullptr;               // [0] candidates, [1] selected
   uint32_t* host_positions = nullptr;  // pinned
   float* host_values = nullptr;        // pinned
   int* host_count = nullptr;           // pinned
 
-  // Finds the cut of the top `quota` of |x[0, len)| by three histogram
-  // levels (bits 30..20, 19..9, 8..0) into `cut`.
-  absl::Status FindCut(const float* x, size_t len, uint64_t quota, int grid);
-  // Selects the entries above the cut (and the ties it admits), gathers
-  // their values and copies at most `bound` of them and their count to the
-  // host: one synchronization. Returns the count.
-  absl::StatusOr<int> SelectAndCopy(const float* x, size_t len, size_t bound,
-                                    int grid);
+  absl::Status Allocate();
+  // Enqueues the selection of the top `quota` of |x[0, len)| into
+  // positions, values and counts[1].
+  absl::Status Enqueue(const float* x, size_t len, uint64_t quota);
+  // Copies at most `bound` selected entries and their count to the host:
+  // one synchronization. Returns the count.
+  absl::StatusOr<int> CopyOut(size_t bound);
 
   ~State() {
-    cudaFree(hist);
-    cudaFree(cut);
-    cudaFree(scratch_positions);
-    cudaFree(values);
-    cudaFree(counts);
-    cudaFree(temp);
+    for (void* p :
+         {static_cast<void*>(hist), static_cast<void*>(cut), tile_memory,
+          static_cast<void*>(candidate_positions),
+          static_cast<void*>(candidate_values), static_cast<void*>(positions),
+          static_cast<void*>(values), static_cast<void*>(counts)}) {
+      cudaFree(p);
+    }
     cudaFreeHost(host_positions);
     cudaFreeHost(host_values);
     cudaFreeHost(host_count);
@@ -191,6 +335,48 @@ struct CudaTopK::State {
 
 CudaTopK::CudaTopK(std::unique_ptr<State> state) : state_(std::move(state)) {}
 CudaTopK::~CudaTopK() = default;
+
+absl::Status CudaTopK::State::Allocate() {
+  const size_t m = max_segment;
+  size_t tile_bytes = 0;
+  GM_RETURN_IF_ERROR(
+      Check(TileState::AllocationSize(Tiles(m), tile_bytes), "tile state"));
+  tile_bytes = (tile_bytes + 255) / 256 * 256;
+  const cudaError_t errors[] = {
+      cudaStreamCreate(&stream),
+      cudaMalloc(&hist, kBins * sizeof(*hist)),
+      cudaMalloc(&cut, sizeof(Cut)),
+      cudaMalloc(&tile_memory, 3 * tile_bytes),
+      cudaMalloc(&candidate_positions, m * sizeof(uint32_t)),
+      cudaMalloc(&candidate_values, m * sizeof(float)),
+      cudaMalloc(&positions, m * sizeof(uint32_t)),
+      cudaMalloc(&values, m * sizeof(float)),
+      cudaMalloc(&counts, 2 * sizeof(int)),
+      cudaMallocHost(&host_positions, m * sizeof(uint32_t)),
+      cudaMallocHost(&host_values, m * sizeof(float)),
+      cudaMallocHost(&host_count, sizeof(int))};
+  for (cudaError_t error : errors) {
+    GM_RETURN_IF_ERROR(Check(error, "CudaTopK allocation"));
+  }
+  for (int i = 0; i < 3; ++i) {
+    GM_RETURN_IF_ERROR(
+        Check(tiles[i].Init(Tiles(m),
+                            static_cast<char*>(tile_memory) + i * tile_bytes,
+                            tile_bytes),
+              "tile state"));
+  }
+  int device = 0, sms = 0, per_sm = 0;
+  GM_RETURN_IF_ERROR(Check(cudaGetDevice(&device), "device"));
+  GM_RETURN_IF_ERROR(Check(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+      "multiprocessors"));
+  GM_RETURN_IF_ERROR(Check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                               &per_sm, TopHistogram, kThreads, 0),
+                           "occupancy"));
+  histogram_grid = std::max(1, sms * per_sm);
+  candidate_grid = std::max(1, 2 * sms);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<CudaTopK>> CudaTopK::Create(size_t max_segment) {
   int devices = 0;
@@ -204,95 +390,47 @@ absl::StatusOr<std::unique_ptr<CudaTopK>> CudaTopK::Create(size_t max_segment) {
   }
   auto s = std::make_unique<State>();
   s->max_segment = std::max<size_t>(max_segment, 1);
-  const size_t m = s->max_segment;
-  const cudaError_t errors[] = {
-      cudaStreamCreate(&s->stream),
-      cudaMalloc(&s->hist, kBins * sizeof(*s->hist)),
-      cudaMalloc(&s->cut, sizeof(Cut)),
-      cudaMalloc(&s->scratch_positions, 2 * m * sizeof(uint32_t)),
-      cudaMalloc(&s->values, m * sizeof(float)),
-      cudaMalloc(&s->counts, 2 * sizeof(int)),
-      cudaMallocHost(&s->host_positions, m * sizeof(uint32_t)),
-      cudaMallocHost(&s->host_values, m * sizeof(float)),
-      cudaMallocHost(&s->host_count, sizeof(int))};
-  absl::Status status;
-  for (cudaError_t error : errors) {
-    if (status.ok()) status = Check(error, "CudaTopK allocation");
-  }
-  if (status.ok()) {
-    // Both selects share one temporary buffer, sized for the larger.
-    size_t bytes_a = 0, bytes_b = 0;
-    thrust::counting_iterator<uint32_t> first(0);
-    status = Check(cub::DeviceSelect::If(
-                       nullptr, bytes_a, first, s->scratch_positions, s->counts,
-                       static_cast<int>(m), IsTie{nullptr, nullptr}, s->stream),
-                   "select size");
-    if (status.ok()) {
-      status = Check(
-          cub::DeviceSelect::If(nullptr, bytes_b, first, s->scratch_positions,
-                                s->counts, static_cast<int>(m),
-                                IsSelected{nullptr, nullptr}, s->stream),
-          "select size");
-    }
-    s->temp_bytes = std::max(bytes_a, bytes_b);
-    if (status.ok()) {
-      status = Check(cudaMalloc(&s->temp, s->temp_bytes), "temp");
-    }
-  }
-  if (!status.ok()) return status;
+  GM_RETURN_IF_ERROR(s->Allocate());
   return std::unique_ptr<CudaTopK>(new CudaTopK(std::move(s)));
 }
 
-absl::Status CudaTopK::State::FindCut(const float* x, size_t len,
-                                      uint64_t quota, int grid) {
-  const int shifts[] = {kTopShift, kMidShift, 0};
-  const uint32_t masks[] = {kMidMask, kMidMask, kLowMask};
-  const int match[] = {32, kTopShift, kMidShift};
-  const int bits[] = {11, 11, 9};
-  absl::Status status;
-  for (int level = 0; level < 3 && status.ok(); ++level) {
-    status = Check(cudaMemsetAsync(hist, 0, kBins * sizeof(*hist), stream),
-                   "clear histogram");
-    if (status.ok() && level == 0) {
-      status =
-          Check(cudaMemsetAsync(cut, 0, sizeof(Cut), stream), "clear cut");
-    }
-    Histogram<<<grid, kThreads, 0, stream>>>(x, len, shifts[level],
-                                             masks[level], match[level], cut,
-                                             hist);
-    Boundary<<<1, kBoundaryThreads, 0, stream>>>(
-        hist, static_cast<int>(masks[level] + 1), bits[level], level == 0,
-        level == 2, quota, cut);
-    if (status.ok()) status = Check(cudaGetLastError(), "histogram launch");
-  }
-  return status;
+absl::Status CudaTopK::State::Enqueue(const float* x, size_t len,
+                                      uint64_t quota) {
+  const int tile_count = Tiles(len);
+  const int reset_blocks =
+      (std::max(tile_count, kBins) + kThreads - 1) / kThreads;
+  Reset<<<reset_blocks, kThreads, 0, stream>>>(tiles[0], tiles[1], tiles[2],
+                                               tile_count, hist, cut);
+  const int histogram_blocks = static_cast<int>(std::min<size_t>(
+      histogram_grid, (len + kThreads * kUnroll - 1) / (kThreads * kUnroll)));
+  TopHistogram<<<histogram_blocks, kThreads, 0, stream>>>(x, len, hist);
+  Boundary<<<1, kBoundaryThreads, 0, stream>>>(hist, kMidMask + 1, 11, true,
+                                               false, quota, cut);
+  Candidates<<<tile_count, kTileThreads, 0, stream>>>(
+      x, static_cast<long long>(len), cut, tiles[0], candidate_positions,
+      candidate_values, counts, hist);
+  Boundary<<<1, kBoundaryThreads, 0, stream>>>(hist, kMidMask + 1, 11, false,
+                                               false, quota, cut);
+  CandidateHistogram<<<candidate_grid, kThreads, 0, stream>>>(
+      candidate_values, counts, cut, hist);
+  Boundary<<<1, kBoundaryThreads, 0, stream>>>(hist, kLowMask + 1, 9, false,
+                                               true, quota, cut);
+  TieCutoff<<<tile_count, kTileThreads, 0, stream>>>(
+      candidate_positions, candidate_values, counts, cut, tiles[1]);
+  Select<<<tile_count, kTileThreads, 0, stream>>>(
+      candidate_positions, candidate_values, counts, cut, tiles[2], positions,
+      values, counts + 1);
+  return Check(cudaGetLastError(), "top-k launch");
 }
 
-absl::StatusOr<int> CudaTopK::State::SelectAndCopy(const float* x, size_t len,
-                                                   size_t bound, int grid) {
-  thrust::counting_iterator<uint32_t> first(0);
-  size_t bytes = temp_bytes;
-  GM_RETURN_IF_ERROR(Check(
-      cub::DeviceSelect::If(temp, bytes, first, scratch_positions, counts,
-                            static_cast<int>(len), IsTie{x, cut}, stream),
-      "select ties"));
-  TieCutoff<<<1, 1, 0, stream>>>(scratch_positions, counts, cut);
-  GM_RETURN_IF_ERROR(Check(cudaGetLastError(), "tie cut-off launch"));
-  uint32_t* selected = scratch_positions + max_segment;
-  bytes = temp_bytes;
-  GM_RETURN_IF_ERROR(Check(
-      cub::DeviceSelect::If(temp, bytes, first, selected, counts + 1,
-                            static_cast<int>(len), IsSelected{x, cut}, stream),
-      "select"));
-  Gather<<<grid, kThreads, 0, stream>>>(x, selected, counts + 1, values);
-  GM_RETURN_IF_ERROR(Check(cudaGetLastError(), "gather launch"));
+absl::StatusOr<int> CudaTopK::State::CopyOut(size_t bound) {
   // At most `bound` entries are selected, so that many are copied out with
   // the count, before it is known.
   GM_RETURN_IF_ERROR(Check(cudaMemcpyAsync(host_count, counts + 1, sizeof(int),
                                            cudaMemcpyDeviceToHost, stream),
                            "count copy"));
   GM_RETURN_IF_ERROR(
-      Check(cudaMemcpyAsync(host_positions, selected, bound * sizeof(uint32_t),
+      Check(cudaMemcpyAsync(host_positions, positions, bound * sizeof(uint32_t),
                             cudaMemcpyDeviceToHost, stream),
             "positions copy"));
   GM_RETURN_IF_ERROR(
@@ -308,12 +446,29 @@ absl::StatusOr<int> CudaTopK::State::SelectAndCopy(const float* x, size_t len,
   return count;
 }
 
+absl::StatusOr<CudaTopK::DeviceSelection> CudaTopK::EnqueueTopKAbs(
+    const float* device_x, size_t len, uint64_t quota) {
+  State& s = *state_;
+  if (len == 0 || len > s.max_segment || quota == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top ", quota, " of ", len,
+                     " values: both must be at "
+                     "least 1, and the values at most ",
+                     s.max_segment));
+  }
+  GM_RETURN_IF_ERROR(s.Enqueue(device_x, len, quota));
+  return DeviceSelection{s.positions, s.values, s.counts + 1};
+}
+
+absl::Status CudaTopK::Synchronize() {
+  return Check(cudaStreamSynchronize(state_->stream), "top-k");
+}
+
 absl::StatusOr<std::vector<TopKSelection>> CudaTopK::SegmentedTopKAbs(
     const float* device_x, size_t n, absl::Span<const TopKSegment> segments,
     uint32_t base_index) {
   State& s = *state_;
   std::vector<TopKSelection> out(segments.size());
-  const int blocks = 4 * 132;  // enough to fill an H100's 132 SMs
   for (size_t seg = 0; seg < segments.size(); ++seg) {
     const TopKSegment& range = segments[seg];
     if (range.end > n || range.begin > range.end ||
@@ -324,13 +479,9 @@ absl::StatusOr<std::vector<TopKSelection>> CudaTopK::SegmentedTopKAbs(
     }
     const size_t len = range.end - range.begin;
     if (len == 0 || range.quota == 0) continue;
-    const float* x = device_x + range.begin;
-    const int grid = static_cast<int>(
-        std::min<size_t>(blocks, (len + kThreads - 1) / kThreads));
-    GM_RETURN_IF_ERROR(s.FindCut(x, len, range.quota, grid));
-    GM_ASSIGN_OR_RETURN(
-        const int count,
-        s.SelectAndCopy(x, len, std::min<size_t>(range.quota, len), grid));
+    GM_RETURN_IF_ERROR(s.Enqueue(device_x + range.begin, len, range.quota));
+    GM_ASSIGN_OR_RETURN(const int count,
+                        s.CopyOut(std::min<size_t>(range.quota, len)));
     TopKSelection& block = out[seg];
     block.indices.resize(count);
     block.values.assign(s.host_values, s.host_values + count);

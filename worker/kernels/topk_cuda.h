@@ -3,14 +3,15 @@
 // output sorted by index.
 //
 // Per segment, all on one stream and without a host round trip inside a
-// selection: three histogram passes (11 + 11 + 9 bits of the |x| bit
-// pattern, shared-memory histograms, a one-block scan per level to pick
-// the boundary bin) find the k-th key T and how many ties at T to take; an
-// order-preserving CUB select lists the ties, a one-thread kernel turns "the
-// first m ties" into a cut-off index; a second order-preserving select takes
-// every position with key > T, or key == T at or below the cut-off. Indices
-// and values go to pinned host buffers with their count; the stream is
-// synchronized once per segment.
+// selection, two passes over the values: a histogram of bits 30..20 of the
+// |x| bit pattern (a one-block scan picks the bin that holds the k-th key),
+// then an order-preserving compaction of every key at or above that bin
+// (the candidates: about k plus one bin), which also counts the next 11
+// bits of the keys in the bin. The last 9 bits, the k-th key T and the
+// ties at T to take come from the candidates alone; the selection is every
+// candidate with key > T, or key == T up to the cut-off that takes the
+// first ties by position. Compactions use a decoupled look-back
+// (tile_compaction.cuh), so outputs keep position order.
 //
 // The header is C++17 (the .cu files are compiled as such). Not thread-safe:
 // one CudaTopK per thread. Built only with GRADMESH_CUDA.
@@ -49,10 +50,27 @@ class CudaTopK {
 
   // The top `quota` of every segment of the device array `device_x` (n
   // values). InvalidArgument for a segment outside [0, n) or longer than
-  // max_segment; Internal for a CUDA error.
+  // max_segment; Internal for a CUDA error. Indices and values go through
+  // pinned host buffers: one synchronization per segment.
   absl::StatusOr<std::vector<TopKSelection>> SegmentedTopKAbs(
       const float* device_x, size_t n, absl::Span<const TopKSegment> segments,
       uint32_t base_index);
+
+  // A selection left on the device, in buffers this object owns until its
+  // next selection: `*count` ascending positions (relative to the values
+  // given) and their values.
+  struct DeviceSelection {
+    const uint32_t* positions = nullptr;
+    const float* values = nullptr;
+    const int* count = nullptr;  // device memory
+  };
+
+  // Enqueues the top `quota` of |device_x[0, len)| on this object's stream
+  // and returns without waiting; Synchronize() waits for it. len and quota
+  // must be at least 1 and len at most max_segment (InvalidArgument).
+  absl::StatusOr<DeviceSelection> EnqueueTopKAbs(const float* device_x,
+                                                 size_t len, uint64_t quota);
+  absl::Status Synchronize();
 
   // Copies `host_x` to the device and returns the ascending positions of its
   // top k (the host-data path used when CUDA is forced).

@@ -172,5 +172,36 @@ TEST_F(CudaTopKTest, ForcedDevicePathAgreesThroughTheCpuInterface) {
   EXPECT_EQ(gpu, cpu);
 }
 
+TEST_F(CudaTopKTest, LeavesTheSelectionOnTheDevice) {
+  const std::vector<float> x = Values(3'000'017, 9, true);
+  const DeviceArray device(x);
+  ASSERT_TRUE(device.ok());
+  auto topk = CudaTopK::Create(x.size());
+  ASSERT_TRUE(topk.ok()) << topk.status();
+  EXPECT_EQ((*topk)->EnqueueTopKAbs(device.data(), x.size(), 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (uint64_t k : {1, 3'001, 30'000}) {
+    auto selection = (*topk)->EnqueueTopKAbs(device.data(), x.size(), k);
+    ASSERT_TRUE(selection.ok()) << selection.status();
+    ASSERT_TRUE((*topk)->Synchronize().ok());
+    int count = -1;
+    ASSERT_EQ(cudaMemcpy(&count, selection->count, sizeof(int),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    const sparse::SparseBlock want = TopKAbs(x, k, 0);
+    ASSERT_EQ(static_cast<size_t>(count), want.indices.size()) << "k=" << k;
+    std::vector<uint32_t> indices(count);
+    std::vector<float> values(count);
+    ASSERT_EQ(cudaMemcpy(indices.data(), selection->positions,
+                         count * sizeof(uint32_t), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(values.data(), selection->values,
+                         count * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(indices, want.indices) << "k=" << k;
+    EXPECT_EQ(values, want.values) << "k=" << k;
+  }
+}
+
 }  // namespace
 }  // namespace gradmesh::kernels
