@@ -4,14 +4,14 @@
 //
 // Per segment, all on one stream and without a host round trip inside a
 // selection, two passes over the values: a histogram of bits 30..20 of the
-// |x| bit pattern (a one-block scan picks the bin that holds the k-th key),
-// then an order-preserving compaction of every key at or above that bin
-// (the candidates: about k plus one bin), which also counts the next 11
-// bits of the keys in the bin. The last 9 bits, the k-th key T and the
-// ties at T to take come from the candidates alone; the selection is every
-// candidate with key > T, or key == T up to the cut-off that takes the
-// first ties by position. Compactions use a decoupled look-back
-// (tile_compaction.cuh), so outputs keep position order.
+// |x| bit pattern picks the bin that holds the k-th key; then every key at
+// or above that bin (the candidates: about k plus one bin) is kept, in
+// position order within each tile of 4096 values, while the next 11 bits
+// of the keys in the bin are counted. The last 9 bits, the k-th key T and
+// the ties at T to take come from the candidates alone; one block scans the
+// tiles' counts so that each tile writes its part of the selection (keys
+// above T, and the first ties by position) at its place.
+// topk_cuda_kernels.cuh has the kernels.
 //
 // The header is C++17 (the .cu files are compiled as such). Not thread-safe:
 // one CudaTopK per thread. Built only with GRADMESH_CUDA.
