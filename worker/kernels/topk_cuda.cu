@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cub/device/device_scan.cuh>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -13,7 +14,6 @@ namespace gradmesh::kernels {
 namespace {
 
 using topk::kBins;
-using topk::kScanThreads;
 using topk::kThreads;
 using topk::kTileItems;
 using topk::kUnroll;
@@ -39,8 +39,11 @@ struct CudaTopK::State {
   unsigned long long* hist = nullptr;  // kBins
   topk::Cut* cut = nullptr;
   topk::Counters* counters = nullptr;
-  int* chunk_memory = nullptr;  // six ints per tile
+  int* chunk_memory = nullptr;                 // base and size per tile
+  unsigned long long* chunk_counts = nullptr;  // counts, then earlier
   topk::Chunks chunks;
+  void* scan_temp = nullptr;  // cub::DeviceScan's
+  size_t scan_bytes = 0;
   uint32_t* candidate_positions = nullptr;
   float* candidate_values = nullptr;
   uint32_t* positions = nullptr;  // the selection
@@ -62,6 +65,7 @@ struct CudaTopK::State {
     for (void* p :
          {static_cast<void*>(hist), static_cast<void*>(cut),
           static_cast<void*>(counters), static_cast<void*>(chunk_memory),
+          static_cast<void*>(chunk_counts), scan_temp,
           static_cast<void*>(candidate_positions),
           static_cast<void*>(candidate_values), static_cast<void*>(positions),
           static_cast<void*>(values), static_cast<void*>(count)}) {
@@ -85,7 +89,8 @@ absl::Status CudaTopK::State::Allocate() {
       cudaMalloc(&hist, kBins * sizeof(*hist)),
       cudaMalloc(&cut, sizeof(*cut)),
       cudaMalloc(&counters, sizeof(*counters)),
-      cudaMalloc(&chunk_memory, 6 * tiles * sizeof(int)),
+      cudaMalloc(&chunk_memory, 2 * tiles * sizeof(int)),
+      cudaMalloc(&chunk_counts, 2 * tiles * sizeof(unsigned long long)),
       cudaMalloc(&candidate_positions, m * sizeof(uint32_t)),
       cudaMalloc(&candidate_values, m * sizeof(float)),
       cudaMalloc(&positions, m * sizeof(uint32_t)),
@@ -97,12 +102,15 @@ absl::Status CudaTopK::State::Allocate() {
   for (cudaError_t error : errors) {
     GM_RETURN_IF_ERROR(Check(error, "CudaTopK allocation"));
   }
-  int* next = chunk_memory;
-  for (int** array : {&chunks.base, &chunks.size, &chunks.above, &chunks.ties,
-                      &chunks.taken, &chunks.offset}) {
-    *array = next;
-    next += tiles;
-  }
+  chunks.base = chunk_memory;
+  chunks.size = chunk_memory + tiles;
+  chunks.counts = chunk_counts;
+  chunks.earlier = chunk_counts + tiles;
+  GM_RETURN_IF_ERROR(Check(
+      cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, chunks.counts,
+                                    chunks.earlier, static_cast<int>(tiles)),
+      "scan size"));
+  GM_RETURN_IF_ERROR(Check(cudaMalloc(&scan_temp, scan_bytes), "scan"));
   int device = 0, sms = 0, per_sm = 0;
   GM_RETURN_IF_ERROR(Check(cudaGetDevice(&device), "device"));
   GM_RETURN_IF_ERROR(Check(
@@ -139,21 +147,24 @@ absl::Status CudaTopK::State::Enqueue(const float* x, size_t len,
   const int histogram_blocks = static_cast<int>(std::min<size_t>(
       histogram_grid, (len + kThreads * kUnroll - 1) / (kThreads * kUnroll)));
   topk::Reset<<<kBins / kThreads, kThreads, 0, stream>>>(hist, cut, counters);
-  topk::TopHistogram<<<histogram_blocks, kThreads, 0, stream>>>(
-      x, len, quota, hist, cut, counters);
+  topk::TopHistogram<<<histogram_blocks, kThreads, 0, stream>>>(x, len, hist);
+  topk::Boundary<<<1, kThreads, 0, stream>>>(hist, true, quota, cut);
   topk::Candidates<<<tiles, kThreads, 0, stream>>>(
       x, static_cast<long long>(len), cut, counters, chunks,
       candidate_positions, candidate_values, hist);
-  topk::Boundary<<<1, kThreads, 0, stream>>>(hist, topk::kMidMask + 1, 11,
-                                             false, quota, cut);
+  topk::Boundary<<<1, kThreads, 0, stream>>>(hist, false, quota, cut);
   topk::CandidateHistogram<<<candidate_grid, kThreads, 0, stream>>>(
       candidate_values, quota, hist, cut, counters);
   topk::TileCounts<<<warp_blocks, kThreads, 0, stream>>>(candidate_values,
                                                          chunks, tiles, cut);
-  topk::TileScan<<<1, kScanThreads, 0, stream>>>(chunks, tiles, cut, count);
+  size_t bytes = scan_bytes;
+  GM_RETURN_IF_ERROR(
+      Check(cub::DeviceScan::ExclusiveSum(scan_temp, bytes, chunks.counts,
+                                          chunks.earlier, tiles, stream),
+            "tile scan"));
   topk::WriteSelection<<<warp_blocks, kThreads, 0, stream>>>(
       candidate_positions, candidate_values, chunks, tiles, cut, positions,
-      values);
+      values, count);
   return Check(cudaGetLastError(), "top-k launch");
 }
 

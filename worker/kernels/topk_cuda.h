@@ -8,9 +8,9 @@
 // or above that bin (the candidates: about k plus one bin) is kept, in
 // position order within each tile of 4096 values, while the next 11 bits
 // of the keys in the bin are counted. The last 9 bits, the k-th key T and
-// the ties at T to take come from the candidates alone; one block scans the
-// tiles' counts so that each tile writes its part of the selection (keys
-// above T, and the first ties by position) at its place.
+// the ties at T to take come from the candidates alone; a scan of the
+// tiles' counts places each tile's part of the selection (keys above T,
+// then the first ties by position).
 // topk_cuda_kernels.cuh has the kernels.
 //
 // The header is C++17 (the .cu files are compiled as such). Not thread-safe:

@@ -2,8 +2,8 @@
 // selection of the top k of |x[0, n)|:
 //
 //   Reset              clears the histogram, the cut and the counters
-//   TopHistogram       pass 1 over x: histogram of key bits 30..20; its last
-//                      block picks the boundary bin (level 1)
+//   TopHistogram       pass 1 over x: histogram of key bits 30..20
+//   Boundary           the boundary bin of level 1
 //   Candidates         pass 2 over x, one block per tile of kTileItems: the
 //                      nonzero keys at or above the boundary bin, kept in
 //                      position order within the tile, in a chunk reserved
@@ -12,10 +12,11 @@
 //   Boundary           level 2
 //   CandidateHistogram bits 8..0 of the candidates left in the bin; its last
 //                      block picks level 3: the k-th key and the ties to take
-//   TileCounts         per tile: candidates above the k-th key, and ties
-//   TileScan           one block: the ties each tile takes (the first ones by
-//                      position) and each tile's offset in the output
-//   WriteSelection     per tile: the selection, in position order
+//   TileCounts         per tile: candidates above the k-th key, and ties,
+//                      packed in one word (above << 32 | ties)
+//   (cub::DeviceScan)  exclusive sum of the packed counts: both prefixes
+//   WriteSelection     per tile: the selection (keys above the k-th, then
+//                      the first ties by position) at its place
 //
 // Only the two passes read all of x; the rest work on the candidates
 // (about k plus one bin of the histogram) or on one entry per tile. A key is
@@ -44,8 +45,6 @@ constexpr int kBinsPerThread = kBins / kThreads;
 // same bin in one instruction mostly hit different words.
 constexpr int kCopies = 4;
 constexpr int kUnroll = 8;  // loads per thread before counting, level 1
-constexpr int kScanThreads = 1024;
-constexpr int kScanItems = 8;
 
 __device__ __forceinline__ uint32_t Key(float v) {
   return __float_as_uint(v) & 0x7fffffffu;
@@ -62,18 +61,18 @@ struct Cut {
 };
 
 struct Counters {
-  int candidates;    // reserved so far by Candidates
-  unsigned done[2];  // blocks finished: TopHistogram, CandidateHistogram
+  int candidates;  // reserved so far by Candidates
+  unsigned done;   // CandidateHistogram's blocks finished
 };
 
-// Per tile of x: where its candidates are, and what it contributes.
+// Per tile of x: where its candidates are, and their counts above kth and
+// at kth, packed as above << 32 | ties (sums of them stay packed: both are
+// below 2^31), alone and summed over the earlier tiles.
 struct Chunks {
-  int* base;    // first candidate
-  int* size;    // candidates
-  int* above;   // candidates above kth
-  int* ties;    // candidates equal to kth
-  int* taken;   // ties selected
-  int* offset;  // first output position
+  int* base;
+  int* size;
+  unsigned long long* counts;
+  unsigned long long* earlier;
 };
 
 // Item `r` of this thread in its tile: each round of a warp is 32
@@ -166,8 +165,7 @@ __global__ void Reset(unsigned long long* hist, Cut* cut, Counters* counters) {
 }
 
 __global__ void __launch_bounds__(kThreads)
-    TopHistogram(const float* x, size_t n, unsigned long long k,
-                 unsigned long long* hist, Cut* cut, Counters* counters) {
+    TopHistogram(const float* x, size_t n, unsigned long long* hist) {
   __shared__ unsigned local[kBins * kCopies];
   for (int b = threadIdx.x; b < kBins * kCopies; b += kThreads) local[b] = 0;
   __syncthreads();
@@ -189,13 +187,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   FlushCounts(local, kBins, kCopies, hist);
-  if (LastBlock(&counters->done[0])) {
-    PickBoundary(hist, kBins, 11, true, false, k, cut);
-  }
 }
 
-// Ranks of this thread's flagged rounds among the tile's flagged items, in
-// position order; returns the tile's count.
+// Counts a tile's flagged items: bit r of `flags` is this thread's round
+// r. Returns the tile's count; storage.warp_offsets[w] is the count before
+// warp w.
 struct RankStorage {
   int warp_counts[kWarps];
   int warp_offsets[kWarps];
@@ -203,17 +199,13 @@ struct RankStorage {
   int base;
 };
 
-__device__ int BlockRanks(const bool (&flags)[kRounds], RankStorage& storage,
-                          int (&ranks)[kRounds]) {
+__device__ int CountTile(unsigned flags, RankStorage& storage) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const unsigned below = (1u << lane) - 1;
   int warp_count = 0;
 #pragma unroll
   for (int r = 0; r < kRounds; ++r) {
-    const unsigned ballot = __ballot_sync(0xffffffffu, flags[r]);
-    ranks[r] = warp_count + __popc(ballot & below);
-    warp_count += __popc(ballot);
+    warp_count += __popc(__ballot_sync(0xffffffffu, (flags >> r) & 1));
   }
   if (lane == 0) storage.warp_counts[warp] = warp_count;
   __syncthreads();
@@ -229,19 +221,14 @@ __device__ int BlockRanks(const bool (&flags)[kRounds], RankStorage& storage,
     if (lane == 31) storage.total = inclusive;
   }
   __syncthreads();
-#pragma unroll
-  for (int r = 0; r < kRounds; ++r) ranks[r] += storage.warp_offsets[warp];
   return storage.total;
 }
 
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 8)
     Candidates(const float* x, long long n, const Cut* cut, Counters* counters,
                Chunks chunks, uint32_t* positions, float* values,
                unsigned long long* hist) {
   __shared__ RankStorage storage;
-  __shared__ unsigned local[kBins];
-  for (int b = threadIdx.x; b < kBins; b += kThreads) local[b] = 0;
-  __syncthreads();
   const int tile = blockIdx.x;
   const bool take_all = cut->take_all;
   const uint32_t bin = cut->prefix;
@@ -251,37 +238,41 @@ __global__ void __launch_bounds__(kThreads)
     const long long i = TileItem(tile, r);
     v[r] = i < n ? x[i] : 0.0f;
   }
-  bool flags[kRounds];
+  unsigned flags = 0;
 #pragma unroll
   for (int r = 0; r < kRounds; ++r) {
     const uint32_t key = Key(v[r]);
-    flags[r] = key != 0 && (take_all || (key >> kTopShift) >= bin);
+    if (key != 0 && (take_all || (key >> kTopShift) >= bin)) flags |= 1u << r;
     if (key != 0 && !take_all && (key >> kTopShift) == bin) {
-      atomicAdd(&local[(key >> kMidShift) & kMidMask], 1u);
+      atomicAdd(&hist[(key >> kMidShift) & kMidMask], 1ull);  // a bin: few
     }
   }
-  int ranks[kRounds];
-  const int count = BlockRanks(flags, storage, ranks);
+  const int count = CountTile(flags, storage);
   if (threadIdx.x == 0) {
     storage.base = count == 0 ? 0 : atomicAdd(&counters->candidates, count);
     chunks.base[tile] = storage.base;
     chunks.size[tile] = count;
   }
   __syncthreads();
-  const int base = storage.base;
+  const unsigned below = (1u << (threadIdx.x % 32)) - 1;
+  int out = storage.base + storage.warp_offsets[threadIdx.x / 32];
 #pragma unroll
   for (int r = 0; r < kRounds; ++r) {
-    if (!flags[r]) continue;
-    positions[base + ranks[r]] = static_cast<uint32_t>(TileItem(tile, r));
-    values[base + ranks[r]] = v[r];
+    const bool flagged = (flags >> r) & 1;
+    const unsigned ballot = __ballot_sync(0xffffffffu, flagged);
+    if (flagged) {
+      positions[out + __popc(ballot & below)] =
+          static_cast<uint32_t>(TileItem(tile, r));
+      values[out + __popc(ballot & below)] = v[r];
+    }
+    out += __popc(ballot);
   }
-  FlushCounts(local, kBins, 1, hist);
 }
 
 __global__ void __launch_bounds__(kThreads)
-    Boundary(unsigned long long* hist, int bins, int bits, bool last,
-             unsigned long long k, Cut* cut) {
-  PickBoundary(hist, bins, bits, false, last, k, cut);
+    Boundary(unsigned long long* hist, bool first, unsigned long long k,
+             Cut* cut) {
+  PickBoundary(hist, kBins, 11, first, false, k, cut);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -301,7 +292,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     FlushCounts(local, kLowMask + 1, 1, hist);
   }
-  if (LastBlock(&counters->done[1])) {
+  if (LastBlock(&counters->done)) {
     PickBoundary(hist, kLowMask + 1, 9, false, true, k, cut);
   }
 }
@@ -328,72 +319,40 @@ __global__ void __launch_bounds__(kThreads)
   above = __reduce_add_sync(0xffffffffu, above);
   ties = __reduce_add_sync(0xffffffffu, ties);
   if (threadIdx.x % 32 == 0) {
-    chunks.above[tile] = static_cast<int>(above);
-    chunks.ties[tile] = static_cast<int>(ties);
+    chunks.counts[tile] = (static_cast<unsigned long long>(above) << 32) | ties;
   }
 }
 
-// One block of kScanThreads: tiles take the ties in position order, up to
-// cut->ties, and each tile's output starts after the earlier tiles'.
-__global__ void __launch_bounds__(kScanThreads)
-    TileScan(Chunks chunks, int tiles, const Cut* cut, int* out_count) {
-  using Scan = cub::BlockScan<int, kScanThreads>;
-  __shared__ typename Scan::TempStorage scan;
-  const long long need = static_cast<long long>(cut->ties);
-  long long ties_before = 0;
-  int out_before = 0;
-  for (int start = 0; start < tiles; start += kScanThreads * kScanItems) {
-    int ties[kScanItems], above[kScanItems];
-    for (int j = 0; j < kScanItems; ++j) {
-      const int t = start + threadIdx.x * kScanItems + j;
-      ties[j] = t < tiles ? chunks.ties[t] : 0;
-      above[j] = t < tiles ? chunks.above[t] : 0;
-    }
-    int earlier[kScanItems], total;
-    Scan(scan).ExclusiveSum(ties, earlier, total);
-    __syncthreads();
-    int selected[kScanItems];
-    for (int j = 0; j < kScanItems; ++j) {
-      const long long left = need - (ties_before + earlier[j]);
-      const int taken =
-          static_cast<int>(left <= 0 ? 0 : (left < ties[j] ? left : ties[j]));
-      const int t = start + threadIdx.x * kScanItems + j;
-      if (t < tiles) chunks.taken[t] = taken;
-      selected[j] = above[j] + taken;
-    }
-    ties_before += total;
-    Scan(scan).ExclusiveSum(selected, earlier, total);
-    __syncthreads();
-    for (int j = 0; j < kScanItems; ++j) {
-      const int t = start + threadIdx.x * kScanItems + j;
-      if (t < tiles) chunks.offset[t] = out_before + earlier[j];
-    }
-    out_before += total;
-  }
-  if (threadIdx.x == 0) *out_count = out_before;
-}
-
+// Each tile writes its candidates above kth and the ties it takes: the
+// ties go to the earliest tiles first, up to cut->ties, so a tile's output
+// starts after the earlier tiles' candidates above kth and the ties they
+// took. The last tile writes the count.
 __global__ void __launch_bounds__(kThreads)
     WriteSelection(const uint32_t* positions, const float* values,
                    Chunks chunks, int tiles, const Cut* cut,
-                   uint32_t* out_positions, float* out_values) {
+                   uint32_t* out_positions, float* out_values, int* out_count) {
   const int tile = WarpTile(tiles);
   if (tile < 0) return;
   const uint32_t kth = cut->kth;
+  const long long need = static_cast<long long>(cut->ties);
+  const unsigned long long earlier = chunks.earlier[tile];
+  const long long ties_before = static_cast<long long>(earlier & 0xffffffffu);
+  const long long ties_here =
+      static_cast<long long>(chunks.counts[tile] & 0xffffffffu);
+  int out = static_cast<int>((earlier >> 32) + min(need, ties_before));
+  int ties_left =
+      static_cast<int>(max(0ll, min(need - ties_before, ties_here)));
   const unsigned below = (1u << (threadIdx.x % 32)) - 1;
   const int begin = chunks.base[tile];
   const int end = begin + chunks.size[tile];
-  int out = chunks.offset[tile];
-  int ties_left = chunks.taken[tile];
   for (int first = begin; first < end; first += 32) {
     const int i = first + threadIdx.x % 32;
     const uint32_t key = i < end ? Key(values[i]) : 0;
-    const unsigned tie_ballot =
-        __ballot_sync(0xffffffffu, key == kth && i < end);
-    const bool tie_taken =
-        key == kth && i < end &&
-        static_cast<int>(__popc(tie_ballot & below)) < ties_left;
-    const bool selected = (key > kth && i < end) || tie_taken;
+    const bool tie = key == kth && i < end;
+    const unsigned tie_ballot = __ballot_sync(0xffffffffu, tie);
+    const bool selected =
+        (key > kth && i < end) ||
+        (tie && static_cast<int>(__popc(tie_ballot & below)) < ties_left);
     const unsigned ballot = __ballot_sync(0xffffffffu, selected);
     if (selected) {
       out_positions[out + __popc(ballot & below)] = positions[i];
@@ -402,6 +361,7 @@ __global__ void __launch_bounds__(kThreads)
     out += __popc(ballot);
     ties_left -= static_cast<int>(__popc(tie_ballot));
   }
+  if (tile == tiles - 1 && threadIdx.x % 32 == 0) *out_count = out;
 }
 
 }  // namespace gradmesh::kernels::topk
