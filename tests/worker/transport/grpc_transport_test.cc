@@ -1,5 +1,10 @@
 #include "worker/transport/grpc/grpc_transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <map>
 #include <string>
 #include <thread>
@@ -468,6 +473,49 @@ TEST(GrpcTransportTest, NamesAPeerWhoseMessagesStoppedMoving) {
     ASSERT_TRUE(m.ok()) << "operation " << op << ": " << m.status();
   }
   EXPECT_TRUE(AcknowledgedSoon(pair.endpoint(0)));
+}
+
+// A port on 127.0.0.1 that nothing listens on: connections are refused.
+int RefusingPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), length), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// A peer that refuses every connection: gRPC keeps the stream waiting for a
+// connection (it does not fail it), so what is sent stays unacknowledged
+// and the peer is named after the timeout, not before.
+TEST(GrpcTransportTest, NamesAPeerThatRefusesEveryConnection) {
+  constexpr absl::Duration kTimeout = absl::Milliseconds(300);
+  PeerService service;
+  auto transport = GrpcTransport::Create(
+      {.service = &service,
+       .rank = 0,
+       .peers = {"127.0.0.1:1", absl::StrCat("127.0.0.1:", RefusingPort())},
+       .channels = [](const std::string& address) {
+         return grpc::CreateChannel(address,
+                                    grpc::InsecureChannelCredentials());
+       }});
+  ASSERT_TRUE(transport.ok()) << transport.status();
+  const absl::Time start = SteadyNow();
+  bool named = false;
+  for (uint64_t op = 0; !named && SteadyNow() - start < absl::Seconds(10);
+       ++op) {
+    EXPECT_TRUE((*transport)->Send(1, {0, op, 0}, "x").ok());
+    absl::SleepFor(absl::Milliseconds(50));
+    named = (*transport)->StalledPeers(kTimeout, SteadyNow()) ==
+            std::vector<int>{1};
+    if (SteadyNow() - start < kTimeout) {
+      EXPECT_FALSE(named);
+    }
+  }
+  EXPECT_TRUE(named);
 }
 
 // Frames of an epoch not started here are held up to a bound; past it the
