@@ -42,6 +42,13 @@ __global__ void AbsKeys(const float* x, size_t n, unsigned* keys,
   }
 }
 
+[[noreturn]] void Fail(const absl::Status& status) {
+  std::fprintf(stderr, "%s\n", status.ToString().c_str());
+  std::exit(1);
+}
+
+// Events on the legacy default stream, which waits for CudaTopK's blocking
+// stream: the figures cover its work.
 template <typename F>
 float MedianMs(F&& f) {
   cudaEvent_t start, stop;
@@ -58,6 +65,8 @@ float MedianMs(F&& f) {
     cudaEventElapsedTime(&t, start, stop);
     ms.push_back(t);
   }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
@@ -115,13 +124,14 @@ int main(int argc, char** argv) {
     });
     for (double density : {0.001, 0.01}) {
       const gradmesh::kernels::TopKSegment segment{
-          0, n, static_cast<uint64_t>(density * n)};
+          0, n, std::max<uint64_t>(1, static_cast<uint64_t>(density * n))};
       const float select = MedianMs([&] {
-        if (!(*topk)->EnqueueTopKAbs(x, n, segment.quota).ok()) std::exit(1);
+        const auto selection = (*topk)->EnqueueTopKAbs(x, n, segment.quota);
+        if (!selection.ok()) Fail(selection.status());
       });
       const float to_host = MedianMs([&] {
-        auto result = (*topk)->SegmentedTopKAbs(x, n, {segment}, 0);
-        if (!result.ok()) std::exit(1);
+        const auto result = (*topk)->SegmentedTopKAbs(x, n, {segment}, 0);
+        if (!result.ok()) Fail(result.status());
       });
       std::printf(
           "| %zu | %.1f%% | %.3f | %.3f | %.3f | %.3f | %.1fx | %.0f%% |\n", n,

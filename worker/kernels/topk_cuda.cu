@@ -62,6 +62,7 @@ struct CudaTopK::State {
   absl::StatusOr<int> CopyOut(size_t bound);
 
   ~State() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);  // nothing in flight
     for (void* p :
          {static_cast<void*>(hist), static_cast<void*>(cut),
           static_cast<void*>(counters), static_cast<void*>(chunk_memory),
@@ -146,6 +147,9 @@ absl::Status CudaTopK::State::Enqueue(const float* x, size_t len,
   const int warp_blocks = (tiles + kWarps - 1) / kWarps;
   const int histogram_blocks = static_cast<int>(std::min<size_t>(
       histogram_grid, (len + kThreads * kUnroll - 1) / (kThreads * kUnroll)));
+  // An error left on this thread by an earlier call (a failed allocation)
+  // would fail the CUB scan below, which checks for one: clear it.
+  cudaGetLastError();
   topk::Reset<<<kBins / kThreads, kThreads, 0, stream>>>(hist, cut, counters);
   topk::TopHistogram<<<histogram_blocks, kThreads, 0, stream>>>(x, len, hist);
   topk::Boundary<<<1, kThreads, 0, stream>>>(hist, true, quota, cut);
@@ -157,6 +161,7 @@ absl::Status CudaTopK::State::Enqueue(const float* x, size_t len,
       candidate_values, quota, hist, cut, counters);
   topk::TileCounts<<<warp_blocks, kThreads, 0, stream>>>(candidate_values,
                                                          chunks, tiles, cut);
+  GM_RETURN_IF_ERROR(Check(cudaGetLastError(), "top-k launch"));
   size_t bytes = scan_bytes;
   GM_RETURN_IF_ERROR(
       Check(cub::DeviceScan::ExclusiveSum(scan_temp, bytes, chunks.counts,

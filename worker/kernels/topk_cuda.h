@@ -44,7 +44,8 @@ struct TopKSelection {
 class CudaTopK {
  public:
   // Reserves device scratch and pinned buffers for segments of up to
-  // `max_segment` values. Unavailable without a usable device.
+  // `max_segment` values. Unavailable without a device; Internal for other
+  // CUDA errors (a device older than sm_80 has no kernel image).
   static absl::StatusOr<std::unique_ptr<CudaTopK>> Create(size_t max_segment);
   ~CudaTopK();
 
@@ -56,9 +57,9 @@ class CudaTopK {
       const float* device_x, size_t n, absl::Span<const TopKSegment> segments,
       uint32_t base_index);
 
-  // A selection left on the device, in buffers this object owns until its
-  // next selection: `*count` ascending positions (relative to the values
-  // given) and their values.
+  // A selection left on the device, in buffers this object owns until the
+  // next call that selects: `*count` ascending positions (relative to the
+  // values given) and their values.
   struct DeviceSelection {
     const uint32_t* positions = nullptr;
     const float* values = nullptr;
@@ -66,7 +67,9 @@ class CudaTopK {
   };
 
   // Enqueues the top `quota` of |device_x[0, len)| on this object's stream
-  // and returns without waiting; Synchronize() waits for it. len and quota
+  // and returns without waiting; Synchronize() waits for it. The stream is
+  // a blocking one: device_x must be ready when work on the legacy default
+  // stream would see it (written there, or synchronized). len and quota
   // must be at least 1 and len at most max_segment (InvalidArgument).
   absl::StatusOr<DeviceSelection> EnqueueTopKAbs(const float* device_x,
                                                  size_t len, uint64_t quota);

@@ -21,6 +21,7 @@
 // Only the two passes read all of x; the rest work on the candidates
 // (about k plus one bin of the histogram) or on one entry per tile. A key is
 // the |x| bit pattern, so keys order as |x| does, NaN above infinity.
+// Included by topk_cuda.cu alone; needs sm_80 (__reduce_add_sync).
 #ifndef GRADMESH_WORKER_KERNELS_TOPK_CUDA_KERNELS_CUH_
 #define GRADMESH_WORKER_KERNELS_TOPK_CUDA_KERNELS_CUH_
 
@@ -98,7 +99,10 @@ __device__ bool LastBlock(unsigned* done) {
   __shared__ bool last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(done, 1) == gridDim.x - 1;
+  if (threadIdx.x == 0) {
+    last = atomicAdd(done, 1) == gridDim.x - 1;
+    __threadfence();  // what the others wrote before counting, seen after
+  }
   __syncthreads();
   return last;
 }
@@ -244,7 +248,9 @@ __global__ void __launch_bounds__(kThreads, 8)
     const uint32_t key = Key(v[r]);
     if (key != 0 && (take_all || (key >> kTopShift) >= bin)) flags |= 1u << r;
     if (key != 0 && !take_all && (key >> kTopShift) == bin) {
-      atomicAdd(&hist[(key >> kMidShift) & kMidMask], 1ull);  // a bin: few
+      // Few keys share a bin, except where many |x| are equal (clipped or
+      // quantized values): then these atomics queue on one address.
+      atomicAdd(&hist[(key >> kMidShift) & kMidMask], 1ull);
     }
   }
   const int count = CountTile(flags, storage);
@@ -284,7 +290,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     const uint32_t prefix = cut->prefix;
     const int n = counters->candidates;
-    for (int i = blockIdx.x * kThreads + threadIdx.x; i < n;
+    for (long long i = blockIdx.x * kThreads + threadIdx.x; i < n;
          i += gridDim.x * kThreads) {
       const uint32_t key = Key(values[i]);
       if ((key >> kMidShift) == prefix) atomicAdd(&local[key & kLowMask], 1u);
@@ -311,7 +317,7 @@ __global__ void __launch_bounds__(kThreads)
   const int begin = chunks.base[tile];
   const int end = begin + chunks.size[tile];
   unsigned above = 0, ties = 0;
-  for (int i = begin + threadIdx.x % 32; i < end; i += 32) {
+  for (long long i = begin + threadIdx.x % 32; i < end; i += 32) {
     const uint32_t key = Key(values[i]);
     above += key > kth;
     ties += key == kth;
@@ -345,8 +351,8 @@ __global__ void __launch_bounds__(kThreads)
   const unsigned below = (1u << (threadIdx.x % 32)) - 1;
   const int begin = chunks.base[tile];
   const int end = begin + chunks.size[tile];
-  for (int first = begin; first < end; first += 32) {
-    const int i = first + threadIdx.x % 32;
+  for (long long first = begin; first < end; first += 32) {
+    const long long i = first + threadIdx.x % 32;
     const uint32_t key = i < end ? Key(values[i]) : 0;
     const bool tie = key == kth && i < end;
     const unsigned tie_ballot = __ballot_sync(0xffffffffu, tie);

@@ -134,6 +134,25 @@ TEST_F(CudaTopKTest, OrdersDenormalsByMagnitudeWithTiesToTheLowerIndex) {
   }
 }
 
+// Many equal magnitudes (clipped gradients), infinities among them, and
+// fewer nonzeros than k: ties go to the lower index, and every nonzero is
+// taken when there are too few.
+TEST_F(CudaTopKTest, EqualMagnitudesInfinitiesAndTooFewNonzeros) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x(1'000'003);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = i % 2 ? 0.5f : -0.5f;
+  ExpectParity(x, {{0, x.size(), 10}, {3, 900'000, 123'457}}, "all equal");
+  if (HasFatalFailure()) return;
+  x[77] = -inf;
+  x[500'000] = inf;
+  ExpectParity(x, {{0, x.size(), 1}, {0, x.size(), 5'000}}, "infinities");
+  if (HasFatalFailure()) return;
+  std::fill(x.begin(), x.end(), 0.0f);
+  x[9] = 2.0f;
+  x[999'999] = -inf;
+  ExpectParity(x, {{0, x.size(), 3}, {0, x.size(), 1}}, "too few nonzeros");
+}
+
 TEST_F(CudaTopKTest, ManySegmentsOfEveryLength) {
   const std::vector<float> x = Values(2'000'000, 11, true);
   std::vector<TopKSegment> segments;
