@@ -156,6 +156,13 @@ ABSL_FLAG(double, step_join_timeout_s, 10,
           "local, run: a worker whose trainer has not joined a step its "
           "peers started for this long steps out of the group, and the others "
           "go on (0: never; see gradmesh-worker --help)");
+ABSL_FLAG(double, link_timeout_s, 10,
+          "local, run: a worker reports a member its frames have not reached "
+          "for this long, and the coordinator removes the member most name "
+          "(0: never; see gradmesh-worker --help)");
+ABSL_FLAG(int, quarantine_s, 30,
+          "local, run: a worker removed that way may not rejoin for this "
+          "long, doubled at each removal (see gradmesh-coordinator --help)");
 ABSL_FLAG(std::string, job, "",
           "run: the job name the commands get as GRADMESH_JOB (empty: "
           "run-<pid>-<unix seconds>)");
@@ -234,12 +241,13 @@ const std::vector<std::string> kAlgorithmFlags = {
     "algo",          "density",  "teams",  "oktopk_tau", "oktopk_tau_prime",
     "quantize_bits", "encoding", "values", "seed"};
 const std::vector<std::string> kClusterFlags = {
-    "algo",      "density",       "teams",        "encoding",
-    "values",    "quantize_bits", "oktopk_tau",   "oktopk_tau_prime",
-    "seed",      "exact_below",   "fusion",       "workers",
-    "bin_dir",   "work_dir",      "chunk_bytes",  "autotune_window",
-    "timeout_s", "topk",          "tls_ca",       "tls_cert",
-    "tls_key",   "sparse_margin", "teams_margin", "step_join_timeout_s"};
+    "algo",           "density",       "teams",        "encoding",
+    "values",         "quantize_bits", "oktopk_tau",   "oktopk_tau_prime",
+    "seed",           "exact_below",   "fusion",       "workers",
+    "bin_dir",        "work_dir",      "chunk_bytes",  "autotune_window",
+    "timeout_s",      "topk",          "tls_ca",       "tls_cert",
+    "tls_key",        "sparse_margin", "teams_margin", "step_join_timeout_s",
+    "link_timeout_s", "quarantine_s"};
 
 std::vector<std::string> Plus(std::vector<std::string> flags,
                               std::initializer_list<const char*> more) {
@@ -325,6 +333,27 @@ int Replay(int argc, char** argv) {
   return 0;
 }
 
+// The workers' flags of `gradmesh local` and `gradmesh run`.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>>
+WorkerFlagsFromFlags() {
+  if (absl::GetFlag(FLAGS_step_join_timeout_s) < 0) {
+    return absl::InvalidArgumentError("--step_join_timeout_s is negative");
+  }
+  if (absl::GetFlag(FLAGS_link_timeout_s) < 0) {
+    return absl::InvalidArgumentError("--link_timeout_s is negative");
+  }
+  const std::string topk = absl::GetFlag(FLAGS_topk);
+  GM_RETURN_IF_ERROR(gradmesh::kernels::CheckTopKName(topk));
+  std::vector<std::pair<std::string, std::string>> flags = {
+      {"operation_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_timeout_s))},
+      {"heartbeat_interval_ms", "250"},
+      {"step_join_timeout_s",
+       absl::StrCat(absl::GetFlag(FLAGS_step_join_timeout_s))},
+      {"link_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_link_timeout_s))}};
+  if (topk != "auto") flags.push_back({"topk", topk});
+  return flags;
+}
+
 // The cluster of `gradmesh local` and `gradmesh run`, from the flags.
 // `exact_below`: the command's default of --exact_below (empty: the
 // coordinator's).
@@ -369,20 +398,12 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags(
   if (!exact_flag.empty()) {
     cluster.coordinator_flags.push_back({"exact_below", exact_flag});
   }
-  if (absl::GetFlag(FLAGS_step_join_timeout_s) < 0) {
-    return absl::InvalidArgumentError("--step_join_timeout_s is negative");
+  if (absl::GetFlag(FLAGS_quarantine_s) < 0) {
+    return absl::InvalidArgumentError("--quarantine_s is negative");
   }
-  cluster.worker_flags = {
-      {"operation_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_timeout_s))},
-      {"heartbeat_interval_ms", "250"},
-      {"step_join_timeout_s",
-       absl::StrCat(absl::GetFlag(FLAGS_step_join_timeout_s))}};
-  const std::string topk = absl::GetFlag(FLAGS_topk);
-  if (absl::Status status = gradmesh::kernels::CheckTopKName(topk);
-      !status.ok()) {
-    return status;
-  }
-  if (topk != "auto") cluster.worker_flags.push_back({"topk", topk});
+  cluster.coordinator_flags.push_back(
+      {"quarantine_s", absl::StrCat(absl::GetFlag(FLAGS_quarantine_s))});
+  GM_ASSIGN_OR_RETURN(cluster.worker_flags, WorkerFlagsFromFlags());
   return cluster;
 }
 
