@@ -1,6 +1,7 @@
 #include "worker/collectives/dense_ring.h"
 
 #include <algorithm>
+#include <ranges>
 
 #include "common/status_macros.h"
 #include "common/work_meter.h"
@@ -44,10 +45,10 @@ absl::StatusOr<Proposal> DenseRing::Reduce(absl::Span<const float> accumulator,
                                 gather[s], /*add=*/false));
   }
   sparse::SparseBlock result;
-  result.reserve(n_);
-  for (uint64_t i = 0; i < n_; ++i) {
-    result.push_back(static_cast<uint32_t>(i), sum_[i]);
-  }
+  const auto positions =
+      std::views::iota(uint32_t{0}, static_cast<uint32_t>(n_));
+  result.indices.assign(positions.begin(), positions.end());
+  result.values.assign(sum_.begin(), sum_.end());
   stats->result_nonzeros = result.size();
   return Proposal{
       .result = std::move(result),
@@ -72,14 +73,11 @@ absl::Status DenseRing::RingStep(StepRunner& runner, uint32_t tag,
     const absl::Status status = sparse::DecodeDense(bytes, target);
     return status.ok() ? status : PeerError(status, step.recv_from);
   }
-  std::vector<float> received(in.size());
-  if (absl::Status status =
-          sparse::DecodeDense(bytes, absl::MakeSpan(received));
-      !status.ok()) {
+  // sum_ is this operation's scratch: a bad message fails the operation.
+  if (absl::Status status = sparse::AddDense(bytes, target); !status.ok()) {
     return PeerError(status, step.recv_from);
   }
-  CountAccumulated(received.size());
-  for (size_t i = 0; i < received.size(); ++i) target[i] += received[i];
+  CountAccumulated(target.size());
   return absl::OkStatus();
 }
 

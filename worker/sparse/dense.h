@@ -19,6 +19,12 @@ std::string EncodeDense(absl::Span<const float> values);
 // for any other length or a non-finite value.
 absl::Status DecodeDense(absl::string_view bytes, absl::Span<float> out);
 
+// Adds a message of exactly target.size() values into `target`, in one pass
+// and without a copy; InvalidArgument for any other length (target
+// untouched) or a non-finite value (target then holds some of the sums: a
+// scratch buffer only).
+absl::Status AddDense(absl::string_view bytes, absl::Span<float> target);
+
 }  // namespace gradmesh::sparse
 
 #endif  // GRADMESH_WORKER_SPARSE_DENSE_H_

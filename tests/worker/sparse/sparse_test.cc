@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,24 @@ TEST(DenseWireTest, RoundTripsAndRejectsBadMessages) {
       DecodeDense(EncodeDense({1.0f, 2.0f}), absl::MakeSpan(out))));
   EXPECT_TRUE(absl::IsInvalidArgument(DecodeDense(
       EncodeDense({1.0f, std::nanf(""), 2.0f}), absl::MakeSpan(out))));
+}
+
+TEST(DenseWireTest, AddsAMessageInPlaceAndRejectsBadOnes) {
+  std::vector<float> sum = {1.0f, 2.0f, -3.0f};
+  ASSERT_TRUE(
+      AddDense(EncodeDense({0.5f, -2.0f, 1e-45f}), absl::MakeSpan(sum)).ok());
+  EXPECT_EQ(sum, (std::vector<float>{1.5f, 0.0f, -3.0f + 1e-45f}));
+  const std::vector<float> before = sum;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      AddDense(EncodeDense({1.0f, 2.0f}), absl::MakeSpan(sum))));
+  EXPECT_EQ(sum, before);  // a wrong length touches nothing
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float bad : {std::nanf(""), inf, -inf}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        AddDense(EncodeDense({1.0f, bad, 2.0f}), absl::MakeSpan(sum))));
+  }
+  EXPECT_TRUE(AddDense("", {}).ok());
+  EXPECT_TRUE(EncodeDense({}).empty());
 }
 
 TEST(SparseBlockTest, ScatterAddAndDensify) {
