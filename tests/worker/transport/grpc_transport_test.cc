@@ -1,10 +1,5 @@
 #include "worker/transport/grpc/grpc_transport.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <map>
 #include <string>
 #include <thread>
@@ -15,6 +10,7 @@
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "gtest/gtest.h"
+#include "tests/support/free_port.h"
 #include "tests/support/grpc_network.h"
 #include "tests/support/multi_rank.h"
 #include "tests/support/tcp_proxy.h"
@@ -475,20 +471,8 @@ TEST(GrpcTransportTest, NamesAPeerWhoseMessagesStoppedMoving) {
   EXPECT_TRUE(AcknowledgedSoon(pair.endpoint(0)));
 }
 
-// A port on 127.0.0.1 that nothing listens on: connections are refused.
-int RefusingPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), length), 0);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
-// A peer that refuses every connection: gRPC keeps the stream waiting for a
+// A peer that refuses every connection (nothing listens on its port, free
+// now): gRPC keeps the stream waiting for a
 // connection (it does not fail it), so what is sent stays unacknowledged
 // and the peer is named after the timeout, not before.
 TEST(GrpcTransportTest, NamesAPeerThatRefusesEveryConnection) {
@@ -497,7 +481,8 @@ TEST(GrpcTransportTest, NamesAPeerThatRefusesEveryConnection) {
   auto transport = GrpcTransport::Create(
       {.service = &service,
        .rank = 0,
-       .peers = {"127.0.0.1:1", absl::StrCat("127.0.0.1:", RefusingPort())},
+       .peers = {"127.0.0.1:1",
+                 absl::StrCat("127.0.0.1:", testing::FreePort())},
        .channels = [](const std::string& address) {
          return grpc::CreateChannel(address,
                                     grpc::InsecureChannelCredentials());
