@@ -157,12 +157,13 @@ ABSL_FLAG(double, step_join_timeout_s, 10,
           "peers started for this long steps out of the group, and the others "
           "go on (0: never; see gradmesh-worker --help)");
 ABSL_FLAG(double, link_timeout_s, 10,
-          "local, run: a worker reports a member its frames have not reached "
-          "for this long, and the coordinator removes the member most name "
-          "(0: never; see gradmesh-worker --help)");
+          "local, run: a worker reports a member its frames have gone "
+          "unacknowledged to for this long, and the coordinator removes the "
+          "member most members name (0: never; see gradmesh-worker --help)");
 ABSL_FLAG(int, quarantine_s, 30,
-          "local, run: a worker removed that way may not rejoin for this "
-          "long, doubled at each removal (see gradmesh-coordinator --help)");
+          "local, run: a worker removed for unreachable links may not rejoin "
+          "for this long, doubled at each removal of the node, to 16x (at "
+          "least 1; see gradmesh-coordinator --help)");
 ABSL_FLAG(std::string, job, "",
           "run: the job name the commands get as GRADMESH_JOB (empty: "
           "run-<pid>-<unix seconds>)");
@@ -339,8 +340,8 @@ WorkerFlagsFromFlags() {
   if (absl::GetFlag(FLAGS_step_join_timeout_s) < 0) {
     return absl::InvalidArgumentError("--step_join_timeout_s is negative");
   }
-  if (absl::GetFlag(FLAGS_link_timeout_s) < 0) {
-    return absl::InvalidArgumentError("--link_timeout_s is negative");
+  if (!(absl::GetFlag(FLAGS_link_timeout_s) >= 0)) {  // NaN too
+    return absl::InvalidArgumentError("--link_timeout_s is not 0 or more");
   }
   const std::string topk = absl::GetFlag(FLAGS_topk);
   GM_RETURN_IF_ERROR(gradmesh::kernels::CheckTopKName(topk));
@@ -398,8 +399,8 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags(
   if (!exact_flag.empty()) {
     cluster.coordinator_flags.push_back({"exact_below", exact_flag});
   }
-  if (absl::GetFlag(FLAGS_quarantine_s) < 0) {
-    return absl::InvalidArgumentError("--quarantine_s is negative");
+  if (absl::GetFlag(FLAGS_quarantine_s) < 1) {
+    return absl::InvalidArgumentError("--quarantine_s must be at least 1");
   }
   cluster.coordinator_flags.push_back(
       {"quarantine_s", absl::StrCat(absl::GetFlag(FLAGS_quarantine_s))});

@@ -1,7 +1,7 @@
 #include "worker/collectives/dense_ring.h"
 
 #include <algorithm>
-#include <ranges>
+#include <numeric>
 
 #include "common/status_macros.h"
 #include "common/work_meter.h"
@@ -45,9 +45,8 @@ absl::StatusOr<Proposal> DenseRing::Reduce(absl::Span<const float> accumulator,
                                 gather[s], /*add=*/false));
   }
   sparse::SparseBlock result;
-  const auto positions =
-      std::views::iota(uint32_t{0}, static_cast<uint32_t>(n_));
-  result.indices.assign(positions.begin(), positions.end());
+  result.indices.resize(n_);
+  std::iota(result.indices.begin(), result.indices.end(), uint32_t{0});
   result.values.assign(sum_.begin(), sum_.end());
   stats->result_nonzeros = result.size();
   return Proposal{

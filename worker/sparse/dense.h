@@ -21,8 +21,8 @@ absl::Status DecodeDense(absl::string_view bytes, absl::Span<float> out);
 
 // Adds a message of exactly target.size() values into `target`, in one pass
 // and without a copy; InvalidArgument for any other length (target
-// untouched) or a non-finite value (target then holds some of the sums: a
-// scratch buffer only).
+// untouched) or a non-finite value (target then holds the sums, non-finite
+// ones included: for a scratch buffer only).
 absl::Status AddDense(absl::string_view bytes, absl::Span<float> target);
 
 }  // namespace gradmesh::sparse

@@ -113,6 +113,15 @@ class GrpcTransport::Stream final
     return std::max(acknowledged_at_, unacknowledged_.front().queued);
   }
 
+  // When the stream was opened, while the receiver has not answered it (no
+  // initial metadata yet): a connection refused, or one that never carried
+  // a byte back.
+  std::optional<absl::Time> UnreachedSince() {
+    absl::MutexLock lock(&mu_);
+    if (reached_) return std::nullopt;
+    return opened_;
+  }
+
   // Whether messages can still be queued (not broken, closing or closed).
   bool open() {
     absl::MutexLock lock(&mu_);
@@ -167,6 +176,7 @@ class GrpcTransport::Stream final
         context_.GetServerInitialMetadata().contains(kAcknowledgeKey);
     absl::MutexLock lock(&mu_);
     acknowledging_ = acknowledging;
+    reached_ = true;
   }
 
   // The receiver sends acknowledgements; a finished read means the stream
@@ -243,6 +253,7 @@ class GrpcTransport::Stream final
   const uint64_t epoch_;
   const int peer_;
   const uint64_t number_;  // PeerService's stream number
+  const absl::Time opened_ = SteadyNow();
   grpc::ClientContext context_;
   grpc::ByteBuffer signal_;  // the receiver's acknowledgements
 
@@ -257,6 +268,7 @@ class GrpcTransport::Stream final
   // Until the receiver's initial metadata says otherwise (a link dead from
   // the start is watched too).
   bool acknowledging_ ABSL_GUARDED_BY(mu_) = true;
+  bool reached_ ABSL_GUARDED_BY(mu_) = false;
   // Frames queued and acknowledged so far; the Enqueues not acknowledged in
   // full, oldest first; when the last acknowledgement came (InfinitePast:
   // none yet).
@@ -293,6 +305,7 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
 GrpcTransport::GrpcTransport(GrpcTransportOptions options)
     : options_(std::move(options)) {
   streams_.resize(options_.peers.size());
+  unreached_since_.assign(options_.peers.size(), absl::InfiniteFuture());
   counters_.bytes_sent_to.assign(options_.peers.size(), 0);
   counters_.bytes_received_from.assign(options_.peers.size(), 0);
 }
@@ -332,7 +345,13 @@ absl::Status GrpcTransport::Send(int peer, const Tag& tag,
     if (current != nullptr && !current->open()) {
       // Broken (its operations in flight have failed): later ones get a new
       // stream. The old one is cancelled, so that gRPC ends its call, and
-      // destroyed once done, here, off gRPC's threads.
+      // destroyed once done, here, off gRPC's threads. Streams that never
+      // reached the peer, one after another, count as one long wait (a
+      // refused connection fails each at once).
+      const std::optional<absl::Time> unreached = current->UnreachedSince();
+      unreached_since_[peer] =
+          unreached.has_value() ? std::min(unreached_since_[peer], *unreached)
+                                : absl::InfiniteFuture();
       current->Cancel();
       std::erase_if(broken_streams_, [](const std::shared_ptr<Stream>& s) {
         return s->WaitDone(absl::InfinitePast());
@@ -418,15 +437,21 @@ std::optional<absl::Time> GrpcTransport::UnclaimedSince(
 std::vector<int> GrpcTransport::StalledPeers(absl::Duration timeout,
                                              absl::Time now) const {
   std::vector<std::pair<int, std::shared_ptr<Stream>>> streams;
+  std::vector<absl::Time> unreached_since;
   {
     absl::MutexLock lock(&mu_);
     for (int peer = 0; peer < size(); ++peer) {
       if (streams_[peer] != nullptr) streams.emplace_back(peer, streams_[peer]);
     }
+    unreached_since = unreached_since_;
   }
   std::vector<int> stalled;
   for (const auto& [peer, stream] : streams) {
-    const std::optional<absl::Time> since = stream->WaitingSince();
+    std::optional<absl::Time> since = stream->WaitingSince();
+    if (const std::optional<absl::Time> unreached = stream->UnreachedSince()) {
+      const absl::Time first = std::min(*unreached, unreached_since[peer]);
+      since = since.has_value() ? std::min(*since, first) : first;
+    }
     if (since.has_value() && now - *since >= timeout) stalled.push_back(peer);
   }
   return stalled;

@@ -14,7 +14,9 @@
 // peer whose frames have gone unacknowledged for a while is named by
 // StalledPeers, for the coordinator to decide: a link that drops every
 // packet breaks no stream until gRPC's keepalive notices, and every new
-// connection then hangs. Abort fails this
+// connection then hangs. So is a peer that no stream has reached for that
+// long (no answer to any stream opened since the last that reached it): a
+// link that refuses connections fails each stream at once. Abort fails this
 // endpoint's calls with its status and cancels its streams, which peers see
 // as a break. Nothing waits past the caller's deadline.
 //
@@ -87,6 +89,9 @@ class GrpcTransport final : public Transport {
   std::vector<std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   // Replaced after they broke; destroyed once done.
   std::vector<std::shared_ptr<Stream>> broken_streams_ ABSL_GUARDED_BY(mu_);
+  // Per peer: when the first of the broken streams that never reached it,
+  // since the last one that did, was opened (InfiniteFuture: none).
+  std::vector<absl::Time> unreached_since_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
 };
 
