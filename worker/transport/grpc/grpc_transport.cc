@@ -449,8 +449,15 @@ std::vector<int> GrpcTransport::StalledPeers(absl::Duration timeout,
   for (const auto& [peer, stream] : streams) {
     std::optional<absl::Time> since = stream->WaitingSince();
     if (const std::optional<absl::Time> unreached = stream->UnreachedSince()) {
+      // Unanswered since the first stream of the run: frames still waiting
+      // on this one, or this one broken too. A live stream with nothing
+      // waiting (a receiver that answers only at the end) is not named.
       const absl::Time first = std::min(*unreached, unreached_since[peer]);
-      since = since.has_value() ? std::min(*since, first) : first;
+      if (since.has_value()) {
+        since = std::min(*since, first);
+      } else if (!stream->open()) {
+        since = first;
+      }
     }
     if (since.has_value() && now - *since >= timeout) stalled.push_back(peer);
   }
