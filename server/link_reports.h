@@ -4,8 +4,9 @@
 // A link that drops every packet (a black-holed route, a switch port gone
 // bad) while both ends heartbeat leaves membership unchanged, so every step
 // that needs the link fails. Each worker names, with its heartbeats, the
-// members of its view to which it has had frames unacknowledged for its
-// link timeout (GrpcTransport::StalledPeers). The coordinator decides once
+// members of its view to which it has had frames unacknowledged, or which
+// have refused its connections, for its link timeout
+// (GrpcTransport::StalledPeers). The coordinator decides once
 // every report has stood for `settle` (a heartbeat timeout: every member
 // that sees the fault has had a heartbeat to say so), or the oldest twice
 // that. The member named by the most reports is removed. A reporter that

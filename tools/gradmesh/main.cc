@@ -158,8 +158,9 @@ ABSL_FLAG(double, step_join_timeout_s, 10,
           "go on (0: never; see gradmesh-worker --help)");
 ABSL_FLAG(double, link_timeout_s, 10,
           "local, run: a worker reports a member its frames have gone "
-          "unacknowledged to for this long, and the coordinator removes the "
-          "member most members name (0: never; see gradmesh-worker --help)");
+          "unacknowledged to, or that has refused its connections, for this "
+          "long, and the coordinator removes the member most members name "
+          "(0: never; see gradmesh-worker --help)");
 ABSL_FLAG(int, quarantine_s, 30,
           "local, run: a worker removed for unreachable links may not rejoin "
           "for this long, doubled at each removal of the node, to 16x (at "

@@ -130,7 +130,8 @@ class Daemon final : public WorkerDaemon {
   std::shared_ptr<Group> MakeGroup(const ViewInfo& view);
   void InstallView(const v1::View& view);
   // The node ids of the current view's members to which this worker has
-  // had frames unacknowledged for link_timeout (StalledPeers); logs
+  // had frames unacknowledged, or which has refused its connections, for
+  // link_timeout (StalledPeers); logs
   // changes. On the heartbeat thread only.
   std::vector<std::string> Unreachable();
   void Report(const ReduceResult& result);
@@ -457,10 +458,11 @@ std::vector<std::string> Daemon::Unreachable() {
   }
   if (ids != last_unreachable_) {
     Log(ids.empty() ? std::string("every peer is reachable again")
-                    : absl::StrCat("cannot reach ", absl::StrJoin(ids, ", "),
-                                   ": frames unacknowledged for ",
-                                   absl::FormatDuration(options_.link_timeout),
-                                   "; reported to the coordinator"));
+                    : absl::StrCat(
+                          "cannot reach ", absl::StrJoin(ids, ", "),
+                          ": frames unacknowledged or connections refused for ",
+                          absl::FormatDuration(options_.link_timeout),
+                          "; reported to the coordinator"));
     last_unreachable_ = ids;
     metrics_->unreachable_peers().Set(static_cast<double>(ids.size()));
   }

@@ -66,9 +66,9 @@ struct DaemonOptions {
   // long go on without it (TrainerWatch); zero: never.
   absl::Duration step_join_timeout = absl::Seconds(10);
   // A member of the view to which this worker has had frames
-  // unacknowledged for this long is reported unreachable with the
-  // heartbeats (the coordinator removes the member most members name;
-  // server/link_reports.h); zero: never.
+  // unacknowledged for this long, or which has refused its connections
+  // that long, is reported unreachable with the heartbeats (the coordinator
+  // removes the member most members name; server/link_reports.h); zero: never.
   absl::Duration link_timeout = absl::Seconds(10);
   // What one peer's messages may hold here (PeerService); 0 is refused.
   uint64_t peer_buffer_bytes = transport::PeerService::kDefaultHeldBytesPerPeer;

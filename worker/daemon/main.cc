@@ -50,9 +50,10 @@ ABSL_FLAG(int, view_wait_ms, 5000,
           "--heartbeat-timeout-ms)");
 ABSL_FLAG(double, link_timeout_s, 10,
           "a member of the view to which this worker has had frames "
-          "unacknowledged for this long is reported unreachable to the "
-          "coordinator, which removes the member most members name (a link "
-          "that drops every packet; 0: never report)");
+          "unacknowledged, or which has refused its connections, for this "
+          "long is reported unreachable to the coordinator, which removes "
+          "the member most members name (a link that drops every packet or "
+          "refuses connections; 0: never report)");
 ABSL_FLAG(double, step_join_timeout_s, 10,
           "when the peers started a step this worker's trainer has not joined "
           "for this long, the worker steps out of the group and the others go "

@@ -87,7 +87,8 @@ void WorkerMetrics::RegisterSingleSeries(prometheus::Registry& r) {
   unreachable_peers_ =
       &Gauges(r, "gradmesh_worker_unreachable_peers",
               "Members this worker reports it cannot reach (frames to them "
-              "unacknowledged for --link_timeout_s)")
+              "unacknowledged, or connections refused, for "
+              "--link_timeout_s)")
            .Add({});
   late_views_ = &Counters(r, "gradmesh_worker_late_views_total",
                           "Plan changes that arrived after their start step")

@@ -23,7 +23,8 @@
 //   gradmesh_worker_peer_channels                       gauge: channels kept
 //       (to the newest view's members, and the coordinator)
 //   gradmesh_worker_unreachable_peers                   gauge: members this
-//       worker reports it cannot reach (--link_timeout_s)
+//       worker reports it cannot reach (frames unacknowledged, or
+//       connections refused, for --link_timeout_s)
 //   gradmesh_worker_late_views_total                    counter
 //   gradmesh_worker_step_retries_total                  counter: steps run
 //       again on a new view after membership changed under them

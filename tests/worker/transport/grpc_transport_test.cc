@@ -476,43 +476,98 @@ TEST(GrpcTransportTest, NamesAPeerWhoseMessagesStoppedMoving) {
   EXPECT_TRUE(AcknowledgedSoon(pair.endpoint(0)));
 }
 
-// A peer that refuses every connection (a port bound, not listening), with
-// the channels' real reconnect backoff: each stream fails at once, so no
-// frame waits on a live one, but the streams that never reached the peer
-// count as one wait, and it is named once that has lasted the timeout.
+// A transport of rank 0 whose peer 1 refuses every connection (a port
+// bound, not listening), with the workers' channel arguments (reconnects
+// after 250 ms to 1 s): each stream to it fails at once, unanswered.
+class RefusingPeer {
+ public:
+  RefusingPeer() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address = {.sin_family = AF_INET};
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&address), length), 0);
+    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length),
+              0);
+    auto transport = GrpcTransport::Create(
+        {.service = &service_,
+         .rank = 0,
+         .peers = {"127.0.0.1:1",
+                   absl::StrCat("127.0.0.1:", ntohs(address.sin_port))},
+         .channels = [](const std::string& peer) {
+           return grpc::CreateCustomChannel(peer,
+                                            grpc::InsecureChannelCredentials(),
+                                            DefaultChannelArguments());
+         }});
+    EXPECT_TRUE(transport.ok()) << transport.status();
+    if (transport.ok()) transport_ = *std::move(transport);
+  }
+  ~RefusingPeer() {
+    transport_.reset();
+    close(fd_);
+  }
+
+  // Sends one message to peer 1: OK, or Unavailable once the stream has
+  // failed (the next Send opens another).
+  void Send() { transport_->Send(1, {0, next_op_++, 0}, "x").IgnoreError(); }
+  bool Named(absl::Duration timeout) const {
+    return transport_->StalledPeers(timeout, SteadyNow()) ==
+           std::vector<int>{1};
+  }
+  bool ok() const { return transport_ != nullptr; }
+
+ private:
+  int fd_ = -1;
+  PeerService service_;
+  std::unique_ptr<GrpcTransport> transport_;
+  uint64_t next_op_ = 0;
+};
+
+// Refused again and again, the peer is named once the refusals have gone
+// on for the timeout, not before: no frame ever waits on a live stream,
+// so only the run of streams that broke unanswered shows it.
 TEST(GrpcTransportTest, NamesAPeerThatRefusesEveryConnection) {
-  constexpr absl::Duration kTimeout = absl::Seconds(2);  // above the backoff
-  const int refusing = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address = {.sin_family = AF_INET};
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ASSERT_EQ(bind(refusing, reinterpret_cast<sockaddr*>(&address), length), 0);
-  ASSERT_EQ(
-      getsockname(refusing, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  PeerService service;
-  auto transport = GrpcTransport::Create(
-      {.service = &service,
-       .rank = 0,
-       .peers = {"127.0.0.1:1",
-                 absl::StrCat("127.0.0.1:", ntohs(address.sin_port))},
-       .channels = [](const std::string& peer) {
-         return grpc::CreateCustomChannel(peer,
-                                          grpc::InsecureChannelCredentials(),
-                                          DefaultChannelArguments());
-       }});
-  ASSERT_TRUE(transport.ok()) << transport.status();
+  constexpr absl::Duration kTimeout = absl::Seconds(2);
+  RefusingPeer peer;
+  ASSERT_TRUE(peer.ok());
   const absl::Time start = SteadyNow();
   bool named = false;
-  for (uint64_t op = 0; !named && SteadyNow() - start < absl::Seconds(20);
-       ++op) {
-    // OK, or Unavailable once the stream has failed: the next one reopens.
-    (*transport)->Send(1, {0, op, 0}, "x").IgnoreError();
+  while (!named && SteadyNow() - start < absl::Seconds(20)) {
+    peer.Send();
     absl::SleepFor(absl::Milliseconds(50));
-    named = (*transport)->StalledPeers(kTimeout, SteadyNow()) ==
-            std::vector<int>{1};
+    const absl::Time checked = SteadyNow();
+    named = peer.Named(kTimeout);
+    if (checked - start < kTimeout) {
+      EXPECT_FALSE(named) << "named after " << (checked - start);
+    }
   }
   EXPECT_TRUE(named);
-  close(refusing);
+}
+
+// One refusal, or an old run of them, followed by silence names nobody:
+// the run must go on; at least three refusals are needed.
+TEST(GrpcTransportTest, AnOldRefusalFollowedBySilenceNamesNobody) {
+  constexpr absl::Duration kTimeout = absl::Milliseconds(300);
+  RefusingPeer peer;
+  ASSERT_TRUE(peer.ok());
+  peer.Send();
+  absl::SleepFor(3 * kTimeout);  // the stream failed long ago: one refusal
+  EXPECT_FALSE(peer.Named(kTimeout));
+  peer.Send();  // a second, the first still in the run
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(peer.Named(kTimeout));
+  const absl::Time start = SteadyNow();
+  bool named = false;
+  while (!named && SteadyNow() - start < absl::Seconds(10)) {
+    peer.Send();
+    absl::SleepFor(absl::Milliseconds(50));
+    named = peer.Named(kTimeout);
+  }
+  ASSERT_TRUE(named);  // three or more, over the timeout, still going on
+  // Then silence (the last stream may take up to the 1 s reconnect backoff
+  // to fail): no longer named.
+  absl::SleepFor(absl::Seconds(1) + 2 * kTimeout);
+  EXPECT_FALSE(peer.Named(kTimeout));
 }
 
 // Frames of an epoch not started here are held up to a bound; past it the

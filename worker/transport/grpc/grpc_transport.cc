@@ -93,6 +93,7 @@ class GrpcTransport::Stream final
       if (broken_.ok()) {
         broken_ = absl::UnavailableError(
             absl::StrCat("the stream to peer ", peer_, " was cancelled"));
+        broken_at_ = SteadyNow();
       }
     }
     context_.TryCancel();
@@ -113,13 +114,18 @@ class GrpcTransport::Stream final
     return std::max(acknowledged_at_, unacknowledged_.front().queued);
   }
 
-  // When the stream was opened, while the receiver has not answered it (no
-  // initial metadata yet): a connection refused, or one that never carried
-  // a byte back.
-  std::optional<absl::Time> UnreachedSince() {
+  // Whether the receiver answered (sent its initial metadata).
+  bool Answered() {
     absl::MutexLock lock(&mu_);
-    if (reached_) return std::nullopt;
-    return opened_;
+    return reached_;
+  }
+
+  // When the stream was opened and when it broke, if it broke before the
+  // receiver answered: a refused connection.
+  std::optional<Refusals> Refused() {
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok() || reached_) return std::nullopt;
+    return Refusals{.first = opened_, .last = broken_at_, .count = 1};
   }
 
   // Whether messages can still be queued (not broken, closing or closed).
@@ -145,6 +151,7 @@ class GrpcTransport::Stream final
         if (broken_.ok()) {
           broken_ = absl::UnavailableError(
               absl::StrCat("the stream to peer ", peer_, " broke"));
+          broken_at_ = SteadyNow();
         }
         broken = broken_;
         queue_.clear();
@@ -168,8 +175,9 @@ class GrpcTransport::Stream final
     }
   }
 
-  // A receiver that does not say it acknowledges (an older worker) is not
-  // watched.
+  // A receiver whose answer does not say it acknowledges is not watched.
+  // An older worker sends no answer until the stream ends, so until then
+  // it is watched as one that acknowledges, and named once frames wait.
   void OnReadInitialMetadataDone(bool ok) override {
     if (!ok) return;
     const bool acknowledging =
@@ -193,6 +201,7 @@ class GrpcTransport::Stream final
       if (!closing_ && broken_.ok()) {
         broken_ = absl::UnavailableError(
             absl::StrCat("peer ", peer_, " ended the stream"));
+        broken_at_ = SteadyNow();
         broken = broken_;
       }
     }
@@ -278,6 +287,7 @@ class GrpcTransport::Stream final
   static constexpr size_t kSendsTracked = 4096;
   absl::Time acknowledged_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  absl::Time broken_at_ ABSL_GUARDED_BY(mu_);  // when broken_ was set
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
   bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
@@ -305,7 +315,7 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
 GrpcTransport::GrpcTransport(GrpcTransportOptions options)
     : options_(std::move(options)) {
   streams_.resize(options_.peers.size());
-  unreached_since_.assign(options_.peers.size(), absl::InfiniteFuture());
+  refusals_.resize(options_.peers.size());
   counters_.bytes_sent_to.assign(options_.peers.size(), 0);
   counters_.bytes_received_from.assign(options_.peers.size(), 0);
 }
@@ -345,13 +355,12 @@ absl::Status GrpcTransport::Send(int peer, const Tag& tag,
     if (current != nullptr && !current->open()) {
       // Broken (its operations in flight have failed): later ones get a new
       // stream. The old one is cancelled, so that gRPC ends its call, and
-      // destroyed once done, here, off gRPC's threads. Streams that never
-      // reached the peer, one after another, count as one long wait (a
-      // refused connection fails each at once).
-      const std::optional<absl::Time> unreached = current->UnreachedSince();
-      unreached_since_[peer] =
-          unreached.has_value() ? std::min(unreached_since_[peer], *unreached)
-                                : absl::InfiniteFuture();
+      // destroyed once done, here, off gRPC's threads.
+      // A stream that broke unanswered extends the peer's run of refusals;
+      // one that was answered ends it.
+      const std::optional<Refusals> refused = current->Refused();
+      refusals_[peer] =
+          refused.has_value() ? refusals_[peer].Then(*refused) : Refusals{};
       current->Cancel();
       std::erase_if(broken_streams_, [](const std::shared_ptr<Stream>& s) {
         return s->WaitDone(absl::InfinitePast());
@@ -437,29 +446,30 @@ std::optional<absl::Time> GrpcTransport::UnclaimedSince(
 std::vector<int> GrpcTransport::StalledPeers(absl::Duration timeout,
                                              absl::Time now) const {
   std::vector<std::pair<int, std::shared_ptr<Stream>>> streams;
-  std::vector<absl::Time> unreached_since;
+  std::vector<Refusals> refusals;
   {
     absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return {};  // its streams were cancelled here
     for (int peer = 0; peer < size(); ++peer) {
       if (streams_[peer] != nullptr) streams.emplace_back(peer, streams_[peer]);
     }
-    unreached_since = unreached_since_;
+    refusals = refusals_;
   }
   std::vector<int> stalled;
   for (const auto& [peer, stream] : streams) {
-    std::optional<absl::Time> since = stream->WaitingSince();
-    if (const std::optional<absl::Time> unreached = stream->UnreachedSince()) {
-      // Unanswered since the first stream of the run: frames still waiting
-      // on this one, or this one broken too. A live stream with nothing
-      // waiting (a receiver that answers only at the end) is not named.
-      const absl::Time first = std::min(*unreached, unreached_since[peer]);
-      if (since.has_value()) {
-        since = std::min(*since, first);
-      } else if (!stream->open()) {
-        since = first;
-      }
+    const std::optional<absl::Time> since = stream->WaitingSince();
+    // The current stream extends the run if refused too, ends it if
+    // answered, and leaves it as it is while it waits for an answer.
+    Refusals refused = refusals[peer];
+    if (const std::optional<Refusals> r = stream->Refused()) {
+      refused = refused.Then(*r);
+    } else if (stream->Answered()) {
+      refused = {};
     }
-    if (since.has_value() && now - *since >= timeout) stalled.push_back(peer);
+    if ((since.has_value() && now - *since >= timeout) ||
+        refused.Name(timeout, now)) {
+      stalled.push_back(peer);
+    }
   }
   return stalled;
 }

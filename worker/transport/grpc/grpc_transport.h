@@ -14,9 +14,10 @@
 // peer whose frames have gone unacknowledged for a while is named by
 // StalledPeers, for the coordinator to decide: a link that drops every
 // packet breaks no stream until gRPC's keepalive notices, and every new
-// connection then hangs. So is a peer that no stream has reached for that
-// long (no answer to any stream opened since the last that reached it): a
-// link that refuses connections fails each stream at once. Abort fails this
+// connection then hangs. So is a peer that refuses connections: each
+// stream fails at once, before the receiver answers, and frames never
+// wait; a run of such streams (at least three, no answer between them)
+// that spans the timeout and still goes on names the peer. Abort fails this
 // endpoint's calls with its status and cancels its streams, which peers see
 // as a break. Nothing waits past the caller's deadline.
 //
@@ -89,9 +90,29 @@ class GrpcTransport final : public Transport {
   std::vector<std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   // Replaced after they broke; destroyed once done.
   std::vector<std::shared_ptr<Stream>> broken_streams_ ABSL_GUARDED_BY(mu_);
-  // Per peer: when the first of the broken streams that never reached it,
-  // since the last one that did, was opened (InfiniteFuture: none).
-  std::vector<absl::Time> unreached_since_ ABSL_GUARDED_BY(mu_);
+  // The streams to one peer that broke before it answered (refused
+  // connections), one after another since the last that it answered: when
+  // the first opened, when the last broke, how many.
+  struct Refusals {
+    absl::Time first;
+    absl::Time last;
+    int count = 0;
+
+    // This run followed by one more refused stream.
+    Refusals Then(const Refusals& next) const {
+      if (count == 0) return next;
+      return {.first = first, .last = next.last, .count = count + 1};
+    }
+    // Whether the run names its peer: kRefusalsToName streams or more,
+    // refused over at least `timeout`, the last within `timeout` of `now`
+    // (an old refusal followed by silence says nothing of the link now).
+    bool Name(absl::Duration timeout, absl::Time now) const {
+      return count >= kRefusalsToName && last - first >= timeout &&
+             now - last < timeout;
+    }
+  };
+  static constexpr int kRefusalsToName = 3;
+  std::vector<Refusals> refusals_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
 };
 
