@@ -117,14 +117,14 @@ class GrpcTransport::Stream final
   // Whether the receiver answered (sent its initial metadata).
   bool Answered() {
     absl::MutexLock lock(&mu_);
-    return reached_;
+    return answered_;
   }
 
   // When the stream was opened and when it broke, if it broke before the
   // receiver answered: a refused connection.
   std::optional<Refusals> Refused() {
     absl::MutexLock lock(&mu_);
-    if (broken_.ok() || reached_) return std::nullopt;
+    if (broken_.ok() || answered_) return std::nullopt;
     return Refusals{.first = opened_, .last = broken_at_, .count = 1};
   }
 
@@ -184,7 +184,7 @@ class GrpcTransport::Stream final
         context_.GetServerInitialMetadata().contains(kAcknowledgeKey);
     absl::MutexLock lock(&mu_);
     acknowledging_ = acknowledging;
-    reached_ = true;
+    answered_ = true;
   }
 
   // The receiver sends acknowledgements; a finished read means the stream
@@ -277,7 +277,7 @@ class GrpcTransport::Stream final
   // Until the receiver's initial metadata says otherwise (a link dead from
   // the start is watched too).
   bool acknowledging_ ABSL_GUARDED_BY(mu_) = true;
-  bool reached_ ABSL_GUARDED_BY(mu_) = false;
+  bool answered_ ABSL_GUARDED_BY(mu_) = false;
   // Frames queued and acknowledged so far; the Enqueues not acknowledged in
   // full, oldest first; when the last acknowledgement came (InfinitePast:
   // none yet).
@@ -355,9 +355,8 @@ absl::Status GrpcTransport::Send(int peer, const Tag& tag,
     if (current != nullptr && !current->open()) {
       // Broken (its operations in flight have failed): later ones get a new
       // stream. The old one is cancelled, so that gRPC ends its call, and
-      // destroyed once done, here, off gRPC's threads.
-      // A stream that broke unanswered extends the peer's run of refusals;
-      // one that was answered ends it.
+      // destroyed once done, here, off gRPC's threads. A stream that broke
+      // unanswered extends the peer's run of refusals; one answered ends it.
       const std::optional<Refusals> refused = current->Refused();
       refusals_[peer] =
           refused.has_value() ? refusals_[peer].Then(*refused) : Refusals{};
