@@ -16,9 +16,9 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_reduce.cuh>
 #include <random>
-#include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "common/cli.h"
 #include "worker/kernels/topk_cuda.h"
 
@@ -75,7 +75,16 @@ float MedianMs(F&& f) {
 
 int main(int argc, char** argv) {
   std::vector<size_t> sizes;
-  for (int i = 1; i < argc; ++i) sizes.push_back(std::stoull(argv[i]));
+  for (int i = 1; i < argc; ++i) {
+    size_t n = 0;
+    if (!absl::SimpleAtoi(argv[i], &n) || n == 0) {
+      std::fprintf(stderr,
+                   "topk_cuda_bench: %s is not a positive number of values\n",
+                   argv[i]);
+      return 2;
+    }
+    sizes.push_back(n);
+  }
   if (sizes.empty()) sizes = {1'000'000, 25'000'000, 100'000'000};
   gradmesh::KeepLargeBuffersWarm();  // as gradmesh-worker does
   cudaDeviceProp prop;
