@@ -68,33 +68,44 @@ absl::StatusOr<std::vector<std::string>> StepRunner::Exchange(
 
 absl::Status StepRunner::SendPayloads(uint32_t step, int send_to,
                                       std::vector<std::string> payloads) {
-  const transport::Tag tag{context_.epoch, context_.operation, step};
   for (std::string& payload : payloads) {
-    stats_->bytes_sent += payload.size();
-    ++stats_->messages_sent;
-    GM_RETURN_IF_ERROR(
-        context_.transport->Send(send_to, tag, std::move(payload)));
+    GM_RETURN_IF_ERROR(SendPiece(step, send_to, std::move(payload)));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> StepRunner::ReceivePayloads(
     uint32_t step, int recv_from, int recv_count) {
-  const transport::Tag tag{context_.epoch, context_.operation, step};
   std::vector<std::string> received;
   received.reserve(recv_count);
   for (int i = 0; i < recv_count; ++i) {
-    absl::StatusOr<std::string> message;
-    {
-      ScopedTimer waiting(&stats_->wait_seconds);
-      message = context_.transport->Recv(recv_from, tag, context_.deadline);
-    }
-    GM_ASSIGN_OR_RETURN(std::string bytes, std::move(message));
-    stats_->bytes_received += bytes.size();
-    ++stats_->messages_received;
+    GM_ASSIGN_OR_RETURN(std::string bytes, ReceivePiece(step, recv_from));
     received.push_back(std::move(bytes));
   }
   return received;
+}
+
+absl::Status StepRunner::SendPiece(uint32_t step, int send_to,
+                                   std::string payload) {
+  stats_->bytes_sent += payload.size();
+  ++stats_->messages_sent;
+  return context_.transport->Send(
+      send_to, {context_.epoch, context_.operation, step}, std::move(payload));
+}
+
+absl::StatusOr<std::string> StepRunner::ReceivePiece(uint32_t step,
+                                                     int recv_from) {
+  absl::StatusOr<std::string> message;
+  {
+    ScopedTimer waiting(&stats_->wait_seconds);
+    message = context_.transport->Recv(
+        recv_from, {context_.epoch, context_.operation, step},
+        context_.deadline);
+  }
+  GM_ASSIGN_OR_RETURN(std::string bytes, std::move(message));
+  stats_->bytes_received += bytes.size();
+  ++stats_->messages_received;
+  return bytes;
 }
 
 absl::StatusOr<std::string> StepRunner::Exchange(uint32_t step, int send_to,

@@ -165,7 +165,10 @@ class Collective {
 // Runs the steps of one operation over its transport and accounts for them.
 // Each call is one round, under the tag (epoch, operation, step): Exchange
 // queues the payloads for `send_to`, then waits for `recv_count` messages from
-// `recv_from`; Send and Receive do one half each (tree schedules).
+// `recv_from`; Send and Receive do one half each (tree schedules). Pipelined
+// schedules move a step in several messages, each with SendPiece and
+// ReceivePiece, and count the step's round once with CountRound; the pieces
+// of one step from one peer arrive in the order sent.
 class StepRunner {
  public:
   StepRunner(const OpContext& context, OpStats* stats);
@@ -184,6 +187,10 @@ class StepRunner {
   // One payload each way.
   absl::StatusOr<std::string> Exchange(uint32_t step, int send_to,
                                        std::string payload, int recv_from);
+
+  void CountRound() { ++stats_->rounds; }
+  absl::Status SendPiece(uint32_t step, int send_to, std::string payload);
+  absl::StatusOr<std::string> ReceivePiece(uint32_t step, int recv_from);
 
  private:
   absl::Status SendPayloads(uint32_t step, int send_to,

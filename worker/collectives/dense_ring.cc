@@ -14,6 +14,22 @@ namespace {
 constexpr int kReduceScatterPhase = 0;
 constexpr int kAllGatherPhase = 1;
 
+constexpr uint64_t kPieceValues = 64 * 1024;
+
+// The pieces a chunk moves in: about kPieceValues values each, at least one
+// (an empty chunk still moves as one empty message).
+std::vector<sparse::IndexRange> Pieces(const sparse::IndexRange& chunk) {
+  const int count = static_cast<int>(
+      std::max<uint64_t>(1, (chunk.size() + kPieceValues - 1) / kPieceValues));
+  std::vector<sparse::IndexRange> pieces;
+  pieces.reserve(count);
+  for (int j = 0; j < count; ++j) {
+    const sparse::IndexRange part = BlockRange(chunk.size(), count, j);
+    pieces.push_back({chunk.begin + part.begin, chunk.begin + part.end});
+  }
+  return pieces;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DenseRing>> DenseRing::Create(int world_size,
@@ -34,15 +50,20 @@ absl::StatusOr<Proposal> DenseRing::Reduce(absl::Span<const float> accumulator,
                                            OpStats* stats) {
   std::copy(accumulator.begin(), accumulator.end(), sum_.begin());
   StepRunner runner(context, stats);
-  const std::vector<Step> reduce = PlanRingReduceScatter(world_size_, rank_);
-  for (size_t s = 0; s < reduce.size(); ++s) {
-    GM_RETURN_IF_ERROR(RingStep(runner, PhaseStep(kReduceScatterPhase, s),
-                                reduce[s], /*add=*/true));
+  const std::vector<RingStep> steps = PlanSteps();
+  if (!steps.empty()) {
+    const Step& first = steps.front().step;
+    for (const sparse::IndexRange& piece :
+         Pieces(BlockRange(n_, world_size_, first.send.first))) {
+      GM_RETURN_IF_ERROR(runner.SendPiece(
+          steps.front().tag, first.send_to,
+          sparse::EncodeDense(
+              absl::MakeConstSpan(sum_).subspan(piece.begin, piece.size()))));
+    }
   }
-  const std::vector<Step> gather = PlanRingAllGather(world_size_, rank_);
-  for (size_t s = 0; s < gather.size(); ++s) {
-    GM_RETURN_IF_ERROR(RingStep(runner, PhaseStep(kAllGatherPhase, s),
-                                gather[s], /*add=*/false));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    GM_RETURN_IF_ERROR(RunStep(runner, steps[i],
+                               i + 1 < steps.size() ? &steps[i + 1] : nullptr));
   }
   sparse::SparseBlock result;
   result.indices.resize(n_);
@@ -56,26 +77,49 @@ absl::StatusOr<Proposal> DenseRing::Reduce(absl::Span<const float> accumulator,
       }};
 }
 
-absl::Status DenseRing::RingStep(StepRunner& runner, uint32_t tag,
-                                 const Step& step, bool add) {
-  const int p = world_size_;
-  const sparse::IndexRange out = BlockRange(n_, p, step.send.first);
-  const sparse::IndexRange in = BlockRange(n_, p, step.recv.first);
-  GM_ASSIGN_OR_RETURN(
-      std::string bytes,
-      runner.Exchange(tag, step.send_to,
-                      sparse::EncodeDense(absl::MakeConstSpan(sum_).subspan(
-                          out.begin, out.size())),
-                      step.recv_from));
-  absl::Span<float> target = absl::MakeSpan(sum_).subspan(in.begin, in.size());
-  if (!add) {
-    const absl::Status status = sparse::DecodeDense(bytes, target);
-    return status.ok() ? status : PeerError(status, step.recv_from);
+std::vector<DenseRing::RingStep> DenseRing::PlanSteps() const {
+  std::vector<RingStep> steps;
+  const std::vector<Step> reduce = PlanRingReduceScatter(world_size_, rank_);
+  for (size_t s = 0; s < reduce.size(); ++s) {
+    steps.push_back({PhaseStep(kReduceScatterPhase, s), reduce[s], true});
   }
+  const std::vector<Step> gather = PlanRingAllGather(world_size_, rank_);
+  for (size_t s = 0; s < gather.size(); ++s) {
+    steps.push_back({PhaseStep(kAllGatherPhase, s), gather[s], false});
+  }
+  // The pipeline's premise: each step sends what the step before received.
+  for (size_t i = 1; i < steps.size(); ++i) {
+    GM_CHECK(steps[i].step.send.first == steps[i - 1].step.recv.first);
+  }
+  return steps;
+}
+
+absl::Status DenseRing::RunStep(StepRunner& runner, const RingStep& step,
+                                const RingStep* next) {
+  runner.CountRound();
+  const int from = step.step.recv_from;
+  for (const sparse::IndexRange& piece :
+       Pieces(BlockRange(n_, world_size_, step.step.recv.first))) {
+    GM_ASSIGN_OR_RETURN(std::string bytes, runner.ReceivePiece(step.tag, from));
+    absl::Span<float> target =
+        absl::MakeSpan(sum_).subspan(piece.begin, piece.size());
+    if (absl::Status status = Take(step, bytes, target); !status.ok()) {
+      return PeerError(status, from);
+    }
+    if (next == nullptr) continue;
+    // A stored piece goes on as it came; an added one is encoded anew.
+    GM_RETURN_IF_ERROR(runner.SendPiece(
+        next->tag, next->step.send_to,
+        step.add ? sparse::EncodeDense(target) : std::move(bytes)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DenseRing::Take(const RingStep& step, absl::string_view bytes,
+                             absl::Span<float> target) {
+  if (!step.add) return sparse::DecodeDense(bytes, target);
   // sum_ is this operation's scratch: a bad message fails the operation.
-  if (absl::Status status = sparse::AddDense(bytes, target); !status.ok()) {
-    return PeerError(status, step.recv_from);
-  }
+  GM_RETURN_IF_ERROR(sparse::AddDense(bytes, target));
   CountAccumulated(target.size());
   return absl::OkStatus();
 }

@@ -7,6 +7,12 @@
 // its own (own + received), so chunk c is summed in the order g_c, then
 // g_(c+1), ... and ends complete at worker c - 1.
 //
+// The steps are pipelined: a chunk moves in pieces of about 64k values (256
+// KB), and each piece goes on to w + 1 as soon as it is added (or, in the
+// all-gather, stored), since every step sends the chunk received in the step
+// before. The link then never idles while a whole chunk is added or encoded.
+// Both ends cut a chunk into the same pieces (from its range alone).
+//
 // Result: the exact sum, as a block of all n entries (zeros included); the
 // residual is zero afterwards. Rounds 2(P-1); bytes received
 // 4 (2n - |chunk w| - |chunk w+1|), about 2 n (P-1)/P words of 4 bytes.
@@ -14,6 +20,7 @@
 #define GRADMESH_WORKER_COLLECTIVES_DENSE_RING_H_
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "worker/collectives/collective.h"
@@ -38,10 +45,22 @@ class DenseRing : public Collective {
   DenseRing(int world_size, int rank, uint64_t n)
       : world_size_(world_size), rank_(rank), n_(n), sum_(n) {}
 
-  // Sends chunk step.send.first to step.send_to and stores (or, when `add`,
-  // adds) the chunk step.recv.first received from step.recv_from.
-  absl::Status RingStep(StepRunner& runner, uint32_t tag, const Step& step,
-                        bool add);
+  // One step of the ring: its tag, its blocks, and whether it adds what it
+  // receives (reduce-scatter) or stores it (all-gather).
+  struct RingStep {
+    uint32_t tag;
+    Step step;
+    bool add;
+  };
+
+  std::vector<RingStep> PlanSteps() const;
+  // Receives the pieces of `step`'s chunk, adding or storing each, and passes
+  // each on as the matching piece of `next` (null: the last step).
+  absl::Status RunStep(StepRunner& runner, const RingStep& step,
+                       const RingStep* next);
+  // Adds or stores one received piece into `target`.
+  absl::Status Take(const RingStep& step, absl::string_view bytes,
+                    absl::Span<float> target);
 
   const int world_size_;
   const int rank_;
