@@ -26,13 +26,29 @@ double SecondsOf(const Trial& trial, uint64_t n) {
              : it->second;
 }
 
+// The rest of a training step around size n's all-reduce (compute, other
+// buckets), as both trials saw it: the least of their step minus all-reduce,
+// 0 unless both know the step.
+double RestOfStep(const Trial& dense, const Trial& sparse, uint64_t n) {
+  const auto d = dense.size_step_seconds.find(n);
+  const auto s = sparse.size_step_seconds.find(n);
+  if (d == dense.size_step_seconds.end() ||
+      s == sparse.size_step_seconds.end()) {
+    return 0;
+  }
+  return std::max(0.0, std::min(d->second - SecondsOf(dense, n),
+                                s->second - SecondsOf(sparse, n)));
+}
+
 // Whether size n goes to SparDL as `sparse` timed it: only where the dense
-// ring was timed too and SparDL was `margin` times faster (the dense ring is
-// exact, so it is the default).
+// ring was timed too and SparDL made the step (the all-reduce plus the rest
+// of the step) `margin` times shorter (the dense ring is exact, so it is the
+// default).
 bool SparseFor(const Trial& dense, const Trial& sparse, uint64_t n,
                double margin) {
-  return dense.size_seconds.contains(n) &&
-         SecondsOf(sparse, n) * margin < SecondsOf(dense, n);
+  if (!dense.size_seconds.contains(n)) return false;
+  const double rest = RestOfStep(dense, sparse, n);
+  return (SecondsOf(sparse, n) + rest) * margin < SecondsOf(dense, n) + rest;
 }
 
 // A step's all-reduce seconds with SparDL as `sparse` timed it and the dense
@@ -50,17 +66,26 @@ double StepSeconds(const Trial& dense, const Trial& sparse,
   return total;
 }
 
-// "100000 values: dense 1.000 ms against d=1 0.900 ms" (the choice first).
+// "100000 values: dense 1.000 ms against d=1 0.900 ms" (the choice first),
+// then ", in steps of 101.000 ms against 100.900 ms" where the rest of the
+// step is known.
 std::string SizeFigures(uint64_t n, bool sparse, const std::string& name,
                         const Trial& dense, const Trial* best) {
   const double dense_s = SecondsOf(dense, n);
   const double sparse_s = best != nullptr
                               ? SecondsOf(*best, n)
                               : std::numeric_limits<double>::infinity();
-  return absl::StrFormat(
+  const double rest = best != nullptr ? RestOfStep(dense, *best, n) : 0;
+  const double chosen = sparse ? sparse_s : dense_s;
+  const double other = sparse ? dense_s : sparse_s;
+  std::string figures = absl::StrFormat(
       "%d values: %s %s against %s %s", n, sparse ? name : "dense",
-      Milliseconds(sparse ? sparse_s : dense_s), sparse ? "dense" : name,
-      Milliseconds(sparse ? dense_s : sparse_s));
+      Milliseconds(chosen), sparse ? "dense" : name, Milliseconds(other));
+  if (rest > 0) {
+    absl::StrAppend(&figures, ", in steps of ", Milliseconds(chosen + rest),
+                    " against ", Milliseconds(other + rest));
+  }
+  return figures;
 }
 
 // Of the SparDL trials not skipped that `keep` accepts, the one of the
@@ -147,15 +172,17 @@ const Trial* AutotuneRound::current() const {
 }
 
 bool AutotuneRound::Add(absl::string_view node, uint64_t step, uint64_t n,
-                        double seconds) {
+                        double seconds, double period_seconds) {
   while (current_ < trials_.size() && trials_[current_].skipped) ++current_;
   if (current_ == trials_.size()) return false;
   if (!sizes_.contains(n) && sizes_.size() >= kMaxSizes) return false;
   sizes_.insert(n);
   const Operation operation{step, n};
   if (completed_.contains(operation)) return false;
-  double& slowest = pending_[operation][std::string(node)];
+  Reports& reports = pending_[operation];
+  double& slowest = reports.seconds[std::string(node)];
   slowest = std::max(slowest, seconds);
+  reports.period_seconds = std::max(reports.period_seconds, period_seconds);
   uint64_t& latest = latest_[{std::string(node), n}];
   latest = std::max(latest, step);
   uint64_t& newest = newest_[n];
@@ -167,7 +194,8 @@ bool AutotuneRound::ResolveOperations() {
   Trial& trial = trials_[current_];
   // In step order, so that each size's warm-up is its earliest operation.
   for (auto it = pending_.begin(); it != pending_.end();) {
-    const auto& [operation, seconds] = *it;
+    const auto& [operation, reports] = *it;
+    const auto& seconds = reports.seconds;
     const auto [step, n] = operation;
     auto reported = [&](const std::string& node) {
       const auto later = latest_.find({node, n});
@@ -187,10 +215,12 @@ bool AutotuneRound::ResolveOperations() {
     for (const auto& [node, s] : seconds) {
       max_seconds = std::max(max_seconds, s);
     }
+    const double period = reports.period_seconds;
     completed_.insert(operation);
     it = pending_.erase(it);
     // The first operation of a size warms up (connections, allocations).
     if (!warmed_up_.insert(n).second) {
+      if (period > 0) periods_[n].push_back(period);
       auto& [sum, count] = sums_[n];
       sum += max_seconds;
       trial.iterations = std::max(trial.iterations, ++count);
@@ -222,12 +252,18 @@ void AutotuneRound::EndTrial() {
     trial.size_seconds[n] = mean;
     trial.mean_seconds += mean;
   }
+  for (auto& [n, periods] : periods_) {
+    const auto middle = periods.begin() + periods.size() / 2;
+    std::nth_element(periods.begin(), middle, periods.end());
+    trial.size_step_seconds[n] = *middle;
+  }
   pending_.clear();
   completed_.clear();
   latest_.clear();
   newest_.clear();
   warmed_up_.clear();
   sums_.clear();
+  periods_.clear();
   ++current_;
   while (current_ < trials_.size() && trials_[current_].skipped) ++current_;
 }
@@ -350,7 +386,7 @@ Choice AutotuneRound::WithDenseResult() const {
     choice.dense_sizes.clear();
   }
   choice.note = absl::StrFormat(
-      "auto chose %s (%s; SparDL must be %gx faster than dense%s)",
+      "auto chose %s (%s; SparDL's step must be %gx shorter than dense's%s)",
       !any_sparse ? "dense for every bucket"
       : choice.dense_sizes.empty()
           ? absl::StrCat("spardl ", sparse_name)

@@ -11,8 +11,10 @@
 // skipped (the model leaves out the selection's compute, which is all the
 // dense ring saves).
 //
-// Operations. A report names its member, its step and its bucket's size n
-// (reports of new sizes past kMaxSizes are ignored). An
+// Operations. A report names its member, its step, its bucket's size n, the
+// all-reduce's seconds and the step's period (the time since the bucket's
+// step before began there: the training step, its compute included; 0 when
+// not known). Reports of new sizes past kMaxSizes are ignored. An
 // operation is one (step, n): complete when every member has reported it or
 // a later step of that size (a bucket's reports come in order, so one
 // missing below a later step was lost), or, with a member that reports
@@ -24,7 +26,9 @@
 // count. A trial ends when every size it warmed up has
 // `window` counted operations (or one has kRareSizeWindows x that many: a
 // rare size is then timed with what it has); its time for each size is the
-// mean of that size's counted operations, and its total the sum over sizes.
+// mean of that size's counted operations, and its total the sum over sizes;
+// its step for each size the median of the known periods (the slowest
+// member's), so that a pause (an evaluation, a checkpoint) does not count.
 //
 // The choice (Result):
 //   - SparDL alone: the largest d whose total over the sizes every trial
@@ -34,9 +38,13 @@
 //     the earlier trial; "autotune chose d=2 (12.300 ms) over d=1
 //     (20.100 ms), d=4 (15.000 ms)";
 //   - with the dense ring: a bucket size goes to SparDL only where both
-//     were timed and SparDL's trial was `sparse_margin` times faster (the
-//     dense ring is exact: top-k needs more steps to the same accuracy,
-//     docs/benchmarks.md); every other size timed is summed densely. A size
+//     were timed and SparDL made the training step `sparse_margin` times
+//     shorter (the dense ring is exact: top-k needs more steps to the same
+//     accuracy, docs/benchmarks.md); every other size timed is summed
+//     densely. The step is the size's all-reduce plus the rest of the step
+//     (compute, other buckets): the least of the two trials' step minus
+//     all-reduce, 0 where a trial knows no period. So where compute
+//     dominates the step, a faster sum does not pay for the extra steps. A size
 //     no trial timed (one registered later, or past kMaxSizes) runs the
 //     plan's algorithm. SparDL's d is the one whose steps, so divided, cost
 //     least (ties to the d of the least total of its own), or the largest
@@ -77,6 +85,8 @@ struct Trial {
   // size it counted, and their sum.
   std::map<uint64_t, double> size_seconds;
   double mean_seconds = 0;
+  // The median period of each size's counted operations that knew one.
+  std::map<uint64_t, double> size_step_seconds;
 
   // "d=2" or "dense".
   std::string Name() const;
@@ -117,7 +127,8 @@ class AutotuneRound {
   size_t current_index() const { return current_; }
 
   // Feeds one report of the current trial. True when it ended that trial.
-  bool Add(absl::string_view node, uint64_t step, uint64_t n, double seconds);
+  bool Add(absl::string_view node, uint64_t step, uint64_t n, double seconds,
+           double period_seconds = 0);
 
   // The choice, once current() is null.
   Choice Result() const;
@@ -126,6 +137,11 @@ class AutotuneRound {
 
  private:
   using Operation = std::pair<uint64_t, uint64_t>;  // (step, n)
+  // One operation's reports so far.
+  struct Reports {
+    absl::flat_hash_map<std::string, double> seconds;  // by member
+    double period_seconds = 0;                         // the longest known
+  };
 
   // Counts the operations every member has reported, or whose missing
   // reports are lost; true when the trial ended.
@@ -148,7 +164,7 @@ class AutotuneRound {
   int world_size() const { return static_cast<int>(members_.size()); }
 
   // The current trial's state.
-  std::map<Operation, absl::flat_hash_map<std::string, double>> pending_;
+  std::map<Operation, Reports> pending_;
   absl::flat_hash_set<Operation> completed_;
   // The highest step each (member, size) has reported: a bucket's steps
   // come in order, so one missing below it was lost.
@@ -156,6 +172,7 @@ class AutotuneRound {
   absl::flat_hash_map<uint64_t, uint64_t> newest_;   // n -> highest step
   absl::flat_hash_set<uint64_t> warmed_up_;          // sizes
   std::map<uint64_t, std::pair<double, int>> sums_;  // n -> (sum, count)
+  std::map<uint64_t, std::vector<double>> periods_;  // n -> known periods
   // The sizes reported in this round (at most kMaxSizes, so that the plan's
   // dense_sizes stay small whatever members report).
   absl::flat_hash_set<uint64_t> sizes_;

@@ -321,9 +321,11 @@ void Coordinator::Excuse(absl::Duration unobserved, absl::Time now) {
 }
 
 absl::Status Coordinator::Report(const IterationReport& report) {
-  if (!std::isfinite(report.seconds) || report.seconds < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "seconds must be finite and non-negative, got ", report.seconds));
+  for (double seconds : {report.seconds, report.period_seconds}) {
+    if (!std::isfinite(seconds) || seconds < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "seconds must be finite and non-negative, got ", seconds));
+    }
   }
   absl::MutexLock lock(&mu_);
   if (report.epoch != epoch_ || !members_.contains(report.node_id)) {
@@ -340,7 +342,7 @@ absl::Status Coordinator::Report(const IterationReport& report) {
   }
   if (!plan_.autotuning) return absl::OkStatus();
   if (round_->Add(report.node_id, report.operation, report.values,
-                  report.seconds)) {
+                  report.seconds, report.period_seconds)) {
     // The first trial's reports tell n: rank the rest with the model now.
     if (!round_->ranked_by_model() && n_ > 0) {
       round_->Rank(n_, link_, round_->current_index());

@@ -130,6 +130,7 @@ struct IterationReport {
   uint64_t epoch = 0;
   uint64_t operation = 0;  // the step; the first one done in a trial warms up
   double seconds = 0;      // wall time of the all-reduce
+  double period_seconds = 0;  // since the step before began (0: not known)
   int rounds = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
@@ -207,8 +208,8 @@ class Coordinator {
   void Excuse(absl::Duration unobserved, absl::Time now);
 
   // Feeds the autotune, the link model and last_iteration_seconds().
-  // InvalidArgument for negative or non-finite seconds. Reports for another
-  // epoch than the current one, or from non-members, are ignored (OK).
+  // InvalidArgument for negative or non-finite seconds (or period). Reports for
+  // another epoch than the current one, or from non-members, are ignored (OK).
   absl::Status Report(const IterationReport& report);
 
   View view() const;

@@ -375,6 +375,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                                .epoch = s.epoch(),
                                .operation = s.step(),
                                .seconds = s.seconds(),
+                               .period_seconds = s.period_seconds(),
                                .rounds = s.rounds(),
                                .bytes_sent = s.bytes_sent(),
                                .bytes_received = s.bytes_received(),

@@ -29,28 +29,37 @@ AutotuneRound Round(std::vector<int> teams, bool with_dense, int window = 2,
                        {.window = window, .sparse_margin = margin});
 }
 
-// Every member reports (step, n); the slowest takes `seconds`.
-bool Report(AutotuneRound& round, uint64_t step, uint64_t n, double seconds) {
-  bool ended = round.Add("a", step, n, seconds / 2);
-  ended = round.Add("b", step, n, seconds) || ended;
+// Every member reports (step, n); the slowest takes `seconds`, and its step
+// `period` (0: not known).
+bool Report(AutotuneRound& round, uint64_t step, uint64_t n, double seconds,
+            double period = 0) {
+  bool ended = round.Add("a", step, n, seconds / 2, period / 2);
+  ended = round.Add("b", step, n, seconds, period) || ended;
   return ended;
 }
 
 // Runs the current trial: the warm-up and `window` counted steps, each with a
 // bucket of every size in `seconds` (n -> the slowest member's seconds).
+// With `rest`, each step lasts the all-reduce plus `rest` (compute), and
+// `pause` seconds more at step 1 (an evaluation).
 void RunTrial(AutotuneRound& round, int window,
-              const std::map<uint64_t, double>& seconds) {
+              const std::map<uint64_t, double>& seconds, double rest = 0,
+              double pause = 0) {
   ASSERT_NE(round.current(), nullptr);
   const std::string name = round.current()->Name();
+  auto period = [&](int step, double s) {
+    return rest == 0 ? 0 : s + rest + (step == 1 ? pause : 0);
+  };
   // The last step's reports end the trial: its first size to count
   // `window` operations ends it, the later ones are too late for it.
   for (int step = 0; step < window; ++step) {
     for (const auto& [n, s] : seconds) {
-      ASSERT_FALSE(Report(round, step, n, s)) << name << " step " << step;
+      ASSERT_FALSE(Report(round, step, n, s, period(step, s)))
+          << name << " step " << step;
     }
   }
   for (const auto& [n, s] : seconds) {
-    if (Report(round, window, n, s)) return;
+    if (Report(round, window, n, s, period(window, s))) return;
   }
   FAIL() << name << " did not end";
 }
@@ -202,6 +211,32 @@ TEST(AutotuneRoundTest, TheMarginDecidesNearTies) {
   RunTrial(no_margin, 2, {{kLarge, 9e-3}});
   RunTrial(no_margin, 2, {{kLarge, 10e-3}});
   EXPECT_EQ(no_margin.Result().algorithm, kSparDl);
+}
+
+// SparDL sums 2x faster, but the step is mostly compute: 130 ms against
+// 160 ms is not 1.5x shorter, so the exact sum wins; with little compute,
+// SparDL does. A pause in one step (an evaluation) does not move the step.
+TEST(AutotuneRoundTest, TheMarginWeighsTheWholeStepCompute) {
+  for (const auto& [rest, expected] :
+       std::vector<std::pair<double, std::string>>{{100e-3, "dense"},
+                                                   {5e-3, "spardl"}}) {
+    AutotuneRound round = Round({1}, /*with_dense=*/true, 3, /*margin=*/1.5);
+    RunTrial(round, 3, {{kLarge, 30e-3}}, rest, /*pause=*/10);
+    RunTrial(round, 3, {{kLarge, 60e-3}}, rest, /*pause=*/10);
+    const Choice choice = round.Result();
+    EXPECT_EQ(choice.algorithm, expected) << rest;
+    if (rest > 50e-3) {
+      EXPECT_THAT(choice.note,
+                  HasSubstr("dense 60.000 ms against d=1 30.000 ms, in steps "
+                            "of 160.000 ms against 130.000 ms"));
+      EXPECT_THAT(choice.note, HasSubstr("SparDL's step must be 1.5x shorter"));
+    }
+  }
+  // Periods known to one trial only: the sums alone decide, as before.
+  AutotuneRound round = Round({1}, /*with_dense=*/true, 3, /*margin=*/1.5);
+  RunTrial(round, 3, {{kLarge, 30e-3}}, 100e-3);
+  RunTrial(round, 3, {{kLarge, 60e-3}});
+  EXPECT_EQ(round.Result().algorithm, kSparDl);
 }
 
 TEST(AutotuneRoundTest, SkippedTrialsAreNotRun) {

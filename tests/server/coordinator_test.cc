@@ -454,6 +454,14 @@ TEST(CoordinatorTest, RejectsBadInput) {
             .code(),
         absl::StatusCode::kInvalidArgument)
         << seconds;
+    EXPECT_EQ(coordinator
+                  .Report({.node_id = "a",
+                           .epoch = 1,
+                           .seconds = 0.1,
+                           .period_seconds = seconds})
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << "period " << seconds;
   }
   EXPECT_THAT(coordinator.last_iteration_seconds(), IsEmpty());
 }

@@ -66,6 +66,8 @@ struct Bucket {
   absl::Mutex mu;                         // held briefly
   bool busy ABSL_GUARDED_BY(mu) = false;  // a call runs on it
   std::optional<uint64_t> last_step ABSL_GUARDED_BY(mu);
+  // When last_step's call came (SteadyNow()).
+  absl::Time last_step_began ABSL_GUARDED_BY(mu);
   // This worker refused last_step before its agreement (its view not ready,
   // the plan unable to run here, the registration older than the view): its
   // peers may be running it, waiting for this worker.

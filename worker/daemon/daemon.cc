@@ -567,6 +567,7 @@ void Daemon::Report(const ReduceResult& result) {
   report.set_epoch(result.epoch);
   report.set_step(result.step);
   report.set_seconds(result.seconds);
+  report.set_period_seconds(result.period_seconds);
   report.set_rounds(result.stats.rounds);
   report.set_bytes_sent(result.stats.bytes_sent);
   report.set_bytes_received(result.stats.bytes_received);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/steady_clock.h"
 #include "worker/daemon/data_plane_internal.h"
 #include "worker/daemon/worker_metrics.h"
 
@@ -13,6 +14,30 @@ namespace {
 // unless the bucket or the plan says after_fusion.
 bool PerTensor(const Bucket& bucket, const PlanInfo& plan) {
   return bucket.per_tensor_quota && plan.fusion != collectives::kAfterFusion;
+}
+
+// Takes call.step as the bucket's latest step: InvalidArgument (the step
+// refused) unless it is after the last one. Sets *period_seconds to the time
+// since the step before's call came, when call.step follows it.
+absl::Status ClaimStep(const ReduceCall& call, Bucket& bucket,
+                       double* period_seconds) {
+  absl::MutexLock lock(&bucket.mu);
+  const absl::Time now = SteadyNow();
+  if (bucket.last_step.has_value() && call.step == *bucket.last_step + 1) {
+    *period_seconds = absl::ToDoubleSeconds(now - bucket.last_step_began);
+  }
+  bucket.last_step_began = now;
+  absl::Status refused;
+  if (bucket.last_step.has_value() && call.step <= *bucket.last_step) {
+    refused = absl::InvalidArgumentError(
+        absl::StrCat("step ", call.step, " is not after step ",
+                     *bucket.last_step, " of bucket '", call.name.bucket,
+                     "'; the gradient is kept in the residual"));
+  }
+  // A step number is used once per registration, so that no operation id
+  // is ever reused (a failed operation's id is retired).
+  bucket.last_step = std::max(call.step, bucket.last_step.value_or(0));
+  return refused;
 }
 
 }  // namespace
@@ -53,19 +78,8 @@ absl::StatusOr<ReduceResult> DataPlane::AllReduce(const ReduceCall& call,
 absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
                                             Bucket& bucket,
                                             absl::Time deadline) {
-  absl::Status refused;
-  {
-    absl::MutexLock lock(&bucket.mu);
-    if (bucket.last_step.has_value() && call.step <= *bucket.last_step) {
-      refused = absl::InvalidArgumentError(
-          absl::StrCat("step ", call.step, " is not after step ",
-                       *bucket.last_step, " of bucket '", call.name.bucket,
-                       "'; the gradient is kept in the residual"));
-    }
-    // A step number is used once per registration, so that no operation id
-    // is ever reused (a failed operation's id is retired).
-    bucket.last_step = std::max(call.step, bucket.last_step.value_or(0));
-  }
+  double period_seconds = 0;
+  const absl::Status refused = ClaimStep(call, bucket, &period_seconds);
   absl::StatusOr<std::shared_ptr<Group>> group =
       refused.ok() ? views_->Acquire(call.step, deadline) : refused;
   if (group.ok()) group = RegisteredOn(bucket, *std::move(group));
@@ -86,6 +100,7 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
     bool retriable = false;
     absl::StatusOr<ReduceResult> out =
         Attempt(call, bucket, **group, gradient, deadline, &retriable);
+    if (out.ok()) out->period_seconds = period_seconds;
     if (out.ok() || !retriable) return out;
     const uint64_t failed = (*group)->view.epoch;
     const absl::Time wait =

@@ -29,6 +29,9 @@ struct ReduceResult {
   PlanInfo plan;       // plan.algorithm "dense" for an exact bucket
   bool exact = false;  // summed exactly, not by the plan's algorithm
   double seconds = 0;
+  // Since the call of the bucket's step before (step - 1) came to this
+  // worker: a training step, its compute included (0: no such step).
+  double period_seconds = 0;
   uint64_t step = 0;
   uint64_t values = 0;  // the bucket's size
   uint64_t tensors = 0;

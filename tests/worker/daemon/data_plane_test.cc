@@ -296,6 +296,28 @@ TEST(DataPlaneTest, SumsIdenticallyAndConservesMass) {
   }
 }
 
+// Each step reports the time since the bucket's step before began here (the
+// training step, for the autotune); a first step, or one after a gap, knows
+// none.
+TEST(DataPlaneTest, AStepReportsTheTimeSinceTheStepBeforeBegan) {
+  Workers w(2, {.algorithm = "dense"});
+  w.Start();
+  w.RegisterAll({"job", "b"}, {{"t", 100}});
+  for (uint64_t step : {0, 1, 3}) {
+    if (step > 0) absl::SleepFor(absl::Milliseconds(100));
+    auto results = AllReduceAll(w, {.name = {"job", "b"}, .step = step});
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(results[r].ok()) << results[r].status();
+      if (step == 1) {
+        EXPECT_GE(results[r]->period_seconds, 0.1) << "rank " << r;
+        EXPECT_LT(results[r]->period_seconds, 10) << "rank " << r;
+      } else {
+        EXPECT_EQ(results[r]->period_seconds, 0) << "step " << step;
+      }
+    }
+  }
+}
+
 // Dense mean: the sum divided by P where selected, zeros elsewhere.
 TEST(DataPlaneTest, WritesTheDenseMeanInPlace) {
   constexpr uint64_t kN = 64;
