@@ -236,12 +236,14 @@ class DataPlane {
                                        const Bucket& bucket, const Group& g,
                                        const sparse::SparseBlock& result,
                                        ReduceResult out);
-  // One attempt of a step on `g`; *retriable tells whether its failure came
-  // from a membership change (not from a member's vote).
+  // One attempt of a step on `g` (period_seconds: ReduceResult's);
+  // *retriable tells whether its failure came from a membership change (not
+  // from a member's vote).
   absl::StatusOr<ReduceResult> Attempt(const ReduceCall& call, Bucket& bucket,
                                        const Group& g,
                                        absl::Span<const float> gradient,
-                                       absl::Time deadline, bool* retriable);
+                                       absl::Time deadline,
+                                       double period_seconds, bool* retriable);
   // The members' vote on `result` (StepProtocol::Vote).
   absl::Status Commit(const Group& g, const Bucket& bucket,
                       const ReduceCall& call, const sparse::SparseBlock& result,

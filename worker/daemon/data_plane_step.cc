@@ -98,9 +98,8 @@ absl::StatusOr<ReduceResult> DataPlane::Run(const ReduceCall& call,
   absl::Span<const float> gradient = bucket.values();
   while (true) {
     bool retriable = false;
-    absl::StatusOr<ReduceResult> out =
-        Attempt(call, bucket, **group, gradient, deadline, &retriable);
-    if (out.ok()) out->period_seconds = period_seconds;
+    absl::StatusOr<ReduceResult> out = Attempt(
+        call, bucket, **group, gradient, deadline, period_seconds, &retriable);
     if (out.ok() || !retriable) return out;
     const uint64_t failed = (*group)->view.epoch;
     const absl::Time wait =
@@ -161,11 +160,13 @@ engine::Request DataPlane::StepRequest(const ReduceCall& call, Bucket& bucket,
 
 absl::StatusOr<ReduceResult> DataPlane::Attempt(
     const ReduceCall& call, Bucket& bucket, const Group& g,
-    absl::Span<const float> gradient, absl::Time deadline, bool* retriable) {
+    absl::Span<const float> gradient, absl::Time deadline,
+    double period_seconds, bool* retriable) {
   StepState state{.out = {.epoch = g.view.epoch,
                           .rank = g.rank,
                           .world_size = g.size(),
                           .plan = g.view.plan,
+                          .period_seconds = period_seconds,
                           .step = call.step,
                           .values = bucket.layout.n}};
   // Small buckets, those registered exact and those the plan's `auto` found
