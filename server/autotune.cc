@@ -220,8 +220,9 @@ bool AutotuneRound::ResolveOperations() {
     it = pending_.erase(it);
     // The first operation of a size warms up (connections, allocations).
     if (!warmed_up_.insert(n).second) {
-      if (period > 0) periods_[n].push_back(period);
       auto& [sum, count] = sums_[n];
+      // The first counted operation's period holds the warm-up's sum.
+      if (period > 0 && count > 0) periods_[n].push_back(period);
       sum += max_seconds;
       trial.iterations = std::max(trial.iterations, ++count);
       if (TrialDone()) {
@@ -253,7 +254,8 @@ void AutotuneRound::EndTrial() {
     trial.mean_seconds += mean;
   }
   for (auto& [n, periods] : periods_) {
-    const auto middle = periods.begin() + periods.size() / 2;
+    // The lower median: of two, the shorter (the other may hold a pause).
+    const auto middle = periods.begin() + (periods.size() - 1) / 2;
     std::nth_element(periods.begin(), middle, periods.end());
     trial.size_step_seconds[n] = *middle;
   }

@@ -14,7 +14,8 @@
 // Operations. A report names its member, its step, its bucket's size n, the
 // all-reduce's seconds and the step's period (the time since the bucket's
 // step before began there: the training step, its compute included; 0 when
-// not known). Reports of new sizes past kMaxSizes are ignored. An
+// not known, as when steps skip numbers). Reports of new sizes past
+// kMaxSizes are ignored. An
 // operation is one (step, n): complete when every member has reported it or
 // a later step of that size (a bucket's reports come in order, so one
 // missing below a later step was lost), or, with a member that reports
@@ -27,8 +28,10 @@
 // `window` counted operations (or one has kRareSizeWindows x that many: a
 // rare size is then timed with what it has); its time for each size is the
 // mean of that size's counted operations, and its total the sum over sizes;
-// its step for each size the median of the known periods (the slowest
-// member's), so that a pause (an evaluation, a checkpoint) does not count.
+// its step for each size the lower median of the known periods (the slowest
+// member's; the first counted operation's is left out, as it holds the
+// warm-up's sum), so that a pause (an evaluation, a checkpoint) does not
+// count.
 //
 // The choice (Result):
 //   - SparDL alone: the largest d whose total over the sizes every trial

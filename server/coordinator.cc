@@ -321,10 +321,12 @@ void Coordinator::Excuse(absl::Duration unobserved, absl::Time now) {
 }
 
 absl::Status Coordinator::Report(const IterationReport& report) {
-  for (double seconds : {report.seconds, report.period_seconds}) {
+  for (const auto& [name, seconds] :
+       {std::pair("seconds", report.seconds),
+        std::pair("period_seconds", report.period_seconds)}) {
     if (!std::isfinite(seconds) || seconds < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "seconds must be finite and non-negative, got ", seconds));
+          name, " must be finite and non-negative, got ", seconds));
     }
   }
   absl::MutexLock lock(&mu_);

@@ -99,8 +99,8 @@ struct PlanConfig {
   int teams = 0;                      // SparDL's d: 0 = autotune, else fixed
   int autotune_window = 5;            // counted operations per candidate (>= 1)
   double skip_factor = 3.0;           // skip d modeled > this x the best (>= 1)
-  // With `auto`: SparDL only for the bucket sizes where it is this many times
-  // faster than the dense ring (>= 1; autotune.h).
+  // With `auto`: SparDL only for the bucket sizes where it makes the training
+  // step this many times shorter than the dense ring (>= 1; autotune.h).
   double sparse_margin = 1.5;
   // SparDL's d: the largest whose trial is within this x the fastest's
   // (>= 1; autotune.h).

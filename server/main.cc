@@ -23,7 +23,8 @@ ABSL_FLAG(std::string, health_listen, "",
 ABSL_FLAG(std::string, algo, "spardl",
           "all-reduce algorithm: spardl, dense, topka, topkdsa, gtopk, oktopk "
           "or gaussiank; auto tries the dense ring and SparDL and keeps, for "
-          "each bucket size, the faster (see --sparse_margin)");
+          "each bucket size, the dense ring unless SparDL makes the step "
+          "--sparse_margin times shorter");
 ABSL_FLAG(double, density, 0.01, "k / n, in (0, 1]");
 ABSL_FLAG(int, teams, 0,
           "SparDL's d: 0 tunes it (each valid d is tried, the fastest kept); "
@@ -49,9 +50,10 @@ ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20,
 ABSL_FLAG(int, autotune_window, 5,
           "iterations measured per candidate d (after one warm-up)");
 ABSL_FLAG(double, sparse_margin, 1.5,
-          "with --algo=auto, SparDL only for the bucket sizes where its trial "
-          "was this many times faster than the dense ring's (top-k needs "
-          "more steps than dense to the same accuracy)");
+          "with --algo=auto, SparDL only for the bucket sizes where it made "
+          "the training step (its sum and the rest of the step) this many "
+          "times shorter than the dense ring did (top-k needs more steps than "
+          "dense to the same accuracy)");
 ABSL_FLAG(double, teams_margin, 1.25,
           "the autotune keeps the largest SparDL d whose trial was within "
           "this x the fastest's: a larger d selects from larger blocks, "

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`gradmesh run --algo=auto` on two emulated hosts (network namespaces on a
 bridge), once with the links shaped slow and once unshaped: the coordinator
-tries SparDL and the dense ring on the real steps and keeps, for the bucket,
-the one its trials found faster by the margin.
+tries SparDL and the dense ring on the real steps and keeps the dense ring
+for the bucket unless SparDL made the step shorter by the margin (the steps
+here are all-reduce, little else).
 
     sudo auto_choice_netns_test.py --gradmesh=BUILD/tools/gradmesh/gradmesh \\
         --pythonpath=BUILD/client/python

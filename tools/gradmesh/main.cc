@@ -90,7 +90,8 @@ ABSL_FLAG(int, autotune_window, 5,
           "local, run: iterations measured per candidate d when d is auto");
 ABSL_FLAG(double, sparse_margin, 1.5,
           "local, run with --algo=auto: SparDL only for the bucket sizes where "
-          "its trial was this many times faster than the dense ring's");
+          "it made the training step (its sum and the rest of the step) this "
+          "many times shorter than the dense ring did");
 ABSL_FLAG(double, teams_margin, 1.25,
           "local, run with d autotuned: the largest d whose trial was within "
           "this x the fastest's (a larger d selects closer to the global "

@@ -166,9 +166,9 @@ class Collective {
 // Each call is one round, under the tag (epoch, operation, step): Exchange
 // queues the payloads for `send_to`, then waits for `recv_count` messages from
 // `recv_from`; Send and Receive do one half each (tree schedules). Pipelined
-// schedules move a step in several messages, each with SendPiece and
-// ReceivePiece, and count the step's round once with CountRound; the pieces
-// of one step from one peer arrive in the order sent.
+// schedules move a round in several messages (pieces), each under a step of
+// its own, with SendPiece and ReceivePiece, and count the round once with
+// CountRound.
 class StepRunner {
  public:
   StepRunner(const OpContext& context, OpStats* stats);

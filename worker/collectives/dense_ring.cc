@@ -13,6 +13,7 @@ namespace {
 
 constexpr int kReduceScatterPhase = 0;
 constexpr int kAllGatherPhase = 1;
+constexpr int kPhases = 2;
 
 constexpr uint64_t kPieceValues = 64 * 1024;
 
@@ -31,6 +32,11 @@ std::vector<sparse::IndexRange> Pieces(const sparse::IndexRange& chunk) {
 }
 
 }  // namespace
+
+uint32_t DenseRing::RingStep::PieceTag(int piece) const {
+  // At most 2^16 pieces of a chunk (n < 2^32): phases below 2^17.
+  return PhaseStep(kPhases * piece + phase, index);
+}
 
 absl::StatusOr<std::unique_ptr<DenseRing>> DenseRing::Create(int world_size,
                                                              int rank,
@@ -52,13 +58,14 @@ absl::StatusOr<Proposal> DenseRing::Reduce(absl::Span<const float> accumulator,
   StepRunner runner(context, stats);
   const std::vector<RingStep> steps = PlanSteps();
   if (!steps.empty()) {
-    const Step& first = steps.front().step;
-    for (const sparse::IndexRange& piece :
-         Pieces(BlockRange(n_, world_size_, first.send.first))) {
+    const RingStep& first = steps.front();
+    const std::vector<sparse::IndexRange> pieces =
+        Pieces(BlockRange(n_, world_size_, first.step.send.first));
+    for (size_t j = 0; j < pieces.size(); ++j) {
       GM_RETURN_IF_ERROR(runner.SendPiece(
-          steps.front().tag, first.send_to,
-          sparse::EncodeDense(
-              absl::MakeConstSpan(sum_).subspan(piece.begin, piece.size()))));
+          first.PieceTag(j), first.step.send_to,
+          sparse::EncodeDense(absl::MakeConstSpan(sum_).subspan(
+              pieces[j].begin, pieces[j].size()))));
     }
   }
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -81,11 +88,13 @@ std::vector<DenseRing::RingStep> DenseRing::PlanSteps() const {
   std::vector<RingStep> steps;
   const std::vector<Step> reduce = PlanRingReduceScatter(world_size_, rank_);
   for (size_t s = 0; s < reduce.size(); ++s) {
-    steps.push_back({PhaseStep(kReduceScatterPhase, s), reduce[s], true});
+    steps.push_back({kReduceScatterPhase, static_cast<uint32_t>(s), reduce[s],
+                     /*add=*/true});
   }
   const std::vector<Step> gather = PlanRingAllGather(world_size_, rank_);
   for (size_t s = 0; s < gather.size(); ++s) {
-    steps.push_back({PhaseStep(kAllGatherPhase, s), gather[s], false});
+    steps.push_back({kAllGatherPhase, static_cast<uint32_t>(s), gather[s],
+                     /*add=*/false});
   }
   // The pipeline's premise: each step sends what the step before received.
   for (size_t i = 1; i < steps.size(); ++i) {
@@ -98,18 +107,20 @@ absl::Status DenseRing::RunStep(StepRunner& runner, const RingStep& step,
                                 const RingStep* next) {
   runner.CountRound();
   const int from = step.step.recv_from;
-  for (const sparse::IndexRange& piece :
-       Pieces(BlockRange(n_, world_size_, step.step.recv.first))) {
-    GM_ASSIGN_OR_RETURN(std::string bytes, runner.ReceivePiece(step.tag, from));
+  const std::vector<sparse::IndexRange> pieces =
+      Pieces(BlockRange(n_, world_size_, step.step.recv.first));
+  for (size_t j = 0; j < pieces.size(); ++j) {
+    GM_ASSIGN_OR_RETURN(std::string bytes,
+                        runner.ReceivePiece(step.PieceTag(j), from));
     absl::Span<float> target =
-        absl::MakeSpan(sum_).subspan(piece.begin, piece.size());
+        absl::MakeSpan(sum_).subspan(pieces[j].begin, pieces[j].size());
     if (absl::Status status = Take(step, bytes, target); !status.ok()) {
       return PeerError(status, from);
     }
     if (next == nullptr) continue;
     // A stored piece goes on as it came; an added one is encoded anew.
     GM_RETURN_IF_ERROR(runner.SendPiece(
-        next->tag, next->step.send_to,
+        next->PieceTag(j), next->step.send_to,
         step.add ? sparse::EncodeDense(target) : std::move(bytes)));
   }
   return absl::OkStatus();

@@ -11,11 +11,13 @@
 // KB), and each piece goes on to w + 1 as soon as it is added (or, in the
 // all-gather, stored), since every step sends the chunk received in the step
 // before. The link then never idles while a whole chunk is added or encoded.
-// Both ends cut a chunk into the same pieces (from its range alone).
+// Both ends cut a chunk into the same pieces (from its range alone); each
+// piece is one message with a tag of its own.
 //
 // Result: the exact sum, as a block of all n entries (zeros included); the
 // residual is zero afterwards. Rounds 2(P-1); bytes received
-// 4 (2n - |chunk w| - |chunk w+1|), about 2 n (P-1)/P words of 4 bytes.
+// 4 (2n - |chunk w| - |chunk w+1|), about 2 n (P-1)/P words of 4 bytes;
+// messages received: the pieces of the 2(P-1) chunks received.
 #ifndef GRADMESH_WORKER_COLLECTIVES_DENSE_RING_H_
 #define GRADMESH_WORKER_COLLECTIVES_DENSE_RING_H_
 
@@ -45,12 +47,18 @@ class DenseRing : public Collective {
   DenseRing(int world_size, int rank, uint64_t n)
       : world_size_(world_size), rank_(rank), n_(n), sum_(n) {}
 
-  // One step of the ring: its tag, its blocks, and whether it adds what it
-  // receives (reduce-scatter) or stores it (all-gather).
+  // One step of the ring: its phase and index in the phase, its blocks,
+  // and whether it adds what it receives (reduce-scatter) or stores it
+  // (all-gather).
   struct RingStep {
-    uint32_t tag;
+    int phase;
+    uint32_t index;
     Step step;
     bool add;
+
+    // The tag step of the step's piece `piece`: each piece has its own, so
+    // a piece lost, repeated or overtaken is never taken for another.
+    uint32_t PieceTag(int piece) const;
   };
 
   std::vector<RingStep> PlanSteps() const;

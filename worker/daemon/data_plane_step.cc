@@ -22,22 +22,21 @@ bool PerTensor(const Bucket& bucket, const PlanInfo& plan) {
 absl::Status ClaimStep(const ReduceCall& call, Bucket& bucket,
                        double* period_seconds) {
   absl::MutexLock lock(&bucket.mu);
+  if (bucket.last_step.has_value() && call.step <= *bucket.last_step) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", call.step, " is not after step ",
+                     *bucket.last_step, " of bucket '", call.name.bucket,
+                     "'; the gradient is kept in the residual"));
+  }
   const absl::Time now = SteadyNow();
   if (bucket.last_step.has_value() && call.step == *bucket.last_step + 1) {
     *period_seconds = absl::ToDoubleSeconds(now - bucket.last_step_began);
   }
   bucket.last_step_began = now;
-  absl::Status refused;
-  if (bucket.last_step.has_value() && call.step <= *bucket.last_step) {
-    refused = absl::InvalidArgumentError(
-        absl::StrCat("step ", call.step, " is not after step ",
-                     *bucket.last_step, " of bucket '", call.name.bucket,
-                     "'; the gradient is kept in the residual"));
-  }
   // A step number is used once per registration, so that no operation id
   // is ever reused (a failed operation's id is retired).
-  bucket.last_step = std::max(call.step, bucket.last_step.value_or(0));
-  return refused;
+  bucket.last_step = call.step;
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -24,8 +24,10 @@
 //   - Operations are named (job, bucket, step) and matched across workers by
 //     name, never by arrival order: several buckets of a step may be in
 //     flight at once and finish in any order. Steps of a bucket strictly
-//     increase. Residuals (error feedback) belong to (job, bucket); a new job
-//     name on live workers starts with none.
+//     increase; counted one by one, they also time the training step for
+//     `--algo=auto` (which otherwise weighs the all-reduce alone). Residuals
+//     (error feedback) belong to (job, bucket); a new job name on live workers
+//     starts with none.
 //   - Every process registers the same buckets (names, tensor names and
 //     sizes) in the same order; Register returns when all have. Registering
 //     a bucket again (a restarted process, the same job run again) starts it

@@ -310,13 +310,18 @@ TEST(DataPlaneTest, SumsIdenticallyAndConservesMass) {
 
 // Each step reports the time since the bucket's step before began here (the
 // training step, for the autotune); a first step, or one after a gap, knows
-// none.
+// none, and a call refused in between does not restart the clock.
 TEST(DataPlaneTest, AStepReportsTheTimeSinceTheStepBeforeBegan) {
   Workers w(2, {.algorithm = "dense"});
   w.Start();
   w.RegisterAll({"job", "b"}, {{"t", 100}});
   for (uint64_t step : {0, 1, 3}) {
     if (step > 0) absl::SleepFor(absl::Milliseconds(100));
+    if (step == 1) {  // step 0 again: refused
+      for (const auto& out : AllReduceAll(w, {.name = {"job", "b"}})) {
+        ASSERT_TRUE(absl::IsInvalidArgument(out.status())) << out.status();
+      }
+    }
     auto results = AllReduceAll(w, {.name = {"job", "b"}, .step = step});
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(results[r].ok()) << results[r].status();
