@@ -15,7 +15,7 @@ constexpr int kReduceScatterPhase = 0;
 constexpr int kAllGatherPhase = 1;
 constexpr int kPhases = 2;
 
-constexpr uint64_t kPieceValues = 64 * 1024;
+constexpr uint64_t kPieceValues = 256 * 1024;  // 1 MiB: one frame
 
 // The pieces a chunk moves in: about kPieceValues values each, at least one
 // (an empty chunk still moves as one empty message).

@@ -7,10 +7,12 @@
 // its own (own + received), so chunk c is summed in the order g_c, then
 // g_(c+1), ... and ends complete at worker c - 1.
 //
-// The steps are pipelined: a chunk moves in pieces of about 64k values (256
-// KB), and each piece goes on to w + 1 as soon as it is added (or, in the
-// all-gather, stored), since every step sends the chunk received in the step
-// before. The link then never idles while a whole chunk is added or encoded.
+// The steps are pipelined: a chunk moves in pieces of about 256k values (1
+// MiB, the transport's largest frame), and each piece goes on to w + 1 as
+// soon as it is added (or, in the all-gather, stored), since every step sends
+// the chunk received in the step before. The link then does not idle while a
+// whole large chunk is added or encoded. (Smaller pieces cost more in
+// per-message work than they hid on 2 cores: docs/benchmarks.md.)
 // Both ends cut a chunk into the same pieces (from its range alone); each
 // piece is one message with a tag of its own.
 //
