@@ -88,7 +88,8 @@ struct Trial {
   // size it counted, and their sum.
   std::map<uint64_t, double> size_seconds;
   double mean_seconds = 0;
-  // The median period of each size's counted operations that knew one.
+  // The lower median period of each size's counted operations that knew
+  // one, the first counted operation's left out (none with a window of 1).
   std::map<uint64_t, double> size_step_seconds;
 
   // "d=2" or "dense".

@@ -41,14 +41,15 @@ bool Report(AutotuneRound& round, uint64_t step, uint64_t n, double seconds,
 // Runs the current trial: the warm-up and `window` counted steps, each with a
 // bucket of every size in `seconds` (n -> the slowest member's seconds).
 // With `rest`, each step lasts the all-reduce plus `rest` (compute), and
-// `pause` seconds more at step 2 (an evaluation).
+// `pause` seconds more at steps 1 (its period holds the warm-up) and 2 (an
+// evaluation).
 void RunTrial(AutotuneRound& round, int window,
               const std::map<uint64_t, double>& seconds, double rest = 0,
               double pause = 0) {
   ASSERT_NE(round.current(), nullptr);
   const std::string name = round.current()->Name();
   auto period = [&](int step, double s) {
-    return rest == 0 ? 0 : s + rest + (step == 2 ? pause : 0);
+    return rest == 0 ? 0 : s + rest + (step == 1 || step == 2 ? pause : 0);
   };
   // The last step's reports end the trial: its first size to count
   // `window` operations ends it, the later ones are too late for it.

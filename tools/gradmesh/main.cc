@@ -87,7 +87,9 @@ ABSL_FLAG(std::string, work_dir, "",
 ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20,
           "local, run: largest frame on peer streams (at most 3 MiB)");
 ABSL_FLAG(int, autotune_window, 5,
-          "local, run: iterations measured per candidate d when d is auto");
+          "local, run: iterations measured per candidate d when d is auto "
+          "(with --algo=auto, at least 3 so that a paused step does not "
+          "count; 1 weighs the all-reduce alone)");
 ABSL_FLAG(double, sparse_margin, 1.5,
           "local, run with --algo=auto: SparDL only for the bucket sizes where "
           "it made the training step (its sum and the rest of the step) this "

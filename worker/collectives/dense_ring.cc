@@ -15,7 +15,7 @@ constexpr int kReduceScatterPhase = 0;
 constexpr int kAllGatherPhase = 1;
 constexpr int kPhases = 2;
 
-constexpr uint64_t kPieceValues = 256 * 1024;  // 1 MiB: one frame
+constexpr uint64_t kPieceValues = 256 * 1024;  // 1 MiB
 
 // The pieces a chunk moves in: about kPieceValues values each, at least one
 // (an empty chunk still moves as one empty message).
@@ -34,7 +34,7 @@ std::vector<sparse::IndexRange> Pieces(const sparse::IndexRange& chunk) {
 }  // namespace
 
 uint32_t DenseRing::RingStep::PieceTag(int piece) const {
-  // At most 2^16 pieces of a chunk (n < 2^32): phases below 2^17.
+  // At most 2^14 pieces of a chunk (n < 2^32): phases below 2^15.
   return PhaseStep(kPhases * piece + phase, index);
 }
 

@@ -8,10 +8,10 @@
 // g_(c+1), ... and ends complete at worker c - 1.
 //
 // The steps are pipelined: a chunk moves in pieces of about 256k values (1
-// MiB, the transport's largest frame), and each piece goes on to w + 1 as
-// soon as it is added (or, in the all-gather, stored), since every step sends
-// the chunk received in the step before. The link then does not idle while a
-// whole large chunk is added or encoded. (Smaller pieces cost more in
+// MiB, one frame at the default --chunk_bytes), and each piece goes on to w + 1
+// as soon as it is added (or, in the all-gather, stored), since every step
+// sends the chunk received in the step before. The link then does not idle
+// while a whole large chunk is added or encoded. (Smaller pieces cost more in
 // per-message work than they hid on 2 cores: docs/benchmarks.md.)
 // Both ends cut a chunk into the same pieces (from its range alone); each
 // piece is one message with a tag of its own.
