@@ -233,6 +233,12 @@ void DataPlane::WriteResult(const ReduceCall& call, const Bucket& bucket,
     return;
   }
   absl::Span<float> values = bucket.values();
+  if (result.size() == values.size()) {
+    // Every index, in order (they increase below n): no fill, no scatter.
+    std::transform(result.values.begin(), result.values.end(), values.begin(),
+                   [divisor](float v) { return v / divisor; });
+    return;
+  }
   std::fill(values.begin(), values.end(), 0.0f);
   for (size_t e = 0; e < result.size(); ++e) {
     values[result.indices[e]] = result.values[e] / divisor;
