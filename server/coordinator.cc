@@ -52,6 +52,16 @@ absl::Status ValidateAutotuneConfig(const PlanConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "teams_margin must be at least 1, got ", config.teams_margin));
   }
+  if (!(config.retune_factor == 0 ||
+        (config.retune_factor > 1 && std::isfinite(config.retune_factor)))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retune_factor must be 0 (off) or more than 1, got ",
+                     config.retune_factor));
+  }
+  if (config.retune_steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "retune_steps must be at least 1, got ", config.retune_steps));
+  }
   if (!(config.skip_factor >= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "skip_factor must be at least 1, got ", config.skip_factor));
@@ -342,7 +352,15 @@ absl::Status Coordinator::Report(const IterationReport& report) {
                         .seconds = report.seconds});
     if (samples_.size() > kMaxLinkSamples) samples_.pop_front();
   }
-  if (!plan_.autotuning) return absl::OkStatus();
+  if (!plan_.autotuning) {
+    if (watch_ == nullptr) return absl::OkStatus();
+    if (std::optional<std::string> why =
+            watch_->Add(report.values, report.seconds)) {
+      retune_reason_ = *std::move(why);
+      StartRoundLocked(max_step_ + config_.switch_lead_steps);
+    }
+    return absl::OkStatus();
+  }
   if (round_->Add(report.node_id, report.operation, report.values,
                   report.seconds, report.period_seconds)) {
     // The first trial's reports tell n: rank the rest with the model now.
@@ -395,25 +413,32 @@ Plan Coordinator::BasePlan() const { return PlanOfConfig(config_); }
 
 void Coordinator::MembershipChangedLocked() {
   links_.ForgetReports();  // they were about the old view's links
-  const int world_size = static_cast<int>(members_.size());
   round_.reset();
-  if (Tunes(world_size)) {
-    std::vector<std::string> nodes;
-    for (const auto& [node_id, member] : members_) nodes.push_back(node_id);
-    round_ = std::make_unique<AutotuneRound>(
-        std::move(nodes), TeamCandidates(world_size),
-        /*with_dense=*/config_.algorithm == kAutoAlgorithm,
-        AutotuneRound::Options{.window = config_.autotune_window,
-                               .skip_factor = config_.skip_factor,
-                               .sparse_margin = config_.sparse_margin,
-                               .teams_margin = config_.teams_margin,
-                               .density = config_.density});
-    round_->Rank(n_, link_, 0);
-    PublishTrialOrResultLocked(0);
+  retune_reason_.clear();
+  if (Tunes(static_cast<int>(members_.size()))) {
+    StartRoundLocked(0);
   } else {
-    PublishLocked(FixedPlan(world_size), 0);
+    watch_.reset();
+    PublishLocked(FixedPlan(static_cast<int>(members_.size())), 0);
   }
   membership_epoch_ = epoch_;
+}
+
+void Coordinator::StartRoundLocked(uint64_t start_step) {
+  const int world_size = static_cast<int>(members_.size());
+  std::vector<std::string> nodes;
+  for (const auto& [node_id, member] : members_) nodes.push_back(node_id);
+  watch_.reset();
+  round_ = std::make_unique<AutotuneRound>(
+      std::move(nodes), TeamCandidates(world_size),
+      /*with_dense=*/config_.algorithm == kAutoAlgorithm,
+      AutotuneRound::Options{.window = config_.autotune_window,
+                             .skip_factor = config_.skip_factor,
+                             .sparse_margin = config_.sparse_margin,
+                             .teams_margin = config_.teams_margin,
+                             .density = config_.density});
+  round_->Rank(n_, link_, 0);
+  PublishTrialOrResultLocked(start_step);
 }
 
 void Coordinator::PublishTrialOrResultLocked(uint64_t start_step) {
@@ -423,10 +448,23 @@ void Coordinator::PublishTrialOrResultLocked(uint64_t start_step) {
     plan.teams = trial->teams;
     plan.autotuning = true;
     plan.note = absl::StrCat("autotune trial of ", trial->Name());
+    if (!retune_reason_.empty()) {
+      absl::StrAppend(&plan.note, "; tuning again: ", retune_reason_);
+    }
     PublishLocked(std::move(plan), start_step);
     return;
   }
   Choice choice = round_->Result();
+  if (!retune_reason_.empty()) {
+    absl::StrAppend(&choice.note, "; tuned again: ", retune_reason_);
+  }
+  if (config_.retune_factor > 0) {
+    watch_ = std::make_unique<RetuneWatch>(
+        ChosenSeconds(round_->trials(), choice),
+        static_cast<int>(members_.size()),
+        RetuneWatch::Options{.factor = config_.retune_factor,
+                             .steps = config_.retune_steps});
+  }
   plan.algorithm = std::move(choice.algorithm);
   plan.teams = choice.teams;
   plan.dense_sizes = std::move(choice.dense_sizes);

@@ -26,12 +26,13 @@
 //     chooses per bucket size).
 //
 // Autotune round. Each membership change starts a round for the new P (a
-// change in the middle of a round restarts it). The SparDL candidates are
-// ValidTeamCounts(P) (or the fixed d), ranked by RankTeamCounts
-// (cost_model.h, the ranking `gradmesh sim` reports) with the `values` n of
-// the latest accepted report and link(); before n is known the rounds alone
-// rank, and the untried candidates are ranked again when the first trial
-// ends. Each trial is an epoch whose plan names its candidate with
+// change in the middle of a round restarts it), and so does a chosen plan
+// that stops fitting the link (RetuneWatch, retune.h; config.retune_factor).
+// The SparDL candidates are ValidTeamCounts(P) (or the fixed d), ranked by
+// RankTeamCounts (cost_model.h, the ranking `gradmesh sim` reports) with the
+// `values` n of the latest accepted report and link(); before n is known the
+// rounds alone rank, and the untried candidates are ranked again when the first
+// trial ends. Each trial is an epoch whose plan names its candidate with
 // autotuning = true; its operations are counted as autotune.h says. After
 // the last, the choice is published in a new epoch with autotuning = false
 // and the round's note (e.g. "autotune chose d=2 (12.300 ms) over d=1
@@ -67,6 +68,7 @@
 #include "server/autotune.h"
 #include "server/cost_model.h"
 #include "server/link_reports.h"
+#include "server/retune.h"
 #include "worker/collectives/plan.h"
 
 namespace gradmesh::server {
@@ -105,6 +107,12 @@ struct PlanConfig {
   // SparDL's d: the largest whose trial is within this x the fastest's
   // (>= 1; autotune.h).
   double teams_margin = 1.25;
+  // After a round, a bucket size whose all-reduce takes more than this x its
+  // trial's time, or less than 1 / this, over retune_steps steps (the
+  // median) starts a new round on the same members (retune.h); 0: only a
+  // membership change does (else > 1).
+  double retune_factor = 2.0;
+  int retune_steps = 20;      // >= 1
   int switch_lead_steps = 3;  // see View::start_step (>= 1)
   LinkModel link;             // used until reports allow a fit
 };
@@ -241,6 +249,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new member set: new epoch, new plan, maybe a new autotune round.
   void MembershipChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts a round on the current members, its first trial from
+  // `start_step`.
+  void StartRoundLocked(uint64_t start_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes over `known` (see Join); false if it can't (nothing changes).
   bool AdoptLocked(const View& known, const MemberInfo& member, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -271,6 +282,10 @@ class Coordinator {
   LinkReports links_ ABSL_GUARDED_BY(mu_);
   Plan plan_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<AutotuneRound> round_ ABSL_GUARDED_BY(mu_);  // null: none
+  // Why the round in progress started on the same members ("" after a
+  // membership change), and the watch over the last round's choice.
+  std::string retune_reason_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<RetuneWatch> watch_ ABSL_GUARDED_BY(mu_);  // null: none
   LinkModel link_ ABSL_GUARDED_BY(mu_);
   std::deque<LinkSample> samples_ ABSL_GUARDED_BY(mu_);  // newest last
   uint64_t n_ ABSL_GUARDED_BY(mu_) = 0;  // latest reported n; 0 = unknown

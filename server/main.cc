@@ -61,6 +61,13 @@ ABSL_FLAG(double, teams_margin, 1.25,
           "of docs/benchmarks.md; 1: the fastest)");
 ABSL_FLAG(double, skip_factor, 3.0,
           "skip candidates the alpha-beta model puts over this x the best");
+ABSL_FLAG(double, retune_factor, gradmesh::server::PlanConfig().retune_factor,
+          "after an autotune round, a bucket size whose all-reduce takes "
+          "more than this x its trial's time, or less than 1/this, over "
+          "--retune_steps steps (the median) starts a new round: the link "
+          "changed; 0: only a membership change does");
+ABSL_FLAG(int, retune_steps, gradmesh::server::PlanConfig().retune_steps,
+          "steps whose median --retune_factor weighs");
 ABSL_FLAG(int, switch_lead_steps, 3,
           "a plan change starts this many steps after the last reported one");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
@@ -109,6 +116,8 @@ int main(int argc, char** argv) {
                .skip_factor = absl::GetFlag(FLAGS_skip_factor),
                .sparse_margin = absl::GetFlag(FLAGS_sparse_margin),
                .teams_margin = absl::GetFlag(FLAGS_teams_margin),
+               .retune_factor = absl::GetFlag(FLAGS_retune_factor),
+               .retune_steps = absl::GetFlag(FLAGS_retune_steps),
                .switch_lead_steps = absl::GetFlag(FLAGS_switch_lead_steps),
                .link = {.alpha_s = absl::GetFlag(FLAGS_link_latency_us) * 1e-6,
                         .beta_s_per_byte = gbps > 0 ? 8 / (gbps * 1e9) : -1}},

@@ -475,6 +475,9 @@ TEST(CoordinatorTest, UnusableConfigFailsEveryJoin) {
       {.chunk_bytes = 0},
       {.teams = -1},
       {.autotune_window = 0},
+      {.retune_factor = 1},
+      {.retune_factor = -2},
+      {.retune_steps = 0},
       {.skip_factor = 0.5},
   };
   for (const PlanConfig& config : bad) {
@@ -1069,6 +1072,86 @@ TEST(AutoTest, TriesEachDThenTheDenseRingAndPublishesThePerSizeChoice) {
   EXPECT_THAT(chosen.plan.note, HasSubstr("auto chose spardl d="));
   ASSERT_EQ(coordinator.trials().size(), 3u);
   EXPECT_EQ(coordinator.trials()[2].algorithm, "dense");
+}
+
+// Runs a round of `auto` on the current members (d=2, d=1, the dense ring)
+// from `*step`, the large bucket's all-reduce taking `spardl` and `dense`
+// seconds (the small one 1 ms in every trial: dense).
+void RunAutoRound(Coordinator& coordinator, uint64_t* step, double spardl,
+                  double dense) {
+  for (double large : {spardl, spardl, dense}) {
+    *step = std::max(*step, coordinator.view().start_step);
+    ASSERT_TRUE(coordinator.view().plan.autotuning);
+    for (int i = 0; i < 3; ++i) {
+      ReportTwoBuckets(coordinator, (*step)++, large, 1e-3);
+    }
+  }
+  *step = std::max(*step, coordinator.view().start_step);
+}
+
+// A choice that stops fitting the link (the large bucket's all-reduce 3.5x
+// its trial's time over retune_steps) starts a new round on the same
+// members; the same time within the factor, or a few slow steps, does not.
+TEST(AutoTest, AChangedLinkStartsANewRoundOnTheSameMembers) {
+  Coordinator coordinator(
+      {.algorithm = "auto", .autotune_window = 2, .retune_steps = 5}, kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  uint64_t step = 0;
+  RunAutoRound(coordinator, &step, 30e-3, 10e-3);  // a fast link: dense
+  const View dense = coordinator.view();
+  ASSERT_FALSE(dense.plan.autotuning);
+  ASSERT_EQ(dense.plan.algorithm, "dense");
+
+  // 1.5x the trial's time, and one step at 100x: the median is 15 ms.
+  for (int i = 0; i < 10; ++i) {
+    ReportTwoBuckets(coordinator, step++, i == 3 ? 1.0 : 15e-3, 1e-3);
+  }
+  EXPECT_EQ(coordinator.view().epoch, dense.epoch);
+
+  // The link slows: 35 ms a step, and a new round begins.
+  for (int i = 0; i < 5; ++i) {
+    ReportTwoBuckets(coordinator, step++, 35e-3, 1e-3);
+  }
+  const View again = coordinator.view();
+  EXPECT_EQ(again.epoch, dense.epoch + 1);
+  EXPECT_EQ(again.membership_epoch, dense.membership_epoch);
+  EXPECT_EQ(Ids(again), Ids(dense));
+  EXPECT_TRUE(again.plan.autotuning);
+  EXPECT_EQ(again.start_step, step - 1 + 3);
+  EXPECT_THAT(again.plan.note,
+              HasSubstr("tuning again: the all-reduce of 1000000 values took "
+                        "3.50x its trial's 10.000 ms (median of the last 10 "
+                        "reports)"));
+
+  RunAutoRound(coordinator, &step, 12e-3, 35e-3);  // now SparDL pays
+  const View sparse = coordinator.view();
+  EXPECT_FALSE(sparse.plan.autotuning);
+  EXPECT_EQ(sparse.plan.algorithm, "spardl");
+  EXPECT_THAT(sparse.plan.dense_sizes, ElementsAre(50'000u));
+  EXPECT_THAT(sparse.plan.note, HasSubstr("; tuned again: the all-reduce"));
+
+  // The link grows faster: SparDL's 12 ms become 4 ms, and a round begins.
+  for (int i = 0; i < 5; ++i) {
+    ReportTwoBuckets(coordinator, step++, 4e-3, 1e-3);
+  }
+  EXPECT_TRUE(coordinator.view().plan.autotuning);
+  EXPECT_THAT(coordinator.view().plan.note, HasSubstr("took 0.33x"));
+}
+
+TEST(AutoTest, RetuneFactorZeroKeepsTheChoiceWhateverTheTimes) {
+  Coordinator coordinator({.algorithm = "auto",
+                           .autotune_window = 2,
+                           .retune_factor = 0,
+                           .retune_steps = 1},
+                          kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  uint64_t step = 0;
+  RunAutoRound(coordinator, &step, 30e-3, 10e-3);
+  const uint64_t epoch = coordinator.view().epoch;
+  for (int i = 0; i < 10; ++i) {
+    ReportTwoBuckets(coordinator, step++, 1.0, 1.0);
+  }
+  EXPECT_EQ(coordinator.view().epoch, epoch);
 }
 
 TEST(AutoTest, OneMemberRunsTheDenseRing) {

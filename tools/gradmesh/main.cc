@@ -98,6 +98,11 @@ ABSL_FLAG(double, teams_margin, 1.25,
           "local, run with d autotuned: the largest d whose trial was within "
           "this x the fastest's (a larger d selects closer to the global "
           "top-k; 1: the fastest)");
+ABSL_FLAG(double, retune_factor, 2.0,
+          "local, run with an autotune: once it chose, a bucket size whose "
+          "all-reduce takes more than this x its trial's time, or less than "
+          "1/this, over 20 steps (the median) starts a new round: the link "
+          "changed; 0: only a membership change does");
 ABSL_FLAG(bool, verify, true,
           "local: check that every worker gets the same result and that "
           "inputs = result + residuals, every iteration");
@@ -252,7 +257,7 @@ const std::vector<std::string> kClusterFlags = {
     "bin_dir",        "work_dir",      "chunk_bytes",  "autotune_window",
     "timeout_s",      "topk",          "tls_ca",       "tls_cert",
     "tls_key",        "sparse_margin", "teams_margin", "step_join_timeout_s",
-    "link_timeout_s", "quarantine_s"};
+    "link_timeout_s", "quarantine_s",  "retune_factor"};
 
 std::vector<std::string> Plus(std::vector<std::string> flags,
                               std::initializer_list<const char*> more) {
@@ -399,6 +404,7 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags(
       {"autotune_window", absl::StrCat(absl::GetFlag(FLAGS_autotune_window))},
       {"sparse_margin", absl::StrCat(absl::GetFlag(FLAGS_sparse_margin))},
       {"teams_margin", absl::StrCat(absl::GetFlag(FLAGS_teams_margin))},
+      {"retune_factor", absl::StrCat(absl::GetFlag(FLAGS_retune_factor))},
       {"heartbeat_timeout_ms", "2000"}};
   if (!exact_flag.empty()) {
     cluster.coordinator_flags.push_back({"exact_below", exact_flag});

@@ -1,0 +1,57 @@
+#include "server/retune.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace gradmesh::server {
+
+std::map<uint64_t, double> ChosenSeconds(const std::vector<Trial>& trials,
+                                         const Choice& choice) {
+  const bool all_dense = choice.algorithm == kDense;
+  std::map<uint64_t, double> chosen;
+  for (const Trial& trial : trials) {
+    if (trial.skipped) continue;
+    const bool dense_trial = trial.algorithm == kDense;
+    if (!dense_trial && (all_dense || trial.teams != choice.teams)) continue;
+    for (const auto& [n, seconds] : trial.size_seconds) {
+      const bool dense_size =
+          all_dense || std::binary_search(choice.dense_sizes.begin(),
+                                          choice.dense_sizes.end(), n);
+      if (dense_size == dense_trial) chosen[n] = seconds;
+    }
+  }
+  return chosen;
+}
+
+RetuneWatch::RetuneWatch(std::map<uint64_t, double> chosen, int members,
+                         Options options)
+    : chosen_(std::move(chosen)),
+      batch_(static_cast<size_t>(options.steps) * std::max(members, 1)),
+      factor_(options.factor) {
+  GM_CHECK(options.factor > 1 && options.steps >= 1);
+}
+
+std::optional<std::string> RetuneWatch::Add(uint64_t n, double seconds) {
+  const auto chosen = chosen_.find(n);
+  if (fired_ || chosen == chosen_.end() || chosen->second <= 0) {
+    return std::nullopt;
+  }
+  std::vector<double>& batch = batches_[n];
+  batch.push_back(seconds);
+  if (batch.size() < batch_) return std::nullopt;
+  auto middle = batch.begin() + batch.size() / 2;
+  std::nth_element(batch.begin(), middle, batch.end());
+  const double ratio = *middle / chosen->second;
+  batch.clear();
+  if (ratio <= factor_ && ratio >= 1 / factor_) return std::nullopt;
+  fired_ = true;
+  return absl::StrFormat(
+      "the all-reduce of %d values took %.2fx its trial's %.3f ms (median of "
+      "the last %d reports)",
+      n, ratio, chosen->second * 1e3, batch_);
+}
+
+}  // namespace gradmesh::server
