@@ -101,8 +101,10 @@ ABSL_FLAG(double, teams_margin, 1.25,
 ABSL_FLAG(double, retune_factor, 2.0,
           "local, run with an autotune: once it chose, a bucket size whose "
           "all-reduce takes more than this x its trial's time, or less than "
-          "1/this, over 20 steps (the median) starts a new round: the link "
-          "changed; 0: only a membership change does");
+          "1/this, over --retune-steps steps (the median) starts a new "
+          "round: the link changed; 0: only a membership change does");
+ABSL_FLAG(int, retune_steps, 20,
+          "local, run: the steps whose median --retune-factor weighs");
 ABSL_FLAG(bool, verify, true,
           "local: check that every worker gets the same result and that "
           "inputs = result + residuals, every iteration");
@@ -251,13 +253,13 @@ const std::vector<std::string> kAlgorithmFlags = {
     "algo",          "density",  "teams",  "oktopk_tau", "oktopk_tau_prime",
     "quantize_bits", "encoding", "values", "seed"};
 const std::vector<std::string> kClusterFlags = {
-    "algo",           "density",       "teams",        "encoding",
-    "values",         "quantize_bits", "oktopk_tau",   "oktopk_tau_prime",
-    "seed",           "exact_below",   "fusion",       "workers",
-    "bin_dir",        "work_dir",      "chunk_bytes",  "autotune_window",
-    "timeout_s",      "topk",          "tls_ca",       "tls_cert",
-    "tls_key",        "sparse_margin", "teams_margin", "step_join_timeout_s",
-    "link_timeout_s", "quarantine_s",  "retune_factor"};
+    "algo",           "density",       "teams",         "encoding",
+    "values",         "quantize_bits", "oktopk_tau",    "oktopk_tau_prime",
+    "seed",           "exact_below",   "fusion",        "workers",
+    "bin_dir",        "work_dir",      "chunk_bytes",   "autotune_window",
+    "timeout_s",      "topk",          "tls_ca",        "tls_cert",
+    "tls_key",        "sparse_margin", "teams_margin",  "step_join_timeout_s",
+    "link_timeout_s", "quarantine_s",  "retune_factor", "retune_steps"};
 
 std::vector<std::string> Plus(std::vector<std::string> flags,
                               std::initializer_list<const char*> more) {
@@ -405,6 +407,7 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags(
       {"sparse_margin", absl::StrCat(absl::GetFlag(FLAGS_sparse_margin))},
       {"teams_margin", absl::StrCat(absl::GetFlag(FLAGS_teams_margin))},
       {"retune_factor", absl::StrCat(absl::GetFlag(FLAGS_retune_factor))},
+      {"retune_steps", absl::StrCat(absl::GetFlag(FLAGS_retune_steps))},
       {"heartbeat_timeout_ms", "2000"}};
   if (!exact_flag.empty()) {
     cluster.coordinator_flags.push_back({"exact_below", exact_flag});
