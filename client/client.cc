@@ -45,6 +45,45 @@ bool IsWorkerGone(const absl::Status& status) {
   return status.GetPayload(kWorkerGonePayload).has_value();
 }
 
+// The client's Attach stream (worker.proto): open while the connection
+// lives, so that the worker unregisters this client's buckets once the
+// process is gone without doing so. Not opened again if it breaks (a worker
+// that restarted has forgotten the buckets anyway).
+class Presence final : public grpc::ClientReadReactor<v1::AttachEvent> {
+ public:
+  Presence(v1::Worker::Stub* stub, const std::string& client_id,
+           const std::string& authorization) {
+    request_.set_client_id(client_id);
+    if (!authorization.empty()) {
+      context_.AddMetadata("authorization", authorization);
+    }
+    stub->async()->Attach(&context_, &request_, this);
+    StartRead(&event_);
+    StartCall();
+  }
+  // Ends the stream and waits until gRPC is done with it.
+  ~Presence() override {
+    context_.TryCancel();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+  }
+
+  void OnReadDone(bool ok) override {
+    if (ok) StartRead(&event_);
+  }
+  void OnDone(const grpc::Status&) override {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  v1::AttachRequest request_;
+  v1::AttachEvent event_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // The connection, shared by the client and its tensor sets.
 struct Client::Impl {
   std::string job;
@@ -130,6 +169,9 @@ struct Client::Impl {
     rank = r;
     size = s;
   }
+
+  // Set once connected. Declared last: ended before the stub it calls goes.
+  std::unique_ptr<Presence> presence;
 };
 
 struct TensorSet::State {
@@ -302,6 +344,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   client->impl_->connected = true;
+  client->impl_->presence = std::make_unique<Presence>(
+      client->impl_->stub.get(), client->impl_->client_id,
+      client->impl_->authorization);
   return client;
 }
 

@@ -29,6 +29,7 @@
 #include "common/steady_clock.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "proto/plan_proto.h"
+#include "worker/daemon/client_leases.h"
 #include "worker/daemon/coordinator_client.h"
 #include "worker/daemon/data_plane.h"
 #include "worker/daemon/outcome_service.h"
@@ -177,6 +178,8 @@ class Daemon final : public WorkerDaemon {
   transport::PeerService peers_;
   std::unique_ptr<ViewTracker> views_;
   std::unique_ptr<DataPlane> plane_;
+  // Outlives the services and servers, whose Attach streams it counts.
+  std::unique_ptr<ClientLeases> leases_;
   std::unique_ptr<SdkService> sdk_;
   std::unique_ptr<OutcomeService> outcomes_;
   std::unique_ptr<grpc::Server> server_;
@@ -253,8 +256,20 @@ absl::Status Daemon::MakeServices() {
   if (!options_.sdk_token_file.empty()) {
     GM_ASSIGN_OR_RETURN(token, ReadToken(options_.sdk_token_file));
   }
+  leases_ = std::make_unique<ClientLeases>(
+      options_.client_grace, [this](const std::string& client_id) {
+        std::vector<std::string> names;
+        for (const BucketName& name : plane_->UnregisterClient(client_id)) {
+          names.push_back(absl::StrCat(name.job, "/", name.bucket));
+        }
+        if (names.empty()) return;
+        Log(absl::StrCat("client ", client_id, " gone for ",
+                         absl::FormatDuration(options_.client_grace),
+                         ": unregistered its buckets ",
+                         absl::StrJoin(names, ", ")));
+      });
   sdk_ = std::make_unique<SdkService>(
-      plane_.get(), views_.get(),
+      plane_.get(), views_.get(), leases_.get(),
       SdkService::Options{.operation_timeout = options_.operation_timeout,
                           .token = std::move(token),
                           .on_refused =
@@ -633,6 +648,7 @@ void Daemon::Stop() {
     reaper_.join();
   }
   if (trainer_watch_ != nullptr) trainer_watch_->Stop();
+  if (leases_ != nullptr) leases_->Stop();
   if (coordinator_ != nullptr) coordinator_->Stop();  // null: Init failed
   // Close this worker's streams first, so that peers stopping at the same
   // time see theirs end; then stop serving (what peers still send is cut).

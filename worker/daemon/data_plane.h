@@ -137,6 +137,9 @@ class DataPlane {
   // `client_id` registered (a new trainer took over: the old one's are
   // dead, and their peers' steps must not count against this worker).
   void UnregisterOthers(const BucketName& name, const std::string& client_id);
+  // Unregisters every bucket `client_id` registered (a client gone:
+  // ClientLeases), and returns their names; none for an empty id.
+  std::vector<BucketName> UnregisterClient(const std::string& client_id);
 
   // Unmaps the bucket and forgets its residual. NotFound if unknown. With
   // `shm_name`, only the registration made with that segment: a later one
@@ -188,6 +191,10 @@ class DataPlane {
   std::optional<std::string> Absent(absl::Duration join_timeout) const;
 
  private:
+  // Unregisters the buckets `drop` names (their segments, as registered);
+  // their names.
+  std::vector<BucketName> UnregisterWhere(
+      absl::FunctionRef<bool(const Bucket&)> drop);
   // The job's buckets that have stepped, registered by `client_id`
   // (`theirs`) or by another client.
   std::vector<std::shared_ptr<Bucket>> SteppedBuckets(

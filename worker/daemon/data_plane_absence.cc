@@ -95,18 +95,34 @@ bool DataPlane::Stepped(const BucketName& name,
 
 void DataPlane::UnregisterOthers(const BucketName& name,
                                  const std::string& client_id) {
-  std::vector<std::shared_ptr<Bucket>> others;
+  UnregisterWhere([&](const Bucket& bucket) {
+    return bucket.name.job == name.job && bucket.client_id != client_id;
+  });
+}
+
+std::vector<BucketName> DataPlane::UnregisterClient(
+    const std::string& client_id) {
+  if (client_id.empty()) return {};
+  return UnregisterWhere(
+      [&](const Bucket& bucket) { return bucket.client_id == client_id; });
+}
+
+std::vector<BucketName> DataPlane::UnregisterWhere(
+    absl::FunctionRef<bool(const Bucket&)> drop) {
+  std::vector<std::shared_ptr<Bucket>> dropped;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [key, bucket] : buckets_) {
-      if (bucket->name.job == name.job && bucket->client_id != client_id) {
-        others.push_back(bucket);
-      }
+      if (drop(*bucket)) dropped.push_back(bucket);
     }
   }
-  for (const std::shared_ptr<Bucket>& bucket : others) {
-    Unregister(bucket->name, bucket->shm_name).IgnoreError();  // raced: gone
+  std::vector<BucketName> names;
+  for (const std::shared_ptr<Bucket>& bucket : dropped) {
+    // A name registered again since is left alone (Unregister's shm_name).
+    Unregister(bucket->name, bucket->shm_name).IgnoreError();
+    names.push_back(bucket->name);
   }
+  return names;
 }
 
 }  // namespace gradmesh::daemon

@@ -22,9 +22,48 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return differ == 0;
 }
 
+// One client's Attach stream: counted while open, nothing written.
+class AttachReactor final
+    : public grpc::ServerWriteReactor<gradmesh::v1::AttachEvent> {
+ public:
+  AttachReactor(ClientLeases* leases, std::string client_id)
+      : leases_(leases), client_id_(std::move(client_id)) {
+    leases_->Attach(client_id_);
+  }
+  void OnCancel() override { Finish(grpc::Status::OK); }
+  void OnDone() override {
+    leases_->Detach(client_id_);
+    delete this;
+  }
+
+ private:
+  ClientLeases* const leases_;
+  const std::string client_id_;
+};
+
+// A stream refused at once.
+class RefusedAttach final
+    : public grpc::ServerWriteReactor<gradmesh::v1::AttachEvent> {
+ public:
+  explicit RefusedAttach(const grpc::Status& why) { Finish(why); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
-absl::Status SdkService::Admit(const grpc::ServerContext& context) const {
+grpc::ServerWriteReactor<v1::AttachEvent>* SdkService::Attach(
+    grpc::CallbackServerContext* context, const v1::AttachRequest* request) {
+  if (absl::Status admitted = Admit(*context); !admitted.ok()) {
+    return new RefusedAttach(ToGrpc(admitted));
+  }
+  if (request->client_id().empty()) {
+    return new RefusedAttach(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "client_id is empty"));
+  }
+  return new AttachReactor(leases_, request->client_id());
+}
+
+absl::Status SdkService::Admit(const grpc::ServerContextBase& context) const {
   if (absl::StartsWith(context.peer(), "unix:")) return absl::OkStatus();
   absl::Status refused;
   if (options_.token.empty()) {

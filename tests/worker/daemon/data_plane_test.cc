@@ -22,6 +22,8 @@ namespace gradmesh::daemon {
 namespace {
 
 using ::gradmesh::testing::RandomVector;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 
@@ -595,6 +597,33 @@ TEST(DataPlaneTest, AnotherClientRegisteringInASteppedJobTakesItOver) {
   w.plane(0).UnregisterOthers(name, "second");
   EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister(name)));
   EXPECT_FALSE(w.plane(0).TakenOver(name, "second"));
+}
+
+// A client gone (ClientLeases): its buckets, in every job, are
+// unregistered; another client's, and those of no client, stay.
+TEST(DataPlaneTest, AGoneClientsBucketsAreUnregistered) {
+  constexpr uint64_t kN = 100;
+  Workers w(1, {.algorithm = "dense"});
+  w.Start();
+  for (const auto& [name, client] :
+       std::vector<std::pair<BucketName, std::string>>{
+           {{"job", "a1"}, "gone"},
+           {{"other-job", "a2"}, "gone"},
+           {{"job", "b"}, "alive"},
+           {{"job", "c"}, ""}}) {
+    ASSERT_TRUE(w.Register(0, name, {{"t", kN}}, {}, client).ok());
+  }
+  EXPECT_THAT(w.plane(0).UnregisterClient(""), IsEmpty());
+  const std::vector<BucketName> dropped = w.plane(0).UnregisterClient("gone");
+  std::vector<std::string> names;
+  for (const BucketName& name : dropped) {
+    names.push_back(name.job + "/" + name.bucket);
+  }
+  EXPECT_THAT(names, UnorderedElementsAre("job/a1", "other-job/a2"));
+  EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister({"job", "a1"})));
+  EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister({"other-job", "a2"})));
+  EXPECT_TRUE(w.plane(0).Unregister({"job", "b"}).ok());
+  EXPECT_TRUE(w.plane(0).Unregister({"job", "c"}).ok());
 }
 
 TEST(DataPlaneTest, BroadcastsFromTheRootAndBarriers) {
