@@ -355,7 +355,7 @@ absl::Status Coordinator::Report(const IterationReport& report) {
   if (!plan_.autotuning) {
     if (watch_ == nullptr) return absl::OkStatus();
     if (std::optional<std::string> why =
-            watch_->Add(report.values, report.seconds)) {
+            watch_->Add(report.values, report.operation, report.seconds)) {
       retune_reason_ = *std::move(why);
       StartRoundLocked(max_step_ + config_.switch_lead_steps);
     }
@@ -415,6 +415,7 @@ void Coordinator::MembershipChangedLocked() {
   links_.ForgetReports();  // they were about the old view's links
   round_.reset();
   retune_reason_.clear();
+  retune_backoff_ = 1;
   if (Tunes(static_cast<int>(members_.size()))) {
     StartRoundLocked(0);
   } else {
@@ -437,6 +438,11 @@ void Coordinator::StartRoundLocked(uint64_t start_step) {
                              .sparse_margin = config_.sparse_margin,
                              .teams_margin = config_.teams_margin,
                              .density = config_.density});
+  if (!retune_reason_.empty()) {
+    // The link changed: rank with what the latest reports say of it.
+    link_ = FitLinkModel(
+        std::vector<LinkSample>(samples_.begin(), samples_.end()), link_);
+  }
   round_->Rank(n_, link_, 0);
   PublishTrialOrResultLocked(start_step);
 }
@@ -459,11 +465,20 @@ void Coordinator::PublishTrialOrResultLocked(uint64_t start_step) {
     absl::StrAppend(&choice.note, "; tuned again: ", retune_reason_);
   }
   if (config_.retune_factor > 0) {
+    // A round started by the watch that chose what the last one had (a
+    // choice that fits, timed differently): watch over twice the steps
+    // next time, up to 16x, so that rounds do not follow one another.
+    const bool same = last_choice_.algorithm == choice.algorithm &&
+                      last_choice_.teams == choice.teams &&
+                      last_choice_.dense_sizes == choice.dense_sizes;
+    retune_backoff_ =
+        !retune_reason_.empty() && same ? std::min(2 * retune_backoff_, 16) : 1;
+    last_choice_ = choice;
     watch_ = std::make_unique<RetuneWatch>(
         ChosenSeconds(round_->trials(), choice),
         static_cast<int>(members_.size()),
         RetuneWatch::Options{.factor = config_.retune_factor,
-                             .steps = config_.retune_steps});
+                             .steps = config_.retune_steps * retune_backoff_});
   }
   plan.algorithm = std::move(choice.algorithm);
   plan.teams = choice.teams;

@@ -286,6 +286,10 @@ class Coordinator {
   // membership change), and the watch over the last round's choice.
   std::string retune_reason_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<RetuneWatch> watch_ ABSL_GUARDED_BY(mu_);  // null: none
+  // The last round's choice, and the watch's steps over retune_steps (x2
+  // for each round the watch started that chose the same, to 16).
+  Choice last_choice_ ABSL_GUARDED_BY(mu_);
+  int retune_backoff_ ABSL_GUARDED_BY(mu_) = 1;
   LinkModel link_ ABSL_GUARDED_BY(mu_);
   std::deque<LinkSample> samples_ ABSL_GUARDED_BY(mu_);  // newest last
   uint64_t n_ ABSL_GUARDED_BY(mu_) = 0;  // latest reported n; 0 = unknown

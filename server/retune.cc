@@ -29,29 +29,41 @@ std::map<uint64_t, double> ChosenSeconds(const std::vector<Trial>& trials,
 RetuneWatch::RetuneWatch(std::map<uint64_t, double> chosen, int members,
                          Options options)
     : chosen_(std::move(chosen)),
-      batch_(static_cast<size_t>(options.steps) * std::max(members, 1)),
+      members_(std::max(members, 1)),
+      steps_(static_cast<size_t>(options.steps)),
       factor_(options.factor) {
   GM_CHECK(options.factor > 1 && options.steps >= 1);
 }
 
-std::optional<std::string> RetuneWatch::Add(uint64_t n, double seconds) {
+std::optional<std::string> RetuneWatch::Add(uint64_t n, uint64_t step,
+                                            double seconds) {
   const auto chosen = chosen_.find(n);
   if (fired_ || chosen == chosen_.end() || chosen->second <= 0) {
     return std::nullopt;
   }
-  std::vector<double>& batch = batches_[n];
-  batch.push_back(seconds);
-  if (batch.size() < batch_) return std::nullopt;
-  auto middle = batch.begin() + batch.size() / 2;
-  std::nth_element(batch.begin(), middle, batch.end());
+  Size& size = sizes_[n];
+  auto [it, fresh] = size.pending.try_emplace(step);
+  ++it->second.reports;
+  it->second.slowest = std::max(it->second.slowest, seconds);
+  if (it->second.reports < members_) {
+    // An operation whose report was lost never completes: only the latest
+    // `steps` wait.
+    if (size.pending.size() > steps_) size.pending.erase(size.pending.begin());
+    return std::nullopt;
+  }
+  size.batch.push_back(it->second.slowest);
+  size.pending.erase(it);
+  if (size.batch.size() < steps_) return std::nullopt;
+  auto middle = size.batch.begin() + size.batch.size() / 2;
+  std::nth_element(size.batch.begin(), middle, size.batch.end());
   const double ratio = *middle / chosen->second;
-  batch.clear();
+  size.batch.clear();
   if (ratio <= factor_ && ratio >= 1 / factor_) return std::nullopt;
   fired_ = true;
   return absl::StrFormat(
       "the all-reduce of %d values took %.2fx its trial's %.3f ms (median of "
-      "the last %d reports)",
-      n, ratio, chosen->second * 1e3, batch_);
+      "the last %d steps)",
+      n, ratio, chosen->second * 1e3, steps_);
 }
 
 }  // namespace gradmesh::server

@@ -3,13 +3,15 @@
 // it), so that the coordinator tunes again with the same members.
 //
 // After a round, each bucket size the round timed runs the chosen algorithm
-// (ChosenSeconds: the chosen trial's mean seconds for that size). The watch
-// takes the all-reduce seconds of every report of such a size in batches of
-// `steps` x members reports, and compares each batch's median with the
-// chosen figure: outside [1 / factor, factor] of it, Add says why, once. A
-// median, so that a few slow steps (an evaluation on one rank, a checkpoint)
-// do not count; a batch, so that a report costs O(1) amortized. Sizes the
-// round did not time are not watched.
+// (ChosenSeconds: the chosen trial's mean seconds for that size, each
+// operation counted at its slowest member's). The watch takes each complete
+// operation of such a size (every member reported it) at its slowest
+// member's seconds too, in batches of `steps` operations, and compares each
+// batch's median with the chosen figure: outside [1 / factor, factor] of it,
+// Add says why, once. A median, so that a few slow steps (an evaluation on
+// one rank, a checkpoint) do not count; a batch, so that a report costs
+// O(log steps) amortized. Sizes the round did not time are not watched; an
+// operation with a lost report is left out.
 //
 // What it cannot see: a change that moves the chosen algorithm's time by less
 // than the factor. A link that grows faster under SparDL, whose time is
@@ -40,22 +42,32 @@ class RetuneWatch {
  public:
   struct Options {
     double factor = 2.0;  // > 1
-    int steps = 20;       // reports per batch = steps x members, >= 1
+    int steps = 20;       // operations per batch, >= 1
   };
 
   RetuneWatch(std::map<uint64_t, double> chosen, int members, Options options);
 
-  // Feeds one report's all-reduce seconds for bucket size n. Returns why to
+  // Feeds one member's report of `step` for bucket size n. Returns why to
   // tune again the first time a batch's median leaves the range, e.g. "the
   // all-reduce of 824458 values took 2.31x its trial's 40.100 ms (median of
-  // the last 80 reports)"; nullopt otherwise, and after that.
-  std::optional<std::string> Add(uint64_t n, double seconds);
+  // the last 20 steps)"; nullopt otherwise, and after that.
+  std::optional<std::string> Add(uint64_t n, uint64_t step, double seconds);
 
  private:
+  struct Operation {
+    int reports = 0;
+    double slowest = 0;
+  };
+  struct Size {
+    std::map<uint64_t, Operation> pending;  // by step, at most `steps`
+    std::vector<double> batch;              // complete operations' slowest
+  };
+
   const std::map<uint64_t, double> chosen_;
-  const size_t batch_;
+  const int members_;
+  const size_t steps_;
   const double factor_;
-  std::map<uint64_t, std::vector<double>> batches_;
+  std::map<uint64_t, Size> sizes_;
   bool fired_ = false;
 };
 

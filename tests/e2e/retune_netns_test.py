@@ -93,14 +93,18 @@ def main():
         with tempfile.TemporaryDirectory() as work_dir:
             start = time.monotonic()
             code, output, shaped = run(args, hosts, work_dir)
-            plans = [line for line in coordinator_log(work_dir).splitlines()
-                     if "auto chose" in line]
+            epochs = [line.split("gradmesh-coordinator: ", 1)[-1]
+                      for line in coordinator_log(work_dir).splitlines()
+                      if " from step " in line]
+            plans = [line for line in epochs if "auto chose" in line]
     finally:
         hosts.remove_all()
     if code != 0 or not shaped:
         fail(f"the job exited {code}, link shaped: {shaped}", output)
     log(f"ok: the job ran {ITERATIONS} checked iterations in "
-        f"{time.monotonic() - start:.0f} s")
+        f"{time.monotonic() - start:.0f} s; its plans:")
+    for line in epochs:
+        print(f"  {line}", flush=True)
     if len(plans) != 2 or "auto chose dense" not in plans[0]:
         fail(f"two rounds, the first choosing dense: {plans}", output)
     log(f"ok: the first round chose dense ({plans[0].split('auto ')[1]})")

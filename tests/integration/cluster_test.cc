@@ -629,10 +629,10 @@ TEST_F(ClusterTest, ATrainerThatStopsJoiningStepsOutAndTheOthersGoOn) {
 }
 
 // 50 iterations of every algorithm on 4 and 6 processes (15 under
-// AddressSanitizer: the same paths, past the autotune's trials, in a third of
-// the time): RunLocal checks each iteration (bitwise-identical results on
-// every worker, and the inputs equal the result plus the residuals, index by
-// index).
+// AddressSanitizer: the same code in a third of the time, though SparDL's
+// autotune may not have chosen by then): RunLocal checks each iteration
+// (bitwise-identical results on every worker, and the inputs equal the
+// result plus the residuals, index by index).
 class AlgorithmClusterTest
     : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 

@@ -1120,8 +1120,8 @@ TEST(AutoTest, AChangedLinkStartsANewRoundOnTheSameMembers) {
   EXPECT_EQ(again.start_step, step - 1 + 3);
   EXPECT_THAT(again.plan.note,
               HasSubstr("tuning again: the all-reduce of 1000000 values took "
-                        "3.50x its trial's 10.000 ms (median of the last 10 "
-                        "reports)"));
+                        "3.50x its trial's 10.000 ms (median of the last 5 "
+                        "steps)"));
 
   RunAutoRound(coordinator, &step, 12e-3, 35e-3);  // now SparDL pays
   const View sparse = coordinator.view();
@@ -1136,6 +1136,32 @@ TEST(AutoTest, AChangedLinkStartsANewRoundOnTheSameMembers) {
   }
   EXPECT_TRUE(coordinator.view().plan.autotuning);
   EXPECT_THAT(coordinator.view().plan.note, HasSubstr("took 0.33x"));
+}
+
+// A round the watch started that chose what the last one had: the next
+// watch weighs twice the steps, so that rounds do not follow one another.
+TEST(AutoTest, ARetuneThatChoosesTheSameWatchesLongerNextTime) {
+  Coordinator coordinator(
+      {.algorithm = "auto", .autotune_window = 2, .retune_steps = 5}, kTimeout);
+  JoinAll(coordinator, {"a", "b"});
+  uint64_t step = 0;
+  RunAutoRound(coordinator, &step, 30e-3, 10e-3);
+  for (int i = 0; i < 5; ++i) {
+    ReportTwoBuckets(coordinator, step++, 25e-3, 1e-3);
+  }
+  ASSERT_TRUE(coordinator.view().plan.autotuning);
+  RunAutoRound(coordinator, &step, 75e-3, 25e-3);  // dense again
+  const View same = coordinator.view();
+  ASSERT_EQ(same.plan.algorithm, "dense");
+  for (int i = 0; i < 5; ++i) {
+    ReportTwoBuckets(coordinator, step++, 80e-3, 1e-3);
+  }
+  EXPECT_EQ(coordinator.view().epoch, same.epoch);  // 5 steps: not yet
+  for (int i = 0; i < 5; ++i) {
+    ReportTwoBuckets(coordinator, step++, 80e-3, 1e-3);
+  }
+  EXPECT_TRUE(coordinator.view().plan.autotuning);
+  EXPECT_THAT(coordinator.view().plan.note, HasSubstr("the last 10 steps"));
 }
 
 TEST(AutoTest, RetuneFactorZeroKeepsTheChoiceWhateverTheTimes) {

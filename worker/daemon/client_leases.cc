@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace gradmesh::daemon {
 
 ClientLeases::ClientLeases(
@@ -15,9 +17,16 @@ ClientLeases::ClientLeases(
 
 ClientLeases::~ClientLeases() { Stop(); }
 
-void ClientLeases::Attach(const std::string& client_id) {
+absl::Status ClientLeases::Attach(const std::string& client_id) {
+  if (grace_ <= absl::ZeroDuration()) return absl::OkStatus();  // no expiry
   absl::MutexLock lock(&mu_);
-  ++leases_[client_id].streams;
+  int& streams = leases_[client_id].streams;
+  if (streams >= kMaxStreams) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "client ", client_id, " holds ", streams, " Attach streams already"));
+  }
+  ++streams;
+  return absl::OkStatus();
 }
 
 void ClientLeases::Detach(const std::string& client_id) {

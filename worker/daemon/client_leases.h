@@ -2,7 +2,8 @@
 // (a trainer killed, crashed or out of memory), so that their buckets do not
 // stay mapped for the daemon's life.
 //
-// A client holds an Attach stream open while it lives (client.h). When a
+// A client holds an Attach stream open while it lives (client/client.cc,
+// Presence; proto/gradmesh/v1/worker.proto). When a
 // client's last stream ends, it has `grace` to attach again (a reconnecting
 // TCP client, a restarted worker's server) before `expire(client_id)` runs,
 // on the leases' own thread. A client that never attaches (an older SDK) is
@@ -16,8 +17,10 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/steady_clock.h"
@@ -32,9 +35,13 @@ class ClientLeases {
   ClientLeases(const ClientLeases&) = delete;
   ClientLeases& operator=(const ClientLeases&) = delete;
 
-  // A stream of `client_id` began, or ended.
-  void Attach(const std::string& client_id);
+  // A stream of `client_id` began: ResourceExhausted (not counted) past
+  // kMaxStreams open streams of one client. Or one ended (one that was
+  // counted).
+  absl::Status Attach(const std::string& client_id);
   void Detach(const std::string& client_id);
+
+  static constexpr int kMaxStreams = 16;
 
   // Ends the thread; nobody expires after it returns. Idempotent.
   void Stop();

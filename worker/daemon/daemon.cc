@@ -97,11 +97,12 @@ absl::Status CheckOptions(const DaemonOptions& options) {
       options.view_wait < absl::ZeroDuration() ||
       options.step_join_timeout < absl::ZeroDuration() ||
       options.link_timeout < absl::ZeroDuration() ||
+      options.client_grace < absl::ZeroDuration() ||
       options.peer_buffer_bytes == 0) {
     return absl::InvalidArgumentError(
         "the operation timeout, heartbeat interval and peer buffer must be "
-        "positive, the view wait, step-join and link timeouts not "
-        "negative");
+        "positive, the view wait, step-join and link timeouts and the client "
+        "grace not negative");
   }
   return absl::OkStatus();
 }
@@ -145,6 +146,9 @@ class Daemon final : public WorkerDaemon {
   // TrainerWatch's hooks: leave the group; join again as a new member, and
   // wait (up to view_wait) for a view that has it.
   TrainerWatch::Hooks TrainerHooks();
+  // ClientLeases' expiry: steps out if peers may wait on the client's
+  // steps, then unregisters its buckets.
+  void ClientGone(const std::string& client_id);
   void RejoinAsNewMember();
   // Destroys retired groups (their streams' close may wait) off the
   // operations' path, until Stop.
@@ -257,17 +261,8 @@ absl::Status Daemon::MakeServices() {
     GM_ASSIGN_OR_RETURN(token, ReadToken(options_.sdk_token_file));
   }
   leases_ = std::make_unique<ClientLeases>(
-      options_.client_grace, [this](const std::string& client_id) {
-        std::vector<std::string> names;
-        for (const BucketName& name : plane_->UnregisterClient(client_id)) {
-          names.push_back(absl::StrCat(name.job, "/", name.bucket));
-        }
-        if (names.empty()) return;
-        Log(absl::StrCat("client ", client_id, " gone for ",
-                         absl::FormatDuration(options_.client_grace),
-                         ": unregistered its buckets ",
-                         absl::StrJoin(names, ", ")));
-      });
+      options_.client_grace,
+      [this](const std::string& client_id) { ClientGone(client_id); });
   sdk_ = std::make_unique<SdkService>(
       plane_.get(), views_.get(), leases_.get(),
       SdkService::Options{.operation_timeout = options_.operation_timeout,
@@ -387,6 +382,25 @@ v1::NodeInfo Daemon::Node() const {
   if (node.gpus() > 0) node.set_gpu_name(kernels::CudaDeviceDescription());
 #endif
   return node;
+}
+
+void Daemon::ClientGone(const std::string& client_id) {
+  const std::string why =
+      absl::StrCat("its trainer's client ", client_id, " has been gone for ",
+                   absl::FormatDuration(options_.client_grace));
+  // Peers may wait on its next step: out first, as the step-join watch
+  // would step out once they had waited, which it cannot see once the
+  // buckets are gone. The next trainer's first call rejoins.
+  if (plane_->ClientStepped(client_id) && trainer_watched_.HasBeenNotified()) {
+    trainer_watch_->StepOut(why);
+  }
+  std::vector<std::string> names;
+  for (const BucketName& name : plane_->UnregisterClient(client_id)) {
+    names.push_back(absl::StrCat(name.job, "/", name.bucket));
+  }
+  if (names.empty()) return;
+  Log(absl::StrCat(why, ": unregistered its buckets ",
+                   absl::StrJoin(names, ", ")));
 }
 
 void Daemon::Log(const std::string& message) const {
@@ -575,8 +589,13 @@ absl::Status Daemon::AdmitAsker(const grpc::ServerContext& context,
 
 void Daemon::Report(const ReduceResult& result) {
   // An exact bucket ran the dense ring, not the plan: no sample of it for
-  // the choice of d.
-  if (result.exact) return;
+  // the choice of d. Except the sizes `auto` chose to sum densely: the
+  // coordinator watches them for a change of link (server/retune.h).
+  const std::vector<uint64_t>& dense = result.plan.dense_sizes;
+  if (result.exact &&
+      !std::binary_search(dense.begin(), dense.end(), result.values)) {
+    return;
+  }
   v1::IterationStats report;
   report.set_node_id(node_id_);
   report.set_epoch(result.epoch);
@@ -647,8 +666,8 @@ void Daemon::Stop() {
     stop_reaping_.Notify();
     reaper_.join();
   }
+  if (leases_ != nullptr) leases_->Stop();  // it may step out: first
   if (trainer_watch_ != nullptr) trainer_watch_->Stop();
-  if (leases_ != nullptr) leases_->Stop();
   if (coordinator_ != nullptr) coordinator_->Stop();  // null: Init failed
   // Close this worker's streams first, so that peers stopping at the same
   // time see theirs end; then stop serving (what peers still send is cut).

@@ -140,6 +140,9 @@ class DataPlane {
   // Unregisters every bucket `client_id` registered (a client gone:
   // ClientLeases), and returns their names; none for an empty id.
   std::vector<BucketName> UnregisterClient(const std::string& client_id);
+  // Whether a bucket `client_id` registered under the current members has
+  // stepped: its peers may wait on its next step.
+  bool ClientStepped(const std::string& client_id) const;
 
   // Unmaps the bucket and forgets its residual. NotFound if unknown. With
   // `shm_name`, only the registration made with that segment: a later one
@@ -191,10 +194,13 @@ class DataPlane {
   std::optional<std::string> Absent(absl::Duration join_timeout) const;
 
  private:
-  // Unregisters the buckets `drop` names (their segments, as registered);
-  // their names.
+  // Unregisters the buckets `drop` names; their names.
   std::vector<BucketName> UnregisterWhere(
       absl::FunctionRef<bool(const Bucket&)> drop);
+  // Forgets that `job`'s replica missed a step once none of its buckets is
+  // left here.
+  void ForgetMissedIfLastLocked(const std::string& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's buckets that have stepped, registered by `client_id`
   // (`theirs`) or by another client.
   std::vector<std::shared_ptr<Bucket>> SteppedBuckets(

@@ -112,17 +112,45 @@ std::vector<BucketName> DataPlane::UnregisterWhere(
   std::vector<std::shared_ptr<Bucket>> dropped;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [key, bucket] : buckets_) {
-      if (drop(*bucket)) dropped.push_back(bucket);
+    for (auto it = buckets_.begin(); it != buckets_.end();) {
+      if (drop(*it->second)) {
+        dropped.push_back(std::move(it->second));
+        buckets_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    for (const std::shared_ptr<Bucket>& bucket : dropped) {
+      ForgetMissedIfLastLocked(bucket->name.job);
     }
   }
   std::vector<BucketName> names;
   for (const std::shared_ptr<Bucket>& bucket : dropped) {
-    // A name registered again since is left alone (Unregister's shm_name).
-    Unregister(bucket->name, bucket->shm_name).IgnoreError();
+    Forget(*bucket);
     names.push_back(bucket->name);
   }
   return names;
+}
+
+bool DataPlane::ClientStepped(const std::string& client_id) const {
+  if (client_id.empty()) return false;
+  const std::shared_ptr<Group> group = views_->current();
+  if (group == nullptr || group->rank < 0) return false;
+  std::vector<std::shared_ptr<Bucket>> buckets;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, bucket] : buckets_) {
+      if (bucket->client_id == client_id) buckets.push_back(bucket);
+    }
+  }
+  for (const std::shared_ptr<Bucket>& bucket : buckets) {
+    {
+      absl::MutexLock lock(&bucket->mu);
+      if (!bucket->last_step.has_value()) continue;
+    }
+    if (RegisteredOn(*bucket, group).ok()) return true;
+  }
+  return false;
 }
 
 }  // namespace gradmesh::daemon

@@ -64,8 +64,10 @@ ABSL_FLAG(double, step_join_timeout_s, 10,
 ABSL_FLAG(double, client_grace_s, 10,
           "an SDK client gone this long (its process died before it "
           "unregistered: its Attach stream ended) has its buckets "
-          "unregistered, their memory freed (0: kept until the same name "
-          "registers again)");
+          "unregistered, their memory freed; if their job had stepped under "
+          "the current members, the worker steps out of the group first, as "
+          "after the step-join timeout (0: kept until the same name registers "
+          "again)");
 ABSL_FLAG(int, peer_buffer_mib, 1024,
           "what one peer's messages may hold here in an epoch: those "
           "arriving, and those of operations this worker has not started "

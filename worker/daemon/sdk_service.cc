@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
@@ -22,14 +23,13 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return differ == 0;
 }
 
-// One client's Attach stream: counted while open, nothing written.
+// One client's Attach stream (counted by the leases already): open until
+// the client cancels it or the server shuts down; nothing is written.
 class AttachReactor final
     : public grpc::ServerWriteReactor<gradmesh::v1::AttachEvent> {
  public:
   AttachReactor(ClientLeases* leases, std::string client_id)
-      : leases_(leases), client_id_(std::move(client_id)) {
-    leases_->Attach(client_id_);
-  }
+      : leases_(leases), client_id_(std::move(client_id)) {}
   void OnCancel() override { Finish(grpc::Status::OK); }
   void OnDone() override {
     leases_->Detach(client_id_);
@@ -49,6 +49,15 @@ class RefusedAttach final
   void OnDone() override { delete this; }
 };
 
+// What the SDK sends (hex; at most 64 characters), so that a log line
+// naming it stays one line.
+bool ValidClientId(absl::string_view id) {
+  return !id.empty() && id.size() <= 64 &&
+         std::all_of(id.begin(), id.end(), [](char c) {
+           return absl::ascii_isxdigit(static_cast<unsigned char>(c));
+         });
+}
+
 }  // namespace
 
 grpc::ServerWriteReactor<v1::AttachEvent>* SdkService::Attach(
@@ -56,9 +65,14 @@ grpc::ServerWriteReactor<v1::AttachEvent>* SdkService::Attach(
   if (absl::Status admitted = Admit(*context); !admitted.ok()) {
     return new RefusedAttach(ToGrpc(admitted));
   }
-  if (request->client_id().empty()) {
+  if (!ValidClientId(request->client_id())) {
     return new RefusedAttach(
-        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "client_id is empty"));
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     "client_id must be 1 to 64 hexadecimal digits"));
+  }
+  if (absl::Status counted = leases_->Attach(request->client_id());
+      !counted.ok()) {
+    return new RefusedAttach(ToGrpc(counted));
   }
   return new AttachReactor(leases_, request->client_id());
 }

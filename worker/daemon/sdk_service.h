@@ -77,8 +77,9 @@ class SdkService final : public gradmesh::v1::Worker::WithCallbackMethod_Attach<
   grpc::Status GetStatus(grpc::ServerContext* context,
                          const gradmesh::v1::StatusRequest* request,
                          gradmesh::v1::StatusResponse* response) override;
-  // Held open until the client cancels it (or the server shuts down); an
-  // empty client_id is InvalidArgument.
+  // Held open until the client cancels it (or the server shuts down).
+  // InvalidArgument unless client_id is 1 to 64 hexadecimal digits;
+  // ResourceExhausted past ClientLeases::kMaxStreams streams of one client.
   grpc::ServerWriteReactor<gradmesh::v1::AttachEvent>* Attach(
       grpc::CallbackServerContext* context,
       const gradmesh::v1::AttachRequest* request) override;

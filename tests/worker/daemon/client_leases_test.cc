@@ -46,8 +46,8 @@ class Expired {
 TEST(ClientLeasesTest, AClientGoneForTheGraceExpiresOnce) {
   Expired expired;
   ClientLeases leases(kGrace, expired.Hook());
-  leases.Attach("a");
-  leases.Attach("b");
+  ASSERT_TRUE(leases.Attach("a").ok());
+  ASSERT_TRUE(leases.Attach("b").ok());
   const absl::Time detached = absl::Now();
   leases.Detach("a");
   EXPECT_THAT(expired.WaitFor(1, absl::Seconds(10)), ElementsAre("a"));
@@ -59,11 +59,12 @@ TEST(ClientLeasesTest, AClientGoneForTheGraceExpiresOnce) {
 TEST(ClientLeasesTest, AttachingAgainWithinTheGraceKeepsTheClient) {
   Expired expired;
   ClientLeases leases(kGrace, expired.Hook());
-  leases.Attach("a");
-  leases.Attach("a");  // two streams: one ending leaves the other
+  ASSERT_TRUE(leases.Attach("a").ok());
+  ASSERT_TRUE(
+      leases.Attach("a").ok());  // two streams: one ending leaves the other
   leases.Detach("a");
   leases.Detach("a");
-  leases.Attach("a");
+  ASSERT_TRUE(leases.Attach("a").ok());
   absl::SleepFor(3 * kGrace);
   EXPECT_THAT(expired.ids(), IsEmpty());
   leases.Detach("a");
@@ -74,7 +75,7 @@ TEST(ClientLeasesTest, UnknownClientsAndAZeroGraceExpireNobody) {
   Expired expired;
   {
     ClientLeases off(absl::ZeroDuration(), expired.Hook());
-    off.Attach("a");
+    ASSERT_TRUE(off.Attach("a").ok());
     off.Detach("a");
     ClientLeases leases(kGrace, expired.Hook());
     leases.Detach("never-attached");
@@ -83,10 +84,22 @@ TEST(ClientLeasesTest, UnknownClientsAndAZeroGraceExpireNobody) {
   EXPECT_THAT(expired.ids(), IsEmpty());
 }
 
+TEST(ClientLeasesTest, OneClientHoldsAtMostKMaxStreams) {
+  Expired expired;
+  ClientLeases leases(kGrace, expired.Hook());
+  for (int i = 0; i < ClientLeases::kMaxStreams; ++i) {
+    ASSERT_TRUE(leases.Attach("a").ok()) << i;
+  }
+  EXPECT_TRUE(absl::IsResourceExhausted(leases.Attach("a")));
+  EXPECT_TRUE(leases.Attach("b").ok());
+  leases.Detach("a");
+  EXPECT_TRUE(leases.Attach("a").ok());
+}
+
 TEST(ClientLeasesTest, StopEndsTheWaitAndNobodyExpiresAfter) {
   Expired expired;
   ClientLeases leases(absl::Seconds(3600), expired.Hook());
-  leases.Attach("a");
+  ASSERT_TRUE(leases.Attach("a").ok());
   leases.Detach("a");
   const absl::Time start = absl::Now();
   leases.Stop();
