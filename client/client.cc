@@ -49,8 +49,9 @@ bool IsWorkerGone(const absl::Status& status) {
 // lives, so that the worker unregisters this client's buckets once the
 // process is gone without doing so. A stream that broke (Unavailable: the
 // connection ended, as when the process was stopped past the keepalive's
-// timeout) after it had stood a second is opened again; one refused or cut
-// sooner (an older worker, a worker shutting down) is not.
+// timeout, or the worker restarted) after it had stood a second is opened
+// again, waiting for the worker; one refused or cut sooner (an older
+// worker) is not.
 class Presence : public std::enable_shared_from_this<Presence> {
  public:
   Presence(const std::shared_ptr<grpc::Channel>& channel, std::string client_id,

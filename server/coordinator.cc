@@ -58,9 +58,9 @@ absl::Status ValidateAutotuneConfig(const PlanConfig& config) {
         absl::StrCat("retune_factor must be 0 (off) or more than 1, got ",
                      config.retune_factor));
   }
-  if (config.retune_steps < 1) {
+  if (config.retune_steps < 1 || config.retune_steps > 100000) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "retune_steps must be at least 1, got ", config.retune_steps));
+        "retune_steps must be 1 to 100000, got ", config.retune_steps));
   }
   if (!(config.skip_factor >= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -345,7 +345,12 @@ absl::Status Coordinator::Report(const IterationReport& report) {
   }
   last_seconds_[report.node_id] = report.seconds;
   max_step_ = std::max(max_step_, report.operation);
-  if (report.values > 0) n_ = report.values;
+  // n ranks the SparDL candidates: not a size `auto` sums densely.
+  if (report.values > 0 &&
+      !std::binary_search(plan_.dense_sizes.begin(), plan_.dense_sizes.end(),
+                          report.values)) {
+    n_ = report.values;
+  }
   if (report.rounds > 0) {
     samples_.push_back({.rounds = report.rounds,
                         .bytes = static_cast<double>(report.bytes_received),
@@ -354,8 +359,8 @@ absl::Status Coordinator::Report(const IterationReport& report) {
   }
   if (!plan_.autotuning) {
     if (watch_ == nullptr) return absl::OkStatus();
-    if (std::optional<std::string> why =
-            watch_->Add(report.values, report.operation, report.seconds)) {
+    if (std::optional<std::string> why = watch_->Add(
+            report.node_id, report.values, report.operation, report.seconds)) {
       retune_reason_ = *std::move(why);
       StartRoundLocked(max_step_ + config_.switch_lead_steps);
     }

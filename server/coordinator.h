@@ -112,7 +112,7 @@ struct PlanConfig {
   // median) starts a new round on the same members (retune.h); 0: only a
   // membership change does (else > 1).
   double retune_factor = 2.0;
-  int retune_steps = 20;      // >= 1
+  int retune_steps = 20;      // 1 to 100000
   int switch_lead_steps = 3;  // see View::start_step (>= 1)
   LinkModel link;             // used until reports allow a fit
 };

@@ -1,6 +1,7 @@
 #include "server/retune.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -35,30 +36,35 @@ RetuneWatch::RetuneWatch(std::map<uint64_t, double> chosen, int members,
   GM_CHECK(options.factor > 1 && options.steps >= 1);
 }
 
-std::optional<std::string> RetuneWatch::Add(uint64_t n, uint64_t step,
-                                            double seconds) {
+std::optional<std::string> RetuneWatch::Add(const std::string& node, uint64_t n,
+                                            uint64_t step, double seconds) {
   const auto chosen = chosen_.find(n);
   if (fired_ || chosen == chosen_.end() || chosen->second <= 0) {
     return std::nullopt;
   }
   Size& size = sizes_[n];
-  auto [it, fresh] = size.pending.try_emplace(step);
-  ++it->second.reports;
-  it->second.slowest = std::max(it->second.slowest, seconds);
-  if (it->second.reports < members_) {
-    // An operation whose report was lost never completes: only the latest
-    // `steps` wait.
-    if (size.pending.size() > steps_) size.pending.erase(size.pending.begin());
-    return std::nullopt;
-  }
-  size.batch.push_back(it->second.slowest);
-  size.pending.erase(it);
+  size.newest = std::max(size.newest, step);
+  const uint64_t oldest = size.newest > kLag ? size.newest - kLag : 0;
+  std::erase_if(size.pending, [&](const auto& p) { return p.first < oldest; });
+  std::erase_if(size.done, [&](uint64_t s) { return s < oldest; });
+  if (step < oldest || size.done.contains(step)) return std::nullopt;
+  Operation& operation = size.pending[step];
+  operation.nodes.insert(node);
+  operation.slowest = std::max(operation.slowest, seconds);
+  if (static_cast<int>(operation.nodes.size()) < members_) return std::nullopt;
+  size.batch.push_back(operation.slowest);
+  size.pending.erase(step);
+  size.done.insert(step);
   if (size.batch.size() < steps_) return std::nullopt;
   auto middle = size.batch.begin() + size.batch.size() / 2;
   std::nth_element(size.batch.begin(), middle, size.batch.end());
-  const double ratio = *middle / chosen->second;
+  const double median = *middle;
   size.batch.clear();
-  if (ratio <= factor_ && ratio >= 1 / factor_) return std::nullopt;
+  const double ratio = median / chosen->second;
+  if ((ratio <= factor_ && ratio >= 1 / factor_) ||
+      std::abs(median - chosen->second) < kMinChange) {
+    return std::nullopt;
+  }
   fired_ = true;
   return absl::StrFormat(
       "the all-reduce of %d values took %.2fx its trial's %.3f ms (median of "

@@ -7,11 +7,11 @@
 // operation counted at its slowest member's). The watch takes each complete
 // operation of such a size (every member reported it) at its slowest
 // member's seconds too, in batches of `steps` operations, and compares each
-// batch's median with the chosen figure: outside [1 / factor, factor] of it,
-// Add says why, once. A median, so that a few slow steps (an evaluation on
-// one rank, a checkpoint) do not count; a batch, so that a report costs
-// O(log steps) amortized. Sizes the round did not time are not watched; an
-// operation with a lost report is left out.
+// batch's median with the chosen figure: outside [1 / factor, factor] of it
+// (and at least kMinChange away), Add says why, once. A median, so that a few
+// slow steps (an evaluation on one rank, a checkpoint) do not count; a batch,
+// so that a report costs O(log steps) amortized. Sizes the round did not time
+// are not watched; an operation with a lost report is left out.
 //
 // What it cannot see: a change that moves the chosen algorithm's time by less
 // than the factor. A link that grows faster under SparDL, whose time is
@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,20 +48,32 @@ class RetuneWatch {
 
   RetuneWatch(std::map<uint64_t, double> chosen, int members, Options options);
 
-  // Feeds one member's report of `step` for bucket size n. Returns why to
-  // tune again the first time a batch's median leaves the range, e.g. "the
-  // all-reduce of 824458 values took 2.31x its trial's 40.100 ms (median of
-  // the last 20 steps)"; nullopt otherwise, and after that.
-  std::optional<std::string> Add(uint64_t n, uint64_t step, double seconds);
+  // Feeds `node`'s report of `step` for bucket size n (several buckets of
+  // one size: the operation is the step, at its slowest report). Returns
+  // why to tune again the first time a batch's median leaves the range by
+  // at least kMinChange, e.g. "the all-reduce of 824458 values took 2.31x
+  // its trial's 40.100 ms (median of the last 20 steps)"; nullopt
+  // otherwise, and after that.
+  std::optional<std::string> Add(const std::string& node, uint64_t n,
+                                 uint64_t step, double seconds);
+
+  // Smaller changes do not count, whatever the ratio: a sum of a
+  // millisecond moves by more than 2x with the load alone.
+  static constexpr double kMinChange = 1e-3;  // seconds
+  // Operations this many steps behind a size's newest are closed: one with
+  // a lost report is left out, a late report of a complete one ignored.
+  static constexpr uint64_t kLag = 8;
 
  private:
   struct Operation {
-    int reports = 0;
+    std::set<std::string> nodes;
     double slowest = 0;
   };
   struct Size {
-    std::map<uint64_t, Operation> pending;  // by step, at most `steps`
-    std::vector<double> batch;              // complete operations' slowest
+    std::map<uint64_t, Operation> pending;  // by step
+    std::set<uint64_t> done;                // steps counted, within kLag
+    uint64_t newest = 0;
+    std::vector<double> batch;  // complete operations' slowest seconds
   };
 
   const std::map<uint64_t, double> chosen_;

@@ -478,6 +478,7 @@ TEST(CoordinatorTest, UnusableConfigFailsEveryJoin) {
       {.retune_factor = 1},
       {.retune_factor = -2},
       {.retune_steps = 0},
+      {.retune_steps = 100001},
       {.skip_factor = 0.5},
   };
   for (const PlanConfig& config : bad) {
@@ -1162,6 +1163,41 @@ TEST(AutoTest, ARetuneThatChoosesTheSameWatchesLongerNextTime) {
   }
   EXPECT_TRUE(coordinator.view().plan.autotuning);
   EXPECT_THAT(coordinator.view().plan.note, HasSubstr("the last 10 steps"));
+}
+
+// Two buckets of one size on each of two members: a step counts once
+// every member reported it, at its slowest report (b's 40 ms: 4x), not
+// once two reports came (a's, 10 ms each); a late report of a counted step
+// is ignored.
+TEST(RetuneWatchTest, AStepIsEveryMembersSlowestReport) {
+  RetuneWatch watch({{100, 10e-3}}, 2, {.factor = 2, .steps = 3});
+  std::optional<std::string> why;
+  for (uint64_t step = 0; step < 3 && !why.has_value(); ++step) {
+    for (const auto& [node, seconds] :
+         std::vector<std::pair<std::string, double>>{
+             {"a", 10e-3}, {"a", 10e-3}, {"b", 40e-3}, {"b", 40e-3}}) {
+      if (!why.has_value()) why = watch.Add(node, 100, step, seconds);
+    }
+    EXPECT_EQ(why.has_value(), step == 2) << step;
+  }
+  ASSERT_TRUE(why.has_value());
+  EXPECT_THAT(*why, HasSubstr("took 4.00x its trial's 10.000 ms"));
+
+  RetuneWatch late({{100, 10e-3}}, 2, {.factor = 2, .steps = 2});
+  EXPECT_FALSE(late.Add("a", 100, 0, 10e-3).has_value());
+  EXPECT_FALSE(late.Add("b", 100, 0, 10e-3).has_value());  // step 0 counted
+  EXPECT_FALSE(late.Add("b", 100, 0, 90e-3).has_value());  // late: ignored
+  EXPECT_FALSE(late.Add("a", 100, 1, 10e-3).has_value());
+  EXPECT_FALSE(late.Add("b", 100, 1, 10e-3).has_value());  // median 10 ms
+}
+
+// A sum of a fraction of a millisecond that triples has not seen the link
+// change; and sizes the round did not time are not watched.
+TEST(RetuneWatchTest, SmallChangesAndUntimedSizesDoNotCount) {
+  RetuneWatch watch({{200, 0.2e-3}}, 1, {.factor = 2, .steps = 1});
+  EXPECT_FALSE(watch.Add("a", 200, 0, 0.6e-3).has_value());
+  EXPECT_FALSE(watch.Add("a", 999, 1, 10.0).has_value());
+  EXPECT_TRUE(watch.Add("a", 200, 2, 5e-3).has_value());
 }
 
 TEST(AutoTest, RetuneFactorZeroKeepsTheChoiceWhateverTheTimes) {

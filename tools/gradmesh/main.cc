@@ -102,7 +102,9 @@ ABSL_FLAG(double, retune_factor, 2.0,
           "local, run with an autotune: once it chose, a bucket size whose "
           "all-reduce takes more than this x its trial's time, or less than "
           "1/this, over --retune-steps steps (the median) starts a new "
-          "round: the link changed; 0: only a membership change does");
+          "round: the link changed (a round that chooses what the last one "
+          "had doubles the steps watched next, to 16x); 0: only a membership "
+          "change does");
 ABSL_FLAG(int, retune_steps, 20,
           "local, run: the steps whose median --retune-factor weighs");
 ABSL_FLAG(bool, verify, true,
@@ -168,8 +170,8 @@ ABSL_FLAG(double, step_join_timeout_s, 10,
           "go on (0: never; see gradmesh-worker --help)");
 ABSL_FLAG(double, client_grace_s, 10,
           "local, run: a worker unregisters the buckets of a trainer process "
-          "gone this long without unregistering them (stepping out first "
-          "when its peers may wait on it; 0: never; see gradmesh-worker "
+          "gone this long without unregistering them (and steps out when "
+          "peers start a step of theirs; 0: never; see gradmesh-worker "
           "--help)");
 ABSL_FLAG(double, link_timeout_s, 10,
           "local, run: a worker reports a member its frames have gone "

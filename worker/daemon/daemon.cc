@@ -146,8 +146,7 @@ class Daemon final : public WorkerDaemon {
   // TrainerWatch's hooks: leave the group; join again as a new member, and
   // wait (up to view_wait) for a view that has it.
   TrainerWatch::Hooks TrainerHooks();
-  // ClientLeases' expiry: steps out if peers may wait on the client's
-  // steps, then unregisters its buckets.
+  // ClientLeases' expiry: unregisters the client's buckets.
   void ClientGone(const std::string& client_id);
   void RejoinAsNewMember();
   // Destroys retired groups (their streams' close may wait) off the
@@ -385,22 +384,16 @@ v1::NodeInfo Daemon::Node() const {
 }
 
 void Daemon::ClientGone(const std::string& client_id) {
-  const std::string why =
-      absl::StrCat("its trainer's client ", client_id, " has been gone for ",
-                   absl::FormatDuration(options_.client_grace));
-  // Peers may wait on its next step: out first, as the step-join watch
-  // would step out once they had waited, which it cannot see once the
-  // buckets are gone. The next trainer's first call rejoins.
-  if (plane_->ClientStepped(client_id) && trainer_watched_.HasBeenNotified()) {
-    trainer_watch_->StepOut(why);
-  }
+  // Peers that start the next step of a bucket it had stepped make this
+  // worker step out at once (DataPlane::Absent, TrainerWatch).
   std::vector<std::string> names;
   for (const BucketName& name : plane_->UnregisterClient(client_id)) {
     names.push_back(absl::StrCat(name.job, "/", name.bucket));
   }
   if (names.empty()) return;
-  Log(absl::StrCat(why, ": unregistered its buckets ",
-                   absl::StrJoin(names, ", ")));
+  Log(absl::StrCat("client ", client_id, " gone for ",
+                   absl::FormatDuration(options_.client_grace),
+                   ": unregistered its buckets ", absl::StrJoin(names, ", ")));
 }
 
 void Daemon::Log(const std::string& message) const {
@@ -666,7 +659,7 @@ void Daemon::Stop() {
     stop_reaping_.Notify();
     reaper_.join();
   }
-  if (leases_ != nullptr) leases_->Stop();  // it may step out: first
+  if (leases_ != nullptr) leases_->Stop();
   if (trainer_watch_ != nullptr) trainer_watch_->Stop();
   if (coordinator_ != nullptr) coordinator_->Stop();  // null: Init failed
   // Close this worker's streams first, so that peers stopping at the same

@@ -41,6 +41,7 @@
 #define GRADMESH_WORKER_DAEMON_DATA_PLANE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -138,11 +139,11 @@ class DataPlane {
   // dead, and their peers' steps must not count against this worker).
   void UnregisterOthers(const BucketName& name, const std::string& client_id);
   // Unregisters every bucket `client_id` registered (a client gone:
-  // ClientLeases), and returns their names; none for an empty id.
+  // ClientLeases), and returns their names; none for an empty id. Those
+  // that had stepped under the current members stay watched by Absent,
+  // with no timeout (their trainer is gone): peers that start their next
+  // step make this worker absent at once.
   std::vector<BucketName> UnregisterClient(const std::string& client_id);
-  // Whether a bucket `client_id` registered under the current members has
-  // stepped: its peers may wait on its next step.
-  bool ClientStepped(const std::string& client_id) const;
 
   // Unmaps the bucket and forgets its residual. NotFound if unknown. With
   // `shm_name`, only the registration made with that segment: a later one
@@ -188,12 +189,19 @@ class DataPlane {
   // a step that this worker refused before its agreement (its view not
   // ready, the plan unable to run here, a registration older than the
   // view), so that it tells its peers by stepping out instead of leaving
-  // them to their operation timeout. Its first step after a registration is
-  // never counted (start-up is slow and uneven). Needs a transport that
-  // tracks UnclaimedSince (gRPC's, the loopback's).
+  // them to their operation timeout; or, whatever the timeout, they started
+  // the next step of a bucket whose client is gone (UnregisterClient). Its
+  // first step after a registration is never counted (start-up is slow and
+  // uneven). Needs a transport that tracks UnclaimedSince (gRPC's, the
+  // loopback's).
   std::optional<std::string> Absent(absl::Duration join_timeout) const;
 
  private:
+  // Every bucket registered now.
+  std::vector<std::shared_ptr<Bucket>> Buckets() const;
+  // Absent's answer for abandoned_: peers started one of those steps.
+  std::optional<std::string> AbandonedAbsent(
+      absl::Span<const std::shared_ptr<Group>> groups, absl::Time now) const;
   // Unregisters the buckets `drop` names; their names.
   std::vector<BucketName> UnregisterWhere(
       absl::FunctionRef<bool(const Bucket&)> drop);
@@ -298,6 +306,15 @@ class DataPlane {
   // job's steps with DataLoss until a Broadcast of one of its buckets
   // brings the parameters again.
   absl::flat_hash_map<std::string, uint64_t> missed_ ABSL_GUARDED_BY(mu_);
+  // The next steps of stepped buckets whose client is gone (UnregisterClient),
+  // the latest kMaxAbandoned.
+  struct AbandonedStep {
+    BucketName name;
+    uint64_t agree_operation = 0;
+    uint64_t step = 0;
+  };
+  static constexpr size_t kMaxAbandoned = 64;
+  std::deque<AbandonedStep> abandoned_ ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
   StepProtocol protocol_;
 };

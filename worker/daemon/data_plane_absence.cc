@@ -1,6 +1,7 @@
 // The data plane's view of whether this worker's trainer takes part: peers
 // that started a step this worker's client has not (see DataPlane::Absent).
 
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,13 +20,11 @@ std::optional<std::string> DataPlane::Absent(
     return g->rank < 0 || g->transport == nullptr;
   });
   if (groups.empty()) return std::nullopt;
-  std::vector<std::shared_ptr<Bucket>> buckets;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [key, bucket] : buckets_) buckets.push_back(bucket);
-  }
   const absl::Time now = SteadyNow();
-  for (const std::shared_ptr<Bucket>& bucket : buckets) {
+  if (std::optional<std::string> why = AbandonedAbsent(groups, now)) {
+    return why;
+  }
+  for (const std::shared_ptr<Bucket>& bucket : Buckets()) {
     uint64_t last;
     bool refused;
     {
@@ -54,6 +53,35 @@ std::optional<std::string> DataPlane::Absent(
     }
   }
   return std::nullopt;
+}
+
+std::optional<std::string> DataPlane::AbandonedAbsent(
+    absl::Span<const std::shared_ptr<Group>> groups, absl::Time now) const {
+  std::deque<AbandonedStep> abandoned;
+  {
+    absl::MutexLock lock(&mu_);
+    abandoned = abandoned_;
+  }
+  for (const AbandonedStep& step : abandoned) {
+    for (const std::shared_ptr<Group>& group : groups) {
+      const std::optional<absl::Time> since = group->transport->UnclaimedSince(
+          group->view.epoch, step.agree_operation);
+      if (!since.has_value()) continue;
+      return absl::StrFormat(
+          "its peers started step %d of bucket '%s' (job '%s') %.1f s "
+          "before, and its trainer's client is gone",
+          step.step, step.name.bucket, step.name.job,
+          absl::ToDoubleSeconds(now - *since));
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<std::shared_ptr<Bucket>> DataPlane::Buckets() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Bucket>> buckets;
+  for (const auto& [key, bucket] : buckets_) buckets.push_back(bucket);
+  return buckets;
 }
 
 std::vector<std::shared_ptr<Bucket>> DataPlane::SteppedBuckets(
@@ -103,6 +131,26 @@ void DataPlane::UnregisterOthers(const BucketName& name,
 std::vector<BucketName> DataPlane::UnregisterClient(
     const std::string& client_id) {
   if (client_id.empty()) return {};
+  // Read before they go: which of its buckets peers may wait on.
+  std::vector<AbandonedStep> abandoned;
+  const std::shared_ptr<Group> group = views_->current();
+  for (const std::shared_ptr<Bucket>& bucket : Buckets()) {
+    if (bucket->client_id != client_id || group == nullptr ||
+        !RegisteredOn(*bucket, group).ok()) {
+      continue;
+    }
+    absl::MutexLock lock(&bucket->mu);
+    if (!bucket->last_step.has_value()) continue;
+    const uint64_t next = *bucket->last_step + 1;
+    abandoned.push_back({bucket->name, AgreeOperation(*bucket, next), next});
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (AbandonedStep& step : abandoned) {
+      abandoned_.push_back(std::move(step));
+      if (abandoned_.size() > kMaxAbandoned) abandoned_.pop_front();
+    }
+  }
   return UnregisterWhere(
       [&](const Bucket& bucket) { return bucket.client_id == client_id; });
 }
@@ -130,27 +178,6 @@ std::vector<BucketName> DataPlane::UnregisterWhere(
     names.push_back(bucket->name);
   }
   return names;
-}
-
-bool DataPlane::ClientStepped(const std::string& client_id) const {
-  if (client_id.empty()) return false;
-  const std::shared_ptr<Group> group = views_->current();
-  if (group == nullptr || group->rank < 0) return false;
-  std::vector<std::shared_ptr<Bucket>> buckets;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [key, bucket] : buckets_) {
-      if (bucket->client_id == client_id) buckets.push_back(bucket);
-    }
-  }
-  for (const std::shared_ptr<Bucket>& bucket : buckets) {
-    {
-      absl::MutexLock lock(&bucket->mu);
-      if (!bucket->last_step.has_value()) continue;
-    }
-    if (RegisteredOn(*bucket, group).ok()) return true;
-  }
-  return false;
 }
 
 }  // namespace gradmesh::daemon

@@ -64,8 +64,8 @@ ABSL_FLAG(double, step_join_timeout_s, 10,
 ABSL_FLAG(double, client_grace_s, 10,
           "an SDK client gone this long (its process died before it "
           "unregistered: its Attach stream ended) has its buckets "
-          "unregistered, their memory freed; if their job had stepped under "
-          "the current members, the worker steps out of the group first, as "
+          "unregistered, their memory freed; peers that then start the next "
+          "step of one that had stepped make the worker step out at once, as "
           "after the step-join timeout (0: kept until the same name registers "
           "again)");
 ABSL_FLAG(int, peer_buffer_mib, 1024,

@@ -79,7 +79,8 @@ class SdkService final : public gradmesh::v1::Worker::WithCallbackMethod_Attach<
                          gradmesh::v1::StatusResponse* response) override;
   // Held open until the client cancels it (or the server shuts down).
   // InvalidArgument unless client_id is 1 to 64 hexadecimal digits;
-  // ResourceExhausted past ClientLeases::kMaxStreams streams of one client.
+  // ResourceExhausted past ClientLeases::kMaxStreams streams of one client
+  // (no cap, and no count, with a zero grace).
   grpc::ServerWriteReactor<gradmesh::v1::AttachEvent>* Attach(
       grpc::CallbackServerContext* context,
       const gradmesh::v1::AttachRequest* request) override;

@@ -45,21 +45,13 @@ void TrainerWatch::Loop() {
 
 void TrainerWatch::StepOutIfAbsent() {
   const std::optional<std::string> why = hooks_.absent();
-  if (why.has_value()) StepOutLocked(*why);
-}
-
-void TrainerWatch::StepOut(const std::string& why) {
-  absl::MutexLock transition(&transition_mu_);
-  if (!out_flag_.load()) StepOutLocked(why);
-}
-
-void TrainerWatch::StepOutLocked(const std::string& why) {
+  if (!why.has_value()) return;
   {
     absl::MutexLock lock(&mu_);
-    out_ = why;
+    out_ = *why;
   }
   out_flag_.store(true);
-  hooks_.log(absl::StrCat("stepping out of the group: ", why));
+  hooks_.log(absl::StrCat("stepping out of the group: ", *why));
   hooks_.step_out();
 }
 

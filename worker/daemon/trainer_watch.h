@@ -60,10 +60,6 @@ class TrainerWatch {
   // on and then register again with the new one.
   void NewTrainer(const std::string& why);
 
-  // Steps out now, for `why` (its trainer's client is gone: ClientLeases),
-  // unless out already; the next call rejoins as after any step-out.
-  void StepOut(const std::string& why);
-
   // Ends the watch (no step-out after it returns). Idempotent.
   void Stop();
 
@@ -71,8 +67,6 @@ class TrainerWatch {
   void Loop();
   // Asks `absent` and steps out if so.
   void StepOutIfAbsent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
-  void StepOutLocked(const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
 
   const absl::Duration join_timeout_;
   const Hooks hooks_;

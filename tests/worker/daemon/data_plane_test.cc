@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -758,6 +759,46 @@ TEST(DataPlaneTest, AStepRefusedBeforeItsAgreementIsWatched) {
   EXPECT_THAT(*absent, ::testing::HasSubstr("step 1 of bucket 'b'"));
   EXPECT_THAT(*absent, ::testing::HasSubstr("this worker had refused it"));
   peer.join();
+}
+
+// A client gone after its bucket stepped: once peers start the next step,
+// its worker is absent at once, whatever the step-join timeout (before,
+// with the bucket gone, nothing could see the peers waiting).
+TEST(DataPlaneTest, PeersWaitingOnAGoneClientsStepMakeItsWorkerAbsent) {
+  constexpr uint64_t kN = 50;
+  constexpr absl::Duration kJoin = absl::Hours(1);
+  Workers w(2);
+  w.Start();
+  std::vector<SharedSegment> segments(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto segment = w.Register(r, {"job", "b"}, {{"t", kN}}, {},
+                                absl::StrCat("client", r));
+      ASSERT_TRUE(segment.ok()) << segment.status();
+      segments[r] = *std::move(segment);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& result : AllReduceAll(w, {.name = {"job", "b"}})) {
+    ASSERT_TRUE(result.ok()) << result.status();
+  }
+  ASSERT_EQ(w.plane(1).UnregisterClient("client1").size(), 1u);
+  EXPECT_EQ(w.plane(1).Absent(kJoin), std::nullopt);  // nobody waits yet
+  std::thread peer([&] {
+    auto result = w.plane(0).AllReduce({.name = {"job", "b"}, .step = 1},
+                                       absl::Now() + absl::Seconds(2));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(result.status())) << result.status();
+  });
+  std::optional<std::string> absent;
+  for (int i = 0; i < 40 && !absent.has_value(); ++i) {
+    absl::SleepFor(absl::Milliseconds(25));
+    absent = w.plane(1).Absent(kJoin);
+  }
+  peer.join();
+  ASSERT_TRUE(absent.has_value());
+  EXPECT_THAT(*absent, ::testing::HasSubstr("step 1 of bucket 'b'"));
+  EXPECT_THAT(*absent, ::testing::HasSubstr("its trainer's client is gone"));
 }
 
 // Writes seeded gradients into every worker's bucket; returns them.

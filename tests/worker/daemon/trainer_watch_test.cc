@@ -84,20 +84,6 @@ TEST(TrainerWatchTest, ANewTrainerRejoinsAtOnceAndClearsAStepOut) {
   EXPECT_EQ(recorder.rejoined, 2);
 }
 
-// Its trainer's client gone (ClientLeases): out at once, once, even with
-// no watch running; the next step rejoins and says why.
-TEST(TrainerWatchTest, StepOutLeavesOnceAndTheNextStepSaysWhy) {
-  Recorder recorder;
-  TrainerWatch watch(absl::ZeroDuration(), recorder.Hooks());
-  watch.StepOut("its trainer's client has been gone for 10s");
-  watch.StepOut("again");
-  EXPECT_EQ(recorder.stepped_out, 1);
-  const absl::Status back = watch.BeforeCall(/*step=*/true);
-  EXPECT_TRUE(absl::IsFailedPrecondition(back)) << back;
-  EXPECT_THAT(back.message(), HasSubstr("client has been gone for 10s"));
-  EXPECT_EQ(recorder.rejoined, 1);
-}
-
 TEST(TrainerWatchTest, AZeroTimeoutWatchesNothing) {
   Recorder recorder;
   recorder.gone = true;
