@@ -128,15 +128,17 @@ class DataPlane {
                                       const std::string& client_id = "");
 
   // Whether `client_id` registers a bucket of `name`'s job where another
-  // client has stepped one of the job's buckets under the current members:
-  // a new trainer process in place of one that died or hung, whose peers
-  // wait on its old registrations.
+  // client has stepped one of the job's buckets under the current members
+  // (or had, before it was gone: UnregisterClient): a new trainer process
+  // in place of one that died or hung, whose peers wait on its old
+  // registrations.
   bool TakenOver(const BucketName& name, const std::string& client_id) const;
   // Whether `client_id` has stepped a bucket of `name`'s job.
   bool Stepped(const BucketName& name, const std::string& client_id) const;
   // Unregisters the buckets of `name`'s job that other clients than
   // `client_id` registered (a new trainer took over: the old one's are
-  // dead, and their peers' steps must not count against this worker).
+  // dead, and their peers' steps must not count against this worker), and
+  // forgets the job's steps kept by UnregisterClient.
   void UnregisterOthers(const BucketName& name, const std::string& client_id);
   // Unregisters every bucket `client_id` registered (a client gone:
   // ClientLeases), and returns their names; none for an empty id. Those

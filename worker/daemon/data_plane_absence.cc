@@ -1,6 +1,7 @@
 // The data plane's view of whether this worker's trainer takes part: peers
 // that started a step this worker's client has not (see DataPlane::Absent).
 
+#include <algorithm>
 #include <deque>
 #include <optional>
 #include <string>
@@ -112,7 +113,11 @@ bool DataPlane::TakenOver(const BucketName& name,
        SteppedBuckets(name.job, client_id, /*theirs=*/false)) {
     if (RegisteredOn(*bucket, group).ok()) return true;
   }
-  return false;
+  // A gone client's stepped buckets, unregistered since (UnregisterClient).
+  absl::MutexLock lock(&mu_);
+  return std::any_of(
+      abandoned_.begin(), abandoned_.end(),
+      [&](const AbandonedStep& step) { return step.name.job == name.job; });
 }
 
 bool DataPlane::Stepped(const BucketName& name,
@@ -123,6 +128,13 @@ bool DataPlane::Stepped(const BucketName& name,
 
 void DataPlane::UnregisterOthers(const BucketName& name,
                                  const std::string& client_id) {
+  {
+    // The new trainer takes the gone one's steps over: nobody to watch.
+    absl::MutexLock lock(&mu_);
+    std::erase_if(abandoned_, [&](const AbandonedStep& step) {
+      return step.name.job == name.job;
+    });
+  }
   UnregisterWhere([&](const Bucket& bucket) {
     return bucket.name.job == name.job && bucket.client_id != client_id;
   });

@@ -785,6 +785,9 @@ TEST(DataPlaneTest, PeersWaitingOnAGoneClientsStepMakeItsWorkerAbsent) {
   }
   ASSERT_EQ(w.plane(1).UnregisterClient("client1").size(), 1u);
   EXPECT_EQ(w.plane(1).Absent(kJoin), std::nullopt);  // nobody waits yet
+  // A new trainer registering in the job would take the gone one's place.
+  EXPECT_TRUE(w.plane(1).TakenOver({"job", "b"}, "client2"));
+  EXPECT_FALSE(w.plane(1).TakenOver({"other-job", "b"}, "client2"));
   std::thread peer([&] {
     auto result = w.plane(0).AllReduce({.name = {"job", "b"}, .step = 1},
                                        absl::Now() + absl::Seconds(2));
@@ -799,6 +802,10 @@ TEST(DataPlaneTest, PeersWaitingOnAGoneClientsStepMakeItsWorkerAbsent) {
   ASSERT_TRUE(absent.has_value());
   EXPECT_THAT(*absent, ::testing::HasSubstr("step 1 of bucket 'b'"));
   EXPECT_THAT(*absent, ::testing::HasSubstr("its trainer's client is gone"));
+  // Its takeover forgets the gone client's steps.
+  w.plane(1).UnregisterOthers({"job", "b"}, "client2");
+  EXPECT_FALSE(w.plane(1).TakenOver({"job", "b"}, "client2"));
+  EXPECT_EQ(w.plane(1).Absent(kJoin), std::nullopt);
 }
 
 // Writes seeded gradients into every worker's bucket; returns them.
