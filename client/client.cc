@@ -47,11 +47,11 @@ bool IsWorkerGone(const absl::Status& status) {
 
 // The client's Attach stream (worker.proto), open while the connection
 // lives, so that the worker unregisters this client's buckets once the
-// process is gone without doing so. A stream that broke (Unavailable: the
-// connection ended, as when the process was stopped past the keepalive's
+// process is gone without doing so. A stream the worker's side ended (the
+// connection cut, as when the process was stopped past the keepalive's
 // timeout, or the worker restarted) after it had stood a second is opened
-// again, waiting for the worker; one refused or cut sooner (an older
-// worker) is not.
+// again, waiting for the worker; one refused, cancelled, or ended sooner is
+// not.
 class Presence : public std::enable_shared_from_this<Presence> {
  public:
   Presence(const std::shared_ptr<grpc::Channel>& channel, std::string client_id,
@@ -112,8 +112,7 @@ class Presence : public std::enable_shared_from_this<Presence> {
       if (ok) StartRead(&event_);
     }
     void OnDone(const grpc::Status& status) override {
-      if (owner_->Ended(context_.get()) &&
-          status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      if (owner_->Ended(context_.get()) && ReopenAfter(status) &&
           absl::Now() - opened_ >= absl::Seconds(1)) {
         owner_->Open();
       }
@@ -123,6 +122,15 @@ class Presence : public std::enable_shared_from_this<Presence> {
     }
 
    private:
+    // Ended by the worker's side: the connection cut (Unavailable) or the
+    // server finishing it (OK: it shut down, or gave the client up on its
+    // keepalive). Not refusals (asking again would not change the answer),
+    // nor Cancelled (this process's gRPC shutting down).
+    static bool ReopenAfter(const grpc::Status& status) {
+      return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+             status.ok();
+    }
+
     const std::shared_ptr<Presence> owner_;
     const std::shared_ptr<grpc::ClientContext> context_;
     const absl::Time opened_ = absl::Now();

@@ -108,9 +108,9 @@ struct PlanConfig {
   // (>= 1; autotune.h).
   double teams_margin = 1.25;
   // After a round, a bucket size whose all-reduce takes more than this x its
-  // trial's time, or less than 1 / this, over retune_steps steps (the
-  // median) starts a new round on the same members (retune.h); 0: only a
-  // membership change does (else > 1).
+  // trial's time over retune_steps steps (the median) starts a new round on
+  // the same members (retune.h); 0: only a membership change does (else >
+  // 1).
   double retune_factor = 2.0;
   int retune_steps = 20;      // 1 to 100000
   int switch_lead_steps = 3;  // see View::start_step (>= 1)

@@ -63,9 +63,9 @@ ABSL_FLAG(double, skip_factor, 3.0,
           "skip candidates the alpha-beta model puts over this x the best");
 ABSL_FLAG(double, retune_factor, gradmesh::server::PlanConfig().retune_factor,
           "after an autotune round, a bucket size whose all-reduce takes "
-          "more than this x its trial's time, or less than 1/this, over "
-          "--retune_steps steps (the median) starts a new round: the link "
-          "changed (a round that chooses what the last one had doubles the "
+          "more than this x its trial's time over --retune_steps steps (the "
+          "median) starts a new round: the link slowed (a round that chooses "
+          "what the last one had doubles the "
           "steps watched next, to 16x); 0: only a membership change does");
 ABSL_FLAG(int, retune_steps, gradmesh::server::PlanConfig().retune_steps,
           "steps whose median --retune_factor weighs");

@@ -1,7 +1,6 @@
 #include "server/retune.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -61,8 +60,7 @@ std::optional<std::string> RetuneWatch::Add(const std::string& node, uint64_t n,
   const double median = *middle;
   size.batch.clear();
   const double ratio = median / chosen->second;
-  if ((ratio <= factor_ && ratio >= 1 / factor_) ||
-      std::abs(median - chosen->second) < kMinChange) {
+  if (ratio <= factor_ || median - chosen->second < kMinChange) {
     return std::nullopt;
   }
   fired_ = true;

@@ -1,22 +1,24 @@
 // RetuneWatch: notices that an autotune round's choice no longer fits the
-// link it was made on (a link that slowed or sped up, a new neighbour on
-// it), so that the coordinator tunes again with the same members.
+// link it was made on (a link that slowed, a new neighbour on it), so that
+// the coordinator tunes again with the same members.
 //
 // After a round, each bucket size the round timed runs the chosen algorithm
 // (ChosenSeconds: the chosen trial's mean seconds for that size, each
 // operation counted at its slowest member's). The watch takes each complete
 // operation of such a size (every member reported it) at its slowest
 // member's seconds too, in batches of `steps` operations, and compares each
-// batch's median with the chosen figure: outside [1 / factor, factor] of it
-// (and at least kMinChange away), Add says why, once. A median, so that a few
-// slow steps (an evaluation on one rank, a checkpoint) do not count; a batch,
-// so that a report costs O(log steps) amortized. Sizes the round did not time
-// are not watched; an operation with a lost report is left out.
+// batch's median with the chosen figure: over factor x it (and at least
+// kMinChange more), Add says why, once. A median, so that a few slow steps
+// (an evaluation on one rank, a checkpoint) do not count; a batch, so that a
+// report costs O(log steps) amortized. Sizes the round did not time are not
+// watched; an operation with a lost report is left out.
 //
-// What it cannot see: a change that moves the chosen algorithm's time by less
-// than the factor. A link that grows faster under SparDL, whose time is
-// mostly its own compute there, may keep SparDL where the dense ring would
-// now pay.
+// Slow-downs only. A faster link makes the dense ring gain more than SparDL:
+// where the dense ring was chosen it stays the better choice. Where SparDL
+// was, its time is mostly its own compute, so it shows a faster link too
+// little to tell (a trial's warm-up shows more: in one run SparDL's steps
+// took 0.42x its trial's time on an unchanged link). So a job that chose
+// SparDL on a slow link keeps it on a link that became fast.
 //
 // Not thread-safe: the coordinator holds its mutex around every call.
 #ifndef GRADMESH_SERVER_RETUNE_H_

@@ -13,7 +13,8 @@ between the two links: SparDL's step was 1.1 to 1.2x shorter unshaped, 7x
 (with CI's other tests on the same cores) to 23x at 20 Mbit/s. Checks that
   - the first round chose the dense ring;
   - a second round started, its note naming the slower all-reduce;
-  - it chose SparDL, and the job's last iterations ran it, checked.
+  - the last round chose SparDL, and the job's last iterations ran it,
+    checked (a further round, on a step slower than its trial, may come).
 Exits 0 when all hold, 1 with the reason otherwise, 77 (skipped) when not
 root. Removes what it creates (namespaces gmq*, bridge gmqbr0).
 """
@@ -39,8 +40,13 @@ def log(message):
     print(f"retune_netns_test: {message}", flush=True)
 
 
-def fail(what, output):
+def fail(what, output, work_dir=None):
     print("".join(output), flush=True)
+    if work_dir is not None:
+        for name in sorted(os.listdir(work_dir)):
+            if name.endswith(".log"):
+                with open(os.path.join(work_dir, name)) as f:
+                    print(f"--- {name}\n{f.read()[-4000:]}", flush=True)
     raise SystemExit(f"retune_netns_test: FAIL: {what}")
 
 
@@ -94,26 +100,27 @@ def main():
         with tempfile.TemporaryDirectory() as work_dir:
             start = time.monotonic()
             code, output, shaped = run(args, hosts, work_dir)
+            if code != 0 or not shaped:
+                fail(f"the job exited {code}, link shaped: {shaped}", output,
+                     work_dir)
             epochs = [line.split("gradmesh-coordinator: ", 1)[-1]
                       for line in coordinator_log(work_dir).splitlines()
                       if " from step " in line]
             plans = [line for line in epochs if "auto chose" in line]
     finally:
         hosts.remove_all()
-    if code != 0 or not shaped:
-        fail(f"the job exited {code}, link shaped: {shaped}", output)
     log(f"ok: the job ran {ITERATIONS} checked iterations in "
         f"{time.monotonic() - start:.0f} s; its plans:")
     for line in epochs:
         print(f"  {line}", flush=True)
-    if len(plans) != 2 or "auto chose dense" not in plans[0]:
-        fail(f"two rounds, the first choosing dense: {plans}", output)
+    if len(plans) < 2 or "auto chose dense" not in plans[0]:
+        fail(f"two rounds or more, the first choosing dense: {plans}", output)
     log(f"ok: the first round chose dense ({plans[0].split('auto ')[1]})")
     if "tuned again: the all-reduce of 262144 values took" not in plans[1]:
         fail(f"the second round says why it ran: {plans[1]}", output)
-    if "auto chose spardl" not in plans[1]:
-        fail(f"the second round chose SparDL: {plans[1]}", output)
-    log(f"ok: tuned again, SparDL chosen ({plans[1].split('auto ')[1]})")
+    if "auto chose spardl" not in plans[-1]:
+        fail(f"the last round chose SparDL: {plans[-1]}", output)
+    log(f"ok: tuned again, SparDL chosen ({plans[-1].split('auto ')[1]})")
     last = [line for line in output if line.startswith("iter")][-3:]
     if len(last) < 3 or not all("spardl" in line and "checked" in line
                                 for line in last):

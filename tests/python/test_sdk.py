@@ -440,7 +440,7 @@ def test_a_killed_process_has_its_buckets_unmapped_by_its_worker():
     # A second process on every rank registers a bucket of 4 MiB in a job
     # of its own, then dies without unregistering it. Its worker unmaps the
     # segment once the client's Attach stream has been gone --client_grace_s
-    # (10 s).
+    # (5 s here, CMakeLists.txt).
     before = worker_segments()
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,

@@ -100,9 +100,9 @@ ABSL_FLAG(double, teams_margin, 1.25,
           "top-k; 1: the fastest)");
 ABSL_FLAG(double, retune_factor, 2.0,
           "local, run with an autotune: once it chose, a bucket size whose "
-          "all-reduce takes more than this x its trial's time, or less than "
-          "1/this, over --retune-steps steps (the median) starts a new "
-          "round: the link changed (a round that chooses what the last one "
+          "all-reduce takes more than this x its trial's time over "
+          "--retune-steps steps (the median) starts a new round: the link "
+          "slowed (a round that chooses what the last one "
           "had doubles the steps watched next, to 16x); 0: only a membership "
           "change does");
 ABSL_FLAG(int, retune_steps, 20,
@@ -168,7 +168,7 @@ ABSL_FLAG(double, step_join_timeout_s, 10,
           "local, run: a worker whose trainer has not joined a step its "
           "peers started for this long steps out of the group, and the others "
           "go on (0: never; see gradmesh-worker --help)");
-ABSL_FLAG(double, client_grace_s, 10,
+ABSL_FLAG(double, client_grace_s, 60,
           "local, run: a worker unregisters the buckets of a trainer process "
           "gone this long without unregistering them (and steps out when "
           "peers start a step of theirs; 0: never; see gradmesh-worker "

@@ -69,7 +69,7 @@ struct DaemonOptions {
   // buckets unregistered (ClientLeases); peers that then start the next
   // step of one that had stepped make this worker step out at once
   // (DataPlane::Absent). Zero: kept until registered again.
-  absl::Duration client_grace = absl::Seconds(10);
+  absl::Duration client_grace = absl::Seconds(60);
   // A member of the view to which this worker has had frames
   // unacknowledged for this long, or which has refused its connections
   // that long, is reported unreachable with the heartbeats (the coordinator

@@ -61,7 +61,7 @@ ABSL_FLAG(double, step_join_timeout_s, 10,
           "that every process registers again and broadcasts (0: never; "
           "raise it where one rank pauses longer between steps, e.g. to "
           "evaluate alone)");
-ABSL_FLAG(double, client_grace_s, 10,
+ABSL_FLAG(double, client_grace_s, 60,
           "an SDK client gone this long (its process died before it "
           "unregistered: its Attach stream ended) has its buckets "
           "unregistered, their memory freed; peers that then start the next "
