@@ -45,125 +45,6 @@ bool IsWorkerGone(const absl::Status& status) {
   return status.GetPayload(kWorkerGonePayload).has_value();
 }
 
-// The client's Attach stream (worker.proto), open while the connection
-// lives, so that the worker unregisters this client's buckets once the
-// process is gone without doing so. A stream the worker's side ended (the
-// connection cut, as when the process was stopped past the keepalive's
-// timeout, or the worker restarted) after it had stood a second is opened
-// again, waiting for the worker; one refused, cancelled, or ended sooner is
-// not.
-class Presence : public std::enable_shared_from_this<Presence> {
- public:
-  Presence(const std::shared_ptr<grpc::Channel>& channel, std::string client_id,
-           std::string authorization)
-      : stub_(v1::Worker::NewStub(channel)),
-        client_id_(std::move(client_id)),
-        authorization_(std::move(authorization)) {}
-
-  // Opens the stream (again), unless stopped.
-  void Open() {
-    std::shared_ptr<grpc::ClientContext> context =
-        std::make_shared<grpc::ClientContext>();
-    context->set_wait_for_ready(true);
-    if (!authorization_.empty()) {
-      context->AddMetadata("authorization", authorization_);
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopped_) return;
-      context_ = context;
-      ++in_flight_;
-    }
-    // Outside the lock: the stream's end may run inline and take it. A Stop
-    // in between cancels the call as it starts.
-    new Stream(shared_from_this(), std::move(context));
-  }
-  // Cancels the stream in flight and opens no other; then waits up to
-  // `wait` for gRPC to be done with it (a process that exits with a call
-  // in flight may trip gRPC's teardown).
-  void Stop(absl::Duration wait = absl::ZeroDuration()) {
-    std::shared_ptr<grpc::ClientContext> context;
-    {
-      absl::MutexLock lock(&mu_);
-      stopped_ = true;
-      context = std::move(context_);
-    }
-    if (context != nullptr) context->TryCancel();
-    absl::MutexLock lock(&mu_);
-    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return in_flight_ == 0;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&ended), wait);
-  }
-
- private:
-  // One Attach call; deletes itself when gRPC is done with it.
-  class Stream final : public grpc::ClientReadReactor<v1::AttachEvent> {
-   public:
-    Stream(std::shared_ptr<Presence> owner,
-           std::shared_ptr<grpc::ClientContext> context)
-        : owner_(std::move(owner)), context_(std::move(context)) {
-      request_.set_client_id(owner_->client_id_);
-      owner_->stub_->async()->Attach(context_.get(), &request_, this);
-      StartRead(&event_);
-      StartCall();
-    }
-    void OnReadDone(bool ok) override {
-      if (ok) StartRead(&event_);
-    }
-    void OnDone(const grpc::Status& status) override {
-      if (owner_->Ended(context_.get()) && ReopenAfter(status) &&
-          absl::Now() - opened_ >= absl::Seconds(1)) {
-        owner_->Open();
-      }
-      const std::shared_ptr<Presence> owner = owner_;
-      delete this;
-      owner->Done();
-    }
-
-   private:
-    // Ended by the worker's side: the connection cut (Unavailable) or the
-    // server finishing it (OK: it shut down, or gave the client up on its
-    // keepalive). Not refusals (asking again would not change the answer),
-    // nor Cancelled (this process's gRPC shutting down).
-    static bool ReopenAfter(const grpc::Status& status) {
-      return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-             status.ok();
-    }
-
-    const std::shared_ptr<Presence> owner_;
-    const std::shared_ptr<grpc::ClientContext> context_;
-    const absl::Time opened_ = absl::Now();
-    v1::AttachRequest request_;
-    v1::AttachEvent event_;
-  };
-
-  // The stream of `context` ended: whether it was the one in flight (not
-  // stopped).
-  bool Ended(grpc::ClientContext* context) {
-    absl::MutexLock lock(&mu_);
-    if (context_.get() != context) return false;
-    context_.reset();
-    return true;
-  }
-  // A Stream is gone.
-  void Done() {
-    absl::MutexLock lock(&mu_);
-    --in_flight_;
-  }
-
-  // Its own stub: a stream may be opened again after the client is gone,
-  // until Stop.
-  const std::unique_ptr<v1::Worker::Stub> stub_;
-  const std::string client_id_;
-  const std::string authorization_;
-  absl::Mutex mu_;
-  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  // The stream in flight's; null when none is.
-  std::shared_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);
-  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // Streams not yet deleted
-};
-
 // The connection, shared by the client and its tensor sets.
 struct Client::Impl {
   std::string job;
@@ -249,9 +130,6 @@ struct Client::Impl {
     rank = r;
     size = s;
   }
-
-  // Set once connected; its stream ends with the Client.
-  std::shared_ptr<Presence> presence;
 };
 
 struct TensorSet::State {
@@ -372,9 +250,6 @@ absl::StatusOr<ReduceInfo> Handle::Wait() {
 Client::Client(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
-  // The worker may drop this client's buckets from here on: its Attach
-  // stream ends (waited for, so that no call outlives the client).
-  if (impl_->presence != nullptr) impl_->presence->Stop(absl::Seconds(5));
   absl::flat_hash_map<grpc::ClientContext*, std::shared_ptr<void>> calls;
   {
     absl::MutexLock lock(&impl_->mu);
@@ -427,10 +302,6 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   client->impl_->connected = true;
-  client->impl_->presence = std::make_shared<Presence>(
-      client->impl_->channel, client->impl_->client_id,
-      client->impl_->authorization);
-  client->impl_->presence->Open();
   return client;
 }
 

@@ -48,10 +48,10 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -L 'unit|integration' --output-on-failure \
     -j "$jobs"
 
-echo "== transport, step protocol, data plane, client leases and coordinator tests under ThreadSanitizer"
+echo "== transport, step protocol, data plane and coordinator tests under ThreadSanitizer"
 bash scripts/tsan-abseil.sh build-tsan/absl
 tsan_tests=(loopback_test view_tracker_test step_protocol_test data_plane_test
-    client_leases_test coordinator_test)
+    coordinator_test)
 bash scripts/build.sh build-tsan/build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DGRADMESH_SANITIZE=thread -DGRADMESH_CUDA=OFF \
     -DCMAKE_PREFIX_PATH="$PWD/build-tsan/absl" -- "${tsan_tests[@]}"

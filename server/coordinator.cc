@@ -479,11 +479,14 @@ void Coordinator::PublishTrialOrResultLocked(uint64_t start_step) {
     retune_backoff_ =
         !retune_reason_.empty() && same ? std::min(2 * retune_backoff_, 16) : 1;
     last_choice_ = choice;
+    std::map<uint64_t, double> others;
+    std::map<uint64_t, double> chosen =
+        ChosenSeconds(round_->trials(), choice, &others);
     watch_ = std::make_unique<RetuneWatch>(
-        ChosenSeconds(round_->trials(), choice),
-        static_cast<int>(members_.size()),
+        std::move(chosen), static_cast<int>(members_.size()),
         RetuneWatch::Options{.factor = config_.retune_factor,
-                             .steps = config_.retune_steps * retune_backoff_});
+                             .steps = config_.retune_steps * retune_backoff_},
+        std::move(others));
   }
   plan.algorithm = std::move(choice.algorithm);
   plan.teams = choice.teams;

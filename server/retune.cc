@@ -9,26 +9,34 @@
 namespace gradmesh::server {
 
 std::map<uint64_t, double> ChosenSeconds(const std::vector<Trial>& trials,
-                                         const Choice& choice) {
+                                         const Choice& choice,
+                                         std::map<uint64_t, double>* others) {
   const bool all_dense = choice.algorithm == kDense;
   std::map<uint64_t, double> chosen;
   for (const Trial& trial : trials) {
     if (trial.skipped) continue;
     const bool dense_trial = trial.algorithm == kDense;
-    if (!dense_trial && (all_dense || trial.teams != choice.teams)) continue;
+    const bool chosen_trial =
+        dense_trial || (!all_dense && trial.teams == choice.teams);
     for (const auto& [n, seconds] : trial.size_seconds) {
       const bool dense_size =
           all_dense || std::binary_search(choice.dense_sizes.begin(),
                                           choice.dense_sizes.end(), n);
-      if (dense_size == dense_trial) chosen[n] = seconds;
+      if (chosen_trial && dense_size == dense_trial) {
+        chosen[n] = seconds;
+      } else if (others != nullptr) {
+        auto [it, fresh] = others->try_emplace(n, seconds);
+        if (!fresh) it->second = std::min(it->second, seconds);
+      }
     }
   }
   return chosen;
 }
 
 RetuneWatch::RetuneWatch(std::map<uint64_t, double> chosen, int members,
-                         Options options)
+                         Options options, std::map<uint64_t, double> others)
     : chosen_(std::move(chosen)),
+      others_(std::move(others)),
       members_(std::max(members, 1)),
       steps_(static_cast<size_t>(options.steps)),
       factor_(options.factor) {
@@ -60,7 +68,9 @@ std::optional<std::string> RetuneWatch::Add(const std::string& node, uint64_t n,
   const double median = *middle;
   size.batch.clear();
   const double ratio = median / chosen->second;
-  if (ratio <= factor_ || median - chosen->second < kMinChange) {
+  const auto other = others_.find(n);
+  if (ratio <= factor_ || median - chosen->second < kMinChange ||
+      (other != others_.end() && median <= other->second)) {
     return std::nullopt;
   }
   fired_ = true;

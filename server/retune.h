@@ -7,11 +7,13 @@
 // operation counted at its slowest member's). The watch takes each complete
 // operation of such a size (every member reported it) at its slowest
 // member's seconds too, in batches of `steps` operations, and compares each
-// batch's median with the chosen figure: over factor x it (and at least
-// kMinChange more), Add says why, once. A median, so that a few slow steps
-// (an evaluation on one rank, a checkpoint) do not count; a batch, so that a
-// report costs O(log steps) amortized. Sizes the round did not time are not
-// watched; an operation with a lost report is left out.
+// batch's median with the chosen figure: over factor x it, at least
+// kMinChange more, and over the fastest other trial's time for the size (a
+// SparDL choice that slowed 3x from 3 ms, with the dense trial at 480 ms,
+// has no better choice to find), Add says why, once. A median, so that a few
+// slow steps (an evaluation on one rank, a checkpoint) do not count; a batch,
+// so that a report costs O(log steps) amortized. Sizes the round did not time
+// are not watched; an operation with a lost report is left out.
 //
 // Slow-downs only. A faster link makes the dense ring gain more than SparDL:
 // where the dense ring was chosen it stays the better choice. Where SparDL
@@ -37,9 +39,11 @@ namespace gradmesh::server {
 
 // Per bucket size the round timed, the seconds of the trial `choice` runs it
 // with: the dense trial's for Choice::dense_sizes (and every size when the
-// choice is the dense ring), else the SparDL trial of Choice::teams.
-std::map<uint64_t, double> ChosenSeconds(const std::vector<Trial>& trials,
-                                         const Choice& choice);
+// choice is the dense ring), else the SparDL trial of Choice::teams. With
+// `others`, also the least seconds of the other trials for each size.
+std::map<uint64_t, double> ChosenSeconds(
+    const std::vector<Trial>& trials, const Choice& choice,
+    std::map<uint64_t, double>* others = nullptr);
 
 class RetuneWatch {
  public:
@@ -48,7 +52,11 @@ class RetuneWatch {
     int steps = 20;       // operations per batch, >= 1
   };
 
-  RetuneWatch(std::map<uint64_t, double> chosen, int members, Options options);
+  // `others`: per size, the fastest other trial's seconds (ChosenSeconds);
+  // a size slower than its trial by the factor but not slower than that
+  // does not count: no other choice would be faster.
+  RetuneWatch(std::map<uint64_t, double> chosen, int members, Options options,
+              std::map<uint64_t, double> others = {});
 
   // Feeds `node`'s report of `step` for bucket size n (several buckets of
   // one size: the operation is the step, at its slowest report). Returns
@@ -79,6 +87,7 @@ class RetuneWatch {
   };
 
   const std::map<uint64_t, double> chosen_;
+  const std::map<uint64_t, double> others_;
   const int members_;
   const size_t steps_;
   const double factor_;

@@ -1148,8 +1148,8 @@ TEST(AutoTest, ARetuneThatChoosesTheSameWatchesLongerNextTime) {
   JoinAll(coordinator, {"a", "b"});
   uint64_t step = 0;
   RunAutoRound(coordinator, &step, 30e-3, 10e-3);
-  for (int i = 0; i < 5; ++i) {
-    ReportTwoBuckets(coordinator, step++, 25e-3, 1e-3);
+  for (int i = 0; i < 5; ++i) {  // over SparDL's 30 ms trial too
+    ReportTwoBuckets(coordinator, step++, 35e-3, 1e-3);
   }
   ASSERT_TRUE(coordinator.view().plan.autotuning);
   RunAutoRound(coordinator, &step, 75e-3, 25e-3);  // dense again
@@ -1202,6 +1202,15 @@ TEST(RetuneWatchTest, SmallChangesSpeedUpsAndUntimedSizesDoNotCount) {
   EXPECT_FALSE(watch.Add("a", 300, 0, 3e-3).has_value());
   EXPECT_FALSE(watch.Add("a", 999, 1, 10.0).has_value());
   EXPECT_TRUE(watch.Add("a", 200, 2, 5e-3).has_value());
+}
+
+// A choice slower than its trial by the factor, but not slower than the
+// fastest other trial: no other choice would be faster, no round.
+TEST(RetuneWatchTest, NoRoundWhileTheChoiceBeatsEveryOtherTrial) {
+  RetuneWatch watch({{100, 3e-3}}, 1, {.factor = 2, .steps = 1},
+                    {{100, 480e-3}});
+  EXPECT_FALSE(watch.Add("a", 100, 0, 9e-3).has_value());
+  EXPECT_TRUE(watch.Add("a", 100, 1, 500e-3).has_value());
 }
 
 TEST(AutoTest, RetuneFactorZeroKeepsTheChoiceWhateverTheTimes) {

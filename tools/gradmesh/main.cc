@@ -168,11 +168,6 @@ ABSL_FLAG(double, step_join_timeout_s, 10,
           "local, run: a worker whose trainer has not joined a step its "
           "peers started for this long steps out of the group, and the others "
           "go on (0: never; see gradmesh-worker --help)");
-ABSL_FLAG(double, client_grace_s, 60,
-          "local, run: a worker unregisters the buckets of a trainer process "
-          "gone this long without unregistering them (and steps out when "
-          "peers start a step of theirs; 0: never; see gradmesh-worker "
-          "--help)");
 ABSL_FLAG(double, link_timeout_s, 10,
           "local, run: a worker reports a member its frames have gone "
           "unacknowledged to, or that has refused its connections, for this "
@@ -266,8 +261,7 @@ const std::vector<std::string> kClusterFlags = {
     "bin_dir",        "work_dir",      "chunk_bytes",   "autotune_window",
     "timeout_s",      "topk",          "tls_ca",        "tls_cert",
     "tls_key",        "sparse_margin", "teams_margin",  "step_join_timeout_s",
-    "link_timeout_s", "quarantine_s",  "retune_factor", "retune_steps",
-    "client_grace_s"};
+    "link_timeout_s", "quarantine_s",  "retune_factor", "retune_steps"};
 
 std::vector<std::string> Plus(std::vector<std::string> flags,
                               std::initializer_list<const char*> more) {
@@ -359,9 +353,6 @@ WorkerFlagsFromFlags() {
   if (absl::GetFlag(FLAGS_step_join_timeout_s) < 0) {
     return absl::InvalidArgumentError("--step_join_timeout_s is negative");
   }
-  if (!(absl::GetFlag(FLAGS_client_grace_s) >= 0)) {  // NaN too
-    return absl::InvalidArgumentError("--client_grace_s is not 0 or more");
-  }
   if (!(absl::GetFlag(FLAGS_link_timeout_s) >= 0)) {  // NaN too
     return absl::InvalidArgumentError("--link_timeout_s is not 0 or more");
   }
@@ -372,7 +363,6 @@ WorkerFlagsFromFlags() {
       {"heartbeat_interval_ms", "250"},
       {"step_join_timeout_s",
        absl::StrCat(absl::GetFlag(FLAGS_step_join_timeout_s))},
-      {"client_grace_s", absl::StrCat(absl::GetFlag(FLAGS_client_grace_s))},
       {"link_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_link_timeout_s))}};
   if (topk != "auto") flags.push_back({"topk", topk});
   return flags;

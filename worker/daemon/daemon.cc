@@ -29,7 +29,6 @@
 #include "common/steady_clock.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "proto/plan_proto.h"
-#include "worker/daemon/client_leases.h"
 #include "worker/daemon/coordinator_client.h"
 #include "worker/daemon/data_plane.h"
 #include "worker/daemon/outcome_service.h"
@@ -97,12 +96,11 @@ absl::Status CheckOptions(const DaemonOptions& options) {
       options.view_wait < absl::ZeroDuration() ||
       options.step_join_timeout < absl::ZeroDuration() ||
       options.link_timeout < absl::ZeroDuration() ||
-      options.client_grace < absl::ZeroDuration() ||
       options.peer_buffer_bytes == 0) {
     return absl::InvalidArgumentError(
         "the operation timeout, heartbeat interval and peer buffer must be "
-        "positive, the view wait, step-join and link timeouts and the client "
-        "grace not negative");
+        "positive, the view wait, step-join and link timeouts not "
+        "negative");
   }
   return absl::OkStatus();
 }
@@ -146,8 +144,6 @@ class Daemon final : public WorkerDaemon {
   // TrainerWatch's hooks: leave the group; join again as a new member, and
   // wait (up to view_wait) for a view that has it.
   TrainerWatch::Hooks TrainerHooks();
-  // ClientLeases' expiry: unregisters the client's buckets.
-  void ClientGone(const std::string& client_id);
   void RejoinAsNewMember();
   // Destroys retired groups (their streams' close may wait) off the
   // operations' path, until Stop.
@@ -181,8 +177,6 @@ class Daemon final : public WorkerDaemon {
   transport::PeerService peers_;
   std::unique_ptr<ViewTracker> views_;
   std::unique_ptr<DataPlane> plane_;
-  // Outlives the services and servers, whose Attach streams it counts.
-  std::unique_ptr<ClientLeases> leases_;
   std::unique_ptr<SdkService> sdk_;
   std::unique_ptr<OutcomeService> outcomes_;
   std::unique_ptr<grpc::Server> server_;
@@ -259,11 +253,8 @@ absl::Status Daemon::MakeServices() {
   if (!options_.sdk_token_file.empty()) {
     GM_ASSIGN_OR_RETURN(token, ReadToken(options_.sdk_token_file));
   }
-  leases_ = std::make_unique<ClientLeases>(
-      options_.client_grace,
-      [this](const std::string& client_id) { ClientGone(client_id); });
   sdk_ = std::make_unique<SdkService>(
-      plane_.get(), views_.get(), leases_.get(),
+      plane_.get(), views_.get(),
       SdkService::Options{.operation_timeout = options_.operation_timeout,
                           .token = std::move(token),
                           .on_refused =
@@ -381,19 +372,6 @@ v1::NodeInfo Daemon::Node() const {
   if (node.gpus() > 0) node.set_gpu_name(kernels::CudaDeviceDescription());
 #endif
   return node;
-}
-
-void Daemon::ClientGone(const std::string& client_id) {
-  // Peers that start the next step of a bucket it had stepped make this
-  // worker step out at once (DataPlane::Absent, TrainerWatch).
-  std::vector<std::string> names;
-  for (const BucketName& name : plane_->UnregisterClient(client_id)) {
-    names.push_back(absl::StrCat(name.job, "/", name.bucket));
-  }
-  if (names.empty()) return;
-  Log(absl::StrCat("client ", client_id, " gone for ",
-                   absl::FormatDuration(options_.client_grace),
-                   ": unregistered its buckets ", absl::StrJoin(names, ", ")));
 }
 
 void Daemon::Log(const std::string& message) const {
@@ -659,7 +637,6 @@ void Daemon::Stop() {
     stop_reaping_.Notify();
     reaper_.join();
   }
-  if (leases_ != nullptr) leases_->Stop();
   if (trainer_watch_ != nullptr) trainer_watch_->Stop();
   if (coordinator_ != nullptr) coordinator_->Stop();  // null: Init failed
   // Close this worker's streams first, so that peers stopping at the same

@@ -65,11 +65,6 @@ struct DaemonOptions {
   // Peers that started a step this worker's trainer has not joined for this
   // long go on without it (TrainerWatch); zero: never.
   absl::Duration step_join_timeout = absl::Seconds(10);
-  // An SDK client whose Attach streams have all ended this long ago has its
-  // buckets unregistered (ClientLeases); peers that then start the next
-  // step of one that had stepped make this worker step out at once
-  // (DataPlane::Absent). Zero: kept until registered again.
-  absl::Duration client_grace = absl::Seconds(60);
   // A member of the view to which this worker has had frames
   // unacknowledged for this long, or which has refused its connections
   // that long, is reported unreachable with the heartbeats (the coordinator

@@ -126,18 +126,14 @@ absl::Status DataPlane::Unregister(const BucketName& name,
     }
     bucket = std::move(it->second);
     buckets_.erase(it);
-    ForgetMissedIfLastLocked(name.job);
+    // A job with no bucket left here has no replica left to be behind.
+    const bool last = std::none_of(
+        buckets_.begin(), buckets_.end(),
+        [&](const auto& b) { return b.second->name.job == name.job; });
+    if (last) missed_.erase(name.job);
   }
   Forget(*bucket);
   return absl::OkStatus();
-}
-
-void DataPlane::ForgetMissedIfLastLocked(const std::string& job) {
-  // A job with no bucket left here has no replica left to be behind.
-  const bool last =
-      std::none_of(buckets_.begin(), buckets_.end(),
-                   [&](const auto& b) { return b.second->name.job == job; });
-  if (last) missed_.erase(job);
 }
 
 // Every member's small payload, by rank, under its own operation id.

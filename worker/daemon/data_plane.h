@@ -41,7 +41,6 @@
 #define GRADMESH_WORKER_DAEMON_DATA_PLANE_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -128,24 +127,16 @@ class DataPlane {
                                       const std::string& client_id = "");
 
   // Whether `client_id` registers a bucket of `name`'s job where another
-  // client has stepped one of the job's buckets under the current members
-  // (or had, before it was gone: UnregisterClient): a new trainer process
-  // in place of one that died or hung, whose peers wait on its old
-  // registrations.
+  // client has stepped one of the job's buckets under the current members:
+  // a new trainer process in place of one that died or hung, whose peers
+  // wait on its old registrations.
   bool TakenOver(const BucketName& name, const std::string& client_id) const;
   // Whether `client_id` has stepped a bucket of `name`'s job.
   bool Stepped(const BucketName& name, const std::string& client_id) const;
   // Unregisters the buckets of `name`'s job that other clients than
   // `client_id` registered (a new trainer took over: the old one's are
-  // dead, and their peers' steps must not count against this worker), and
-  // forgets the job's steps kept by UnregisterClient.
+  // dead, and their peers' steps must not count against this worker).
   void UnregisterOthers(const BucketName& name, const std::string& client_id);
-  // Unregisters every bucket `client_id` registered (a client gone:
-  // ClientLeases), and returns their names; none for an empty id. Those
-  // that had stepped under the current members stay watched by Absent,
-  // with no timeout (their trainer is gone): peers that start their next
-  // step make this worker absent at once.
-  std::vector<BucketName> UnregisterClient(const std::string& client_id);
 
   // Unmaps the bucket and forgets its residual. NotFound if unknown. With
   // `shm_name`, only the registration made with that segment: a later one
@@ -191,26 +182,12 @@ class DataPlane {
   // a step that this worker refused before its agreement (its view not
   // ready, the plan unable to run here, a registration older than the
   // view), so that it tells its peers by stepping out instead of leaving
-  // them to their operation timeout; or, whatever the timeout, they started
-  // the next step of a bucket whose client is gone (UnregisterClient). Its
-  // first step after a registration is never counted (start-up is slow and
-  // uneven). Needs a transport that tracks UnclaimedSince (gRPC's, the
-  // loopback's).
+  // them to their operation timeout. Its first step after a registration is
+  // never counted (start-up is slow and uneven). Needs a transport that
+  // tracks UnclaimedSince (gRPC's, the loopback's).
   std::optional<std::string> Absent(absl::Duration join_timeout) const;
 
  private:
-  // Every bucket registered now.
-  std::vector<std::shared_ptr<Bucket>> Buckets() const;
-  // Absent's answer for abandoned_: peers started one of those steps.
-  std::optional<std::string> AbandonedAbsent(
-      absl::Span<const std::shared_ptr<Group>> groups, absl::Time now) const;
-  // Unregisters the buckets `drop` names; their names.
-  std::vector<BucketName> UnregisterWhere(
-      absl::FunctionRef<bool(const Bucket&)> drop);
-  // Forgets that `job`'s replica missed a step once none of its buckets is
-  // left here.
-  void ForgetMissedIfLastLocked(const std::string& job)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's buckets that have stepped, registered by `client_id`
   // (`theirs`) or by another client.
   std::vector<std::shared_ptr<Bucket>> SteppedBuckets(
@@ -308,15 +285,6 @@ class DataPlane {
   // job's steps with DataLoss until a Broadcast of one of its buckets
   // brings the parameters again.
   absl::flat_hash_map<std::string, uint64_t> missed_ ABSL_GUARDED_BY(mu_);
-  // The next steps of stepped buckets whose client is gone (UnregisterClient),
-  // the latest kMaxAbandoned.
-  struct AbandonedStep {
-    BucketName name;
-    uint64_t agree_operation = 0;
-    uint64_t step = 0;
-  };
-  static constexpr size_t kMaxAbandoned = 64;
-  std::deque<AbandonedStep> abandoned_ ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
   StepProtocol protocol_;
 };

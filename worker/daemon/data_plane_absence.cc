@@ -1,8 +1,6 @@
 // The data plane's view of whether this worker's trainer takes part: peers
 // that started a step this worker's client has not (see DataPlane::Absent).
 
-#include <algorithm>
-#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,11 +19,13 @@ std::optional<std::string> DataPlane::Absent(
     return g->rank < 0 || g->transport == nullptr;
   });
   if (groups.empty()) return std::nullopt;
-  const absl::Time now = SteadyNow();
-  if (std::optional<std::string> why = AbandonedAbsent(groups, now)) {
-    return why;
+  std::vector<std::shared_ptr<Bucket>> buckets;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, bucket] : buckets_) buckets.push_back(bucket);
   }
-  for (const std::shared_ptr<Bucket>& bucket : Buckets()) {
+  const absl::Time now = SteadyNow();
+  for (const std::shared_ptr<Bucket>& bucket : buckets) {
     uint64_t last;
     bool refused;
     {
@@ -56,35 +56,6 @@ std::optional<std::string> DataPlane::Absent(
   return std::nullopt;
 }
 
-std::optional<std::string> DataPlane::AbandonedAbsent(
-    absl::Span<const std::shared_ptr<Group>> groups, absl::Time now) const {
-  std::deque<AbandonedStep> abandoned;
-  {
-    absl::MutexLock lock(&mu_);
-    abandoned = abandoned_;
-  }
-  for (const AbandonedStep& step : abandoned) {
-    for (const std::shared_ptr<Group>& group : groups) {
-      const std::optional<absl::Time> since = group->transport->UnclaimedSince(
-          group->view.epoch, step.agree_operation);
-      if (!since.has_value()) continue;
-      return absl::StrFormat(
-          "its peers started step %d of bucket '%s' (job '%s') %.1f s "
-          "before, and its trainer's client is gone",
-          step.step, step.name.bucket, step.name.job,
-          absl::ToDoubleSeconds(now - *since));
-    }
-  }
-  return std::nullopt;
-}
-
-std::vector<std::shared_ptr<Bucket>> DataPlane::Buckets() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::shared_ptr<Bucket>> buckets;
-  for (const auto& [key, bucket] : buckets_) buckets.push_back(bucket);
-  return buckets;
-}
-
 std::vector<std::shared_ptr<Bucket>> DataPlane::SteppedBuckets(
     absl::string_view job, absl::string_view client_id, bool theirs) const {
   std::vector<std::shared_ptr<Bucket>> found;
@@ -113,11 +84,7 @@ bool DataPlane::TakenOver(const BucketName& name,
        SteppedBuckets(name.job, client_id, /*theirs=*/false)) {
     if (RegisteredOn(*bucket, group).ok()) return true;
   }
-  // A gone client's stepped buckets, unregistered since (UnregisterClient).
-  absl::MutexLock lock(&mu_);
-  return std::any_of(
-      abandoned_.begin(), abandoned_.end(),
-      [&](const AbandonedStep& step) { return step.name.job == name.job; });
+  return false;
 }
 
 bool DataPlane::Stepped(const BucketName& name,
@@ -128,68 +95,18 @@ bool DataPlane::Stepped(const BucketName& name,
 
 void DataPlane::UnregisterOthers(const BucketName& name,
                                  const std::string& client_id) {
-  {
-    // The new trainer takes the gone one's steps over: nobody to watch.
-    absl::MutexLock lock(&mu_);
-    std::erase_if(abandoned_, [&](const AbandonedStep& step) {
-      return step.name.job == name.job;
-    });
-  }
-  UnregisterWhere([&](const Bucket& bucket) {
-    return bucket.name.job == name.job && bucket.client_id != client_id;
-  });
-}
-
-std::vector<BucketName> DataPlane::UnregisterClient(
-    const std::string& client_id) {
-  if (client_id.empty()) return {};
-  // Read before they go: which of its buckets peers may wait on.
-  std::vector<AbandonedStep> abandoned;
-  const std::shared_ptr<Group> group = views_->current();
-  for (const std::shared_ptr<Bucket>& bucket : Buckets()) {
-    if (bucket->client_id != client_id || group == nullptr ||
-        !RegisteredOn(*bucket, group).ok()) {
-      continue;
-    }
-    absl::MutexLock lock(&bucket->mu);
-    if (!bucket->last_step.has_value()) continue;
-    const uint64_t next = *bucket->last_step + 1;
-    abandoned.push_back({bucket->name, AgreeOperation(*bucket, next), next});
-  }
+  std::vector<std::shared_ptr<Bucket>> others;
   {
     absl::MutexLock lock(&mu_);
-    for (AbandonedStep& step : abandoned) {
-      abandoned_.push_back(std::move(step));
-      if (abandoned_.size() > kMaxAbandoned) abandoned_.pop_front();
-    }
-  }
-  return UnregisterWhere(
-      [&](const Bucket& bucket) { return bucket.client_id == client_id; });
-}
-
-std::vector<BucketName> DataPlane::UnregisterWhere(
-    absl::FunctionRef<bool(const Bucket&)> drop) {
-  std::vector<std::shared_ptr<Bucket>> dropped;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto it = buckets_.begin(); it != buckets_.end();) {
-      if (drop(*it->second)) {
-        dropped.push_back(std::move(it->second));
-        buckets_.erase(it++);
-      } else {
-        ++it;
+    for (const auto& [key, bucket] : buckets_) {
+      if (bucket->name.job == name.job && bucket->client_id != client_id) {
+        others.push_back(bucket);
       }
     }
-    for (const std::shared_ptr<Bucket>& bucket : dropped) {
-      ForgetMissedIfLastLocked(bucket->name.job);
-    }
   }
-  std::vector<BucketName> names;
-  for (const std::shared_ptr<Bucket>& bucket : dropped) {
-    Forget(*bucket);
-    names.push_back(bucket->name);
+  for (const std::shared_ptr<Bucket>& bucket : others) {
+    Unregister(bucket->name, bucket->shm_name).IgnoreError();  // raced: gone
   }
-  return names;
 }
 
 }  // namespace gradmesh::daemon

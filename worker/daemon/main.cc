@@ -61,13 +61,6 @@ ABSL_FLAG(double, step_join_timeout_s, 10,
           "that every process registers again and broadcasts (0: never; "
           "raise it where one rank pauses longer between steps, e.g. to "
           "evaluate alone)");
-ABSL_FLAG(double, client_grace_s, 60,
-          "an SDK client gone this long (its process died before it "
-          "unregistered: its Attach stream ended) has its buckets "
-          "unregistered, their memory freed; peers that then start the next "
-          "step of one that had stepped make the worker step out at once, as "
-          "after the step-join timeout (0: kept until the same name registers "
-          "again)");
 ABSL_FLAG(int, peer_buffer_mib, 1024,
           "what one peer's messages may hold here in an epoch: those "
           "arriving, and those of operations this worker has not started "
@@ -116,7 +109,6 @@ int main(int argc, char** argv) {
        .view_wait = absl::Milliseconds(absl::GetFlag(FLAGS_view_wait_ms)),
        .step_join_timeout =
            absl::Seconds(absl::GetFlag(FLAGS_step_join_timeout_s)),
-       .client_grace = absl::Seconds(absl::GetFlag(FLAGS_client_grace_s)),
        .link_timeout = absl::Seconds(absl::GetFlag(FLAGS_link_timeout_s)),
        .peer_buffer_bytes =
            uint64_t(std::max(absl::GetFlag(FLAGS_peer_buffer_mib), 0)) << 20,

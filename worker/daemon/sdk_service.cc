@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
@@ -23,61 +22,9 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return differ == 0;
 }
 
-// One client's Attach stream (counted by the leases already): open until
-// the client cancels it or the server shuts down; nothing is written.
-class AttachReactor final
-    : public grpc::ServerWriteReactor<gradmesh::v1::AttachEvent> {
- public:
-  AttachReactor(ClientLeases* leases, std::string client_id)
-      : leases_(leases), client_id_(std::move(client_id)) {}
-  void OnCancel() override { Finish(grpc::Status::OK); }
-  void OnDone() override {
-    leases_->Detach(client_id_);
-    delete this;
-  }
-
- private:
-  ClientLeases* const leases_;
-  const std::string client_id_;
-};
-
-// A stream refused at once.
-class RefusedAttach final
-    : public grpc::ServerWriteReactor<gradmesh::v1::AttachEvent> {
- public:
-  explicit RefusedAttach(const grpc::Status& why) { Finish(why); }
-  void OnDone() override { delete this; }
-};
-
-// What the SDK sends (hex; at most 64 characters), so that a log line
-// naming it stays one line.
-bool ValidClientId(absl::string_view id) {
-  return !id.empty() && id.size() <= 64 &&
-         std::all_of(id.begin(), id.end(), [](char c) {
-           return absl::ascii_isxdigit(static_cast<unsigned char>(c));
-         });
-}
-
 }  // namespace
 
-grpc::ServerWriteReactor<v1::AttachEvent>* SdkService::Attach(
-    grpc::CallbackServerContext* context, const v1::AttachRequest* request) {
-  if (absl::Status admitted = Admit(*context); !admitted.ok()) {
-    return new RefusedAttach(ToGrpc(admitted));
-  }
-  if (!ValidClientId(request->client_id())) {
-    return new RefusedAttach(
-        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                     "client_id must be 1 to 64 hexadecimal digits"));
-  }
-  if (absl::Status counted = leases_->Attach(request->client_id());
-      !counted.ok()) {
-    return new RefusedAttach(ToGrpc(counted));
-  }
-  return new AttachReactor(leases_, request->client_id());
-}
-
-absl::Status SdkService::Admit(const grpc::ServerContextBase& context) const {
+absl::Status SdkService::Admit(const grpc::ServerContext& context) const {
   if (absl::StartsWith(context.peer(), "unix:")) return absl::OkStatus();
   absl::Status refused;
   if (options_.token.empty()) {

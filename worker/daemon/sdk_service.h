@@ -3,8 +3,7 @@
 // it turns requests into data-plane calls and statuses back into gRPC ones.
 //
 // Each call's deadline is the client's, capped by the daemon's operation
-// timeout. Attach streams (one per client, for its life) are counted by the
-// ClientLeases, which unregister a client's buckets once it has gone.
+// timeout.
 //
 // Who may call: anyone who can open the unix socket (it is owner-only).
 // Over TCP a call must bear the worker's token, as gRPC metadata
@@ -22,14 +21,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gradmesh/v1/worker.grpc.pb.h"
-#include "worker/daemon/client_leases.h"
 #include "worker/daemon/data_plane.h"
 #include "worker/daemon/view_tracker.h"
 
 namespace gradmesh::daemon {
 
-class SdkService final : public gradmesh::v1::Worker::WithCallbackMethod_Attach<
-                             gradmesh::v1::Worker::Service> {
+class SdkService final : public gradmesh::v1::Worker::Service {
  public:
   struct Options {
     absl::Duration operation_timeout;
@@ -45,13 +42,8 @@ class SdkService final : public gradmesh::v1::Worker::WithCallbackMethod_Attach<
     // (TrainerWatch::NewTrainer). Empty: none.
     std::function<void(const std::string& why)> new_trainer;
   };
-  // `leases` outlive the service's server.
-  SdkService(DataPlane* plane, ViewTracker* views, ClientLeases* leases,
-             Options options)
-      : plane_(plane),
-        views_(views),
-        leases_(leases),
-        options_(std::move(options)) {}
+  SdkService(DataPlane* plane, ViewTracker* views, Options options)
+      : plane_(plane), views_(views), options_(std::move(options)) {}
 
   // The node id GetStatus reports (known once the port is bound).
   void set_node_id(std::string node_id) {
@@ -77,24 +69,16 @@ class SdkService final : public gradmesh::v1::Worker::WithCallbackMethod_Attach<
   grpc::Status GetStatus(grpc::ServerContext* context,
                          const gradmesh::v1::StatusRequest* request,
                          gradmesh::v1::StatusResponse* response) override;
-  // Held open until the client cancels it (or the server shuts down).
-  // InvalidArgument unless client_id is 1 to 64 hexadecimal digits;
-  // ResourceExhausted past ClientLeases::kMaxStreams streams of one client
-  // (no cap, and no count, with a zero grace).
-  grpc::ServerWriteReactor<gradmesh::v1::AttachEvent>* Attach(
-      grpc::CallbackServerContext* context,
-      const gradmesh::v1::AttachRequest* request) override;
 
  private:
   absl::Time Deadline(const grpc::ServerContext& context) const;
   // The token check above, first in every handler.
-  absl::Status Admit(const grpc::ServerContextBase& context) const;
+  absl::Status Admit(const grpc::ServerContext& context) const;
   // Admit, then Options::before_call: first in AllReduce and Broadcast.
   absl::Status AdmitStep(const grpc::ServerContext& context) const;
 
   DataPlane* const plane_;
   ViewTracker* const views_;
-  ClientLeases* const leases_;
   const Options options_;
   absl::Mutex mu_;
   std::string node_id_ ABSL_GUARDED_BY(mu_);

@@ -284,9 +284,7 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       ClientOptions options = {});
 
-  // Cancels the calls in flight and waits for them to end. Ends the
-  // client's presence at its worker (the Attach stream): tensor sets kept
-  // after it are unregistered by the worker its --client_grace_s later.
+  // Cancels the calls in flight and waits for them to end.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

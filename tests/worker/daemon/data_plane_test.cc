@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -23,8 +22,6 @@ namespace gradmesh::daemon {
 namespace {
 
 using ::gradmesh::testing::RandomVector;
-using ::testing::IsEmpty;
-using ::testing::UnorderedElementsAre;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 
@@ -600,33 +597,6 @@ TEST(DataPlaneTest, AnotherClientRegisteringInASteppedJobTakesItOver) {
   EXPECT_FALSE(w.plane(0).TakenOver(name, "second"));
 }
 
-// A client gone (ClientLeases): its buckets, in every job, are
-// unregistered; another client's, and those of no client, stay.
-TEST(DataPlaneTest, AGoneClientsBucketsAreUnregistered) {
-  constexpr uint64_t kN = 100;
-  Workers w(1, {.algorithm = "dense"});
-  w.Start();
-  for (const auto& [name, client] :
-       std::vector<std::pair<BucketName, std::string>>{
-           {{"job", "a1"}, "gone"},
-           {{"other-job", "a2"}, "gone"},
-           {{"job", "b"}, "alive"},
-           {{"job", "c"}, ""}}) {
-    ASSERT_TRUE(w.Register(0, name, {{"t", kN}}, {}, client).ok());
-  }
-  EXPECT_THAT(w.plane(0).UnregisterClient(""), IsEmpty());
-  const std::vector<BucketName> dropped = w.plane(0).UnregisterClient("gone");
-  std::vector<std::string> names;
-  for (const BucketName& name : dropped) {
-    names.push_back(name.job + "/" + name.bucket);
-  }
-  EXPECT_THAT(names, UnorderedElementsAre("job/a1", "other-job/a2"));
-  EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister({"job", "a1"})));
-  EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister({"other-job", "a2"})));
-  EXPECT_TRUE(w.plane(0).Unregister({"job", "b"}).ok());
-  EXPECT_TRUE(w.plane(0).Unregister({"job", "c"}).ok());
-}
-
 TEST(DataPlaneTest, BroadcastsFromTheRootAndBarriers) {
   constexpr uint64_t kN = 1000;
   Workers w(4);
@@ -759,53 +729,6 @@ TEST(DataPlaneTest, AStepRefusedBeforeItsAgreementIsWatched) {
   EXPECT_THAT(*absent, ::testing::HasSubstr("step 1 of bucket 'b'"));
   EXPECT_THAT(*absent, ::testing::HasSubstr("this worker had refused it"));
   peer.join();
-}
-
-// A client gone after its bucket stepped: once peers start the next step,
-// its worker is absent at once, whatever the step-join timeout (before,
-// with the bucket gone, nothing could see the peers waiting).
-TEST(DataPlaneTest, PeersWaitingOnAGoneClientsStepMakeItsWorkerAbsent) {
-  constexpr uint64_t kN = 50;
-  constexpr absl::Duration kJoin = absl::Hours(1);
-  Workers w(2);
-  w.Start();
-  std::vector<SharedSegment> segments(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      auto segment = w.Register(r, {"job", "b"}, {{"t", kN}}, {},
-                                absl::StrCat("client", r));
-      ASSERT_TRUE(segment.ok()) << segment.status();
-      segments[r] = *std::move(segment);
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (const auto& result : AllReduceAll(w, {.name = {"job", "b"}})) {
-    ASSERT_TRUE(result.ok()) << result.status();
-  }
-  ASSERT_EQ(w.plane(1).UnregisterClient("client1").size(), 1u);
-  EXPECT_EQ(w.plane(1).Absent(kJoin), std::nullopt);  // nobody waits yet
-  // A new trainer registering in the job would take the gone one's place.
-  EXPECT_TRUE(w.plane(1).TakenOver({"job", "b"}, "client2"));
-  EXPECT_FALSE(w.plane(1).TakenOver({"other-job", "b"}, "client2"));
-  std::thread peer([&] {
-    auto result = w.plane(0).AllReduce({.name = {"job", "b"}, .step = 1},
-                                       absl::Now() + absl::Seconds(2));
-    EXPECT_TRUE(absl::IsDeadlineExceeded(result.status())) << result.status();
-  });
-  std::optional<std::string> absent;
-  for (int i = 0; i < 40 && !absent.has_value(); ++i) {
-    absl::SleepFor(absl::Milliseconds(25));
-    absent = w.plane(1).Absent(kJoin);
-  }
-  peer.join();
-  ASSERT_TRUE(absent.has_value());
-  EXPECT_THAT(*absent, ::testing::HasSubstr("step 1 of bucket 'b'"));
-  EXPECT_THAT(*absent, ::testing::HasSubstr("its trainer's client is gone"));
-  // Its takeover forgets the gone client's steps.
-  w.plane(1).UnregisterOthers({"job", "b"}, "client2");
-  EXPECT_FALSE(w.plane(1).TakenOver({"job", "b"}, "client2"));
-  EXPECT_EQ(w.plane(1).Absent(kJoin), std::nullopt);
 }
 
 // Writes seeded gradients into every worker's bucket; returns them.
