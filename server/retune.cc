@@ -24,7 +24,7 @@ std::map<uint64_t, double> ChosenSeconds(const std::vector<Trial>& trials,
                                           choice.dense_sizes.end(), n);
       if (chosen_trial && dense_size == dense_trial) {
         chosen[n] = seconds;
-      } else if (others != nullptr) {
+      } else if (others != nullptr && dense_size != dense_trial) {
         auto [it, fresh] = others->try_emplace(n, seconds);
         if (!fresh) it->second = std::min(it->second, seconds);
       }

@@ -40,7 +40,9 @@ namespace gradmesh::server {
 // Per bucket size the round timed, the seconds of the trial `choice` runs it
 // with: the dense trial's for Choice::dense_sizes (and every size when the
 // choice is the dense ring), else the SparDL trial of Choice::teams. With
-// `others`, also the least seconds of the other trials for each size.
+// `others`, also the least seconds of the other algorithm's trials for each
+// size (SparDL's for a dense size, the dense ring's for a sparse one: a
+// SparDL d's trials differ by their noise more than a link moves them).
 std::map<uint64_t, double> ChosenSeconds(
     const std::vector<Trial>& trials, const Choice& choice,
     std::map<uint64_t, double>* others = nullptr);
