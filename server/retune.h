@@ -8,7 +8,7 @@
 // operation of such a size (every member reported it) at its slowest
 // member's seconds too, in batches of `steps` operations, and compares each
 // batch's median with the chosen figure: over factor x it, at least
-// kMinChange more, and over the fastest other trial's time for the size (a
+// kMinChange more, and over the other algorithm's fastest trial for the size (a
 // SparDL choice that slowed 3x from 3 ms, with the dense trial at 480 ms,
 // has no better choice to find), Add says why, once. A median, so that a few
 // slow steps (an evaluation on one rank, a checkpoint) do not count; a batch,
@@ -54,7 +54,7 @@ class RetuneWatch {
     int steps = 20;       // operations per batch, >= 1
   };
 
-  // `others`: per size, the fastest other trial's seconds (ChosenSeconds);
+  // `others`: per size, the other algorithm's fastest trial (ChosenSeconds);
   // a size slower than its trial by the factor but not slower than that
   // does not count: no other choice would be faster.
   RetuneWatch(std::map<uint64_t, double> chosen, int members, Options options,
