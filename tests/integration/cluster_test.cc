@@ -856,7 +856,8 @@ TEST_F(ClusterTest, ChannelsToAddressesNoViewHasAreDropped) {
 // The SDK's unix socket is served by the same server as the peers (the
 // default, and the Kubernetes one): a process that reaches that socket is a
 // trainer, not a peer, and may neither send Exchange frames for a rank nor
-// ask about (and so make a worker promise to refuse) a step.
+// ask about (and so make a worker promise to refuse) a step. A member's
+// question is bounded too.
 TEST_F(ClusterTest, PeerCallsOverTheSdkSocketAreRefused) {
   Start(2, {{"algo", "spardl"}, {"teams", "1"}});
   const absl::StatusOr<Plan> plan = cluster_->GetPlan(0);
@@ -884,6 +885,19 @@ TEST_F(ClusterTest, PeerCallsOverTheSdkSocketAreRefused) {
   gradmesh::v1::OutcomeResponse response;
   EXPECT_EQ(commit->Outcome(&ask, request, &response).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
+
+  // Over the peer port, a question naming more members gone than any group
+  // has is refused before it is held.
+  auto member = gradmesh::v1::Commit::NewStub(grpc::CreateChannel(
+      cluster_->worker_address(0), grpc::InsecureChannelCredentials()));
+  for (int i = 0; i <= 4096; ++i) {
+    request.add_gone_member_ids(absl::StrCat("node-", i));
+  }
+  grpc::ClientContext too_many;
+  too_many.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  const grpc::Status refused = member->Outcome(&too_many, request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << refused.error_message();
 }
 
 // The coordinator dies and a new one takes its address: the members keep

@@ -208,13 +208,15 @@ absl::Status Daemon::Init() {
       [this](const ViewInfo& view) { return MakeGroup(view); }, RealClock());
   plane_ = std::make_unique<DataPlane>(
       views_.get(),
-      DataPlaneHooks{.on_success = [this](const ReduceResult& r) { Report(r); },
-                     .metrics = metrics_.get(),
-                     .ask_outcome =
-                         [this](const std::string& address,
-                                const OutcomeKey& key, absl::Time deadline) {
-                           return AskOutcome(Channel(address), key, deadline);
-                         }},
+      DataPlaneHooks{
+          .on_success = [this](const ReduceResult& r) { Report(r); },
+          .metrics = metrics_.get(),
+          .ask_outcome =
+              [this](const std::string& address, const OutcomeKey& key,
+                     const std::vector<std::string>& gone,
+                     absl::Time deadline) {
+                return AskOutcome(Channel(address), key, gone, deadline);
+              }},
       DataPlaneOptions{.view_wait = options_.view_wait});
   GM_RETURN_IF_ERROR(StartServer());
   if (!options_.health_listen.empty()) {

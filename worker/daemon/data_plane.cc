@@ -186,14 +186,15 @@ absl::StatusOr<std::shared_ptr<Group>> DataPlane::RegisteredOn(
   return group;
 }
 
-Outcome DataPlane::Decide(const OutcomeKey& key) {
+Outcome DataPlane::Decide(const OutcomeKey& key,
+                          const std::vector<std::string>& gone) {
   bool known = false;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, bucket] : buckets_)
       known |= bucket->id == key.bucket_id;
   }
-  return protocol_.Decide(key, known);
+  return protocol_.Decide(key, known, gone);
 }
 
 absl::Status DataPlane::Commit(const Group& g, const Bucket& bucket,

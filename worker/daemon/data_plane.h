@@ -93,10 +93,9 @@ struct DataPlaneHooks {
   std::function<void(const ReduceResult&)> on_success;
   WorkerMetrics* metrics = nullptr;  // may be null
   // The outcome of `key` at the member reachable at `address` (its Decide),
-  // for a worker in doubt. Empty: a worker in doubt aborts.
-  std::function<absl::StatusOr<Outcome>(
-      const std::string& address, const OutcomeKey& key, absl::Time deadline)>
-      ask_outcome;
+  // for a worker in doubt (StepPeers::ask_outcome). Empty: a worker in doubt
+  // aborts.
+  StepPeers::Ask ask_outcome;
 };
 
 class DataPlane {
@@ -167,9 +166,11 @@ class DataPlane {
                                        uint64_t sequence, int root,
                                        absl::Time deadline);
 
-  // This worker's outcome of `key`, for a peer in doubt
-  // (StepProtocol::Decide, for the registrations this worker holds).
-  Outcome Decide(const OutcomeKey& key);
+  // This worker's outcome of `key`, for a peer in doubt that counts the
+  // members `gone` as gone (StepProtocol::Decide, for the registrations this
+  // worker holds).
+  Outcome Decide(const OutcomeKey& key,
+                 const std::vector<std::string>& gone = {});
 
   // The residual's L2 norm per bucket ("job/bucket"); -1 for a bucket busy
   // with an operation (not waited for).

@@ -1,5 +1,9 @@
 #include "worker/daemon/outcome_service.h"
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
 #include "common/status_macros.h"
 
@@ -31,18 +35,31 @@ grpc::Status OutcomeService::Outcome(grpc::ServerContext* context,
                                      const v1::OutcomeRequest* request,
                                      v1::OutcomeResponse* response) {
   GM_RETURN_IF_ERROR_GRPC(admit_(*context, request->epoch()));
+  if (static_cast<size_t>(request->gone_member_ids_size()) >
+      StepProtocol::kMaxGone) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("the question names ", request->gone_member_ids_size(),
+                     " members gone; at most ", StepProtocol::kMaxGone));
+  }
+  const std::vector<std::string> gone(request->gone_member_ids().begin(),
+                                      request->gone_member_ids().end());
   response->set_state(ToProto(plane_->Decide({.bucket_id = request->bucket_id(),
                                               .step = request->step(),
-                                              .epoch = request->epoch()})));
+                                              .epoch = request->epoch()},
+                                             gone)));
   return grpc::Status::OK;
 }
 
 absl::StatusOr<Outcome> AskOutcome(std::shared_ptr<grpc::Channel> channel,
-                                   const OutcomeKey& key, absl::Time deadline) {
+                                   const OutcomeKey& key,
+                                   const std::vector<std::string>& gone,
+                                   absl::Time deadline) {
   v1::OutcomeRequest request;
   request.set_bucket_id(key.bucket_id);
   request.set_step(key.step);
   request.set_epoch(key.epoch);
+  for (const std::string& id : gone) request.add_gone_member_ids(id);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   v1::OutcomeResponse response;

@@ -6,7 +6,7 @@
 //
 //   OutcomeService outcomes(&plane, admit);
 //   builder.RegisterService(&outcomes);
-//   ... AskOutcome(channel, key, deadline)  // from a peer
+//   ... AskOutcome(channel, key, gone, deadline)  // from a peer
 //
 // Thread-safe (the data plane is).
 #ifndef GRADMESH_WORKER_DAEMON_OUTCOME_SERVICE_H_
@@ -41,10 +41,13 @@ class OutcomeService final : public gradmesh::v1::Commit::Service {
   const Admit admit_;
 };
 
-// The outcome of `key` at the worker behind `channel`: its Decide. The
-// channel's errors, or Internal for an answer that names no state.
+// The outcome of `key` at the worker behind `channel`: its Decide, told
+// that this worker counts the members `gone` as gone. The channel's errors,
+// or Internal for an answer that names no state.
 absl::StatusOr<Outcome> AskOutcome(std::shared_ptr<grpc::Channel> channel,
-                                   const OutcomeKey& key, absl::Time deadline);
+                                   const OutcomeKey& key,
+                                   const std::vector<std::string>& gone,
+                                   absl::Time deadline);
 
 }  // namespace gradmesh::daemon
 

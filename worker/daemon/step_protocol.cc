@@ -159,12 +159,19 @@ absl::Status StepProtocol::Tally(const Group& g,
   return absl::OkStatus();
 }
 
-Outcome StepProtocol::Decide(const OutcomeKey& key, bool holds_registration) {
+Outcome StepProtocol::Decide(const OutcomeKey& key, bool holds_registration,
+                             const std::vector<std::string>& gone) {
   absl::MutexLock lock(&mu_);
   auto it = outcomes_.find(key);
   if (it != outcomes_.end()) {
+    Entry& entry = it->second;
+    // The asker may give the step up on this answer: from now on, what the
+    // members it counts as gone did is no concern of this worker either.
+    if (entry.outcome == Outcome::kInDoubt) {
+      entry.ignored.insert(gone.begin(), gone.end());
+    }
     // An abort settled on in doubt is not a decision others may follow.
-    return it->second.gave_up ? Outcome::kInDoubt : it->second.outcome;
+    return entry.gave_up ? Outcome::kInDoubt : entry.outcome;
   }
   // A registration this process does not hold (it restarted, or never had
   // it): it knows nothing, and promises nothing.
@@ -180,12 +187,15 @@ absl::Status StepProtocol::Resolve(const Group& g, const OutcomeKey& key,
                                    const absl::Status& why,
                                    absl::Time deadline) {
   // This worker voted yes and did not hear every vote: a peer that did may
-  // have applied the step. Ask every peer; any that applied it decides
-  // "apply", else any that refused it (a no vote or a promise) "abort";
-  // with some still undecided (voting, or unreachable while a member), ask
-  // again. Otherwise no live member applied it: abort, as every other
-  // worker in doubt does. Past the deadline and a grace of view_wait, the
-  // truth is that this worker does not know.
+  // have applied the step. Ask every peer, naming those a newer view left
+  // out; any that applied it decides "apply" (unless a peer in doubt that
+  // gave the step up asked this worker to count it gone), else any that
+  // refused it (a no vote or a promise) "abort"; with some still undecided
+  // (voting, or unreachable while not named gone), ask again. Otherwise no
+  // live member applied it, and none will (each answered "in doubt" and
+  // stopped listening to the gone): abort, as every other worker in doubt
+  // does. Past the deadline and a grace of view_wait, the truth is that this
+  // worker does not know.
   if (peers_.ask_outcome == nullptr) {
     SetOutcome(key, Outcome::kAborted, /*gave_up=*/true);
     return why;
@@ -194,16 +204,20 @@ absl::Status StepProtocol::Resolve(const Group& g, const OutcomeKey& key,
       deadline + std::max(absl::Seconds(1), options_.view_wait);
   absl::Duration pause = absl::Milliseconds(20);
   while (true) {
-    const std::vector<std::optional<Outcome>> answers =
-        AskPeers(g, key, std::min(until, clock_->Now() + absl::Seconds(1)));
+    const std::vector<std::string> gone = Gone(g);
+    std::vector<std::optional<Outcome>> answers = AskPeers(
+        g, key, gone, std::min(until, clock_->Now() + absl::Seconds(1)));
+    switch (LearnApplied(g, key, &answers)) {
+      case Outcome::kCommitted:
+        return absl::OkStatus();
+      case Outcome::kAborted:
+        return why;
+      default:
+        break;
+    }
     auto any = [&](Outcome o) {
       return std::find(answers.begin(), answers.end(), o) != answers.end();
     };
-    if (any(Outcome::kCommitted)) {
-      return SetOutcome(key, Outcome::kCommitted) == Outcome::kCommitted
-                 ? absl::OkStatus()
-                 : why;
-    }
     if (any(Outcome::kAborted)) {
       SetOutcome(key, Outcome::kAborted);
       return why;
@@ -227,33 +241,69 @@ absl::Status StepProtocol::Resolve(const Group& g, const OutcomeKey& key,
   }
 }
 
+std::vector<std::string> StepProtocol::Gone(const Group& g) const {
+  std::vector<std::string> gone;
+  std::shared_ptr<Group> now = peers_.current ? peers_.current() : nullptr;
+  if (now == nullptr || now->view.epoch <= g.view.epoch) return gone;
+  for (const std::string& id : g.view.member_ids) {
+    if (std::find(now->view.member_ids.begin(), now->view.member_ids.end(),
+                  id) == now->view.member_ids.end()) {
+      gone.push_back(id);
+    }
+  }
+  return gone;
+}
+
 std::vector<std::optional<Outcome>> StepProtocol::AskPeers(
-    const Group& g, const OutcomeKey& key, absl::Time deadline) {
+    const Group& g, const OutcomeKey& key, const std::vector<std::string>& gone,
+    absl::Time deadline) {
   std::vector<std::optional<Outcome>> answers(g.size());
   std::vector<std::thread> asks;
   for (int p = 0; p < g.size(); ++p) {
     if (p == g.rank) continue;
-    asks.emplace_back([&, p] { answers[p] = AskPeer(g, p, key, deadline); });
+    asks.emplace_back(
+        [&, p] { answers[p] = AskPeer(g, p, key, gone, deadline); });
   }
   for (std::thread& t : asks) t.join();
   return answers;
 }
 
-std::optional<Outcome> StepProtocol::AskPeer(const Group& g, int peer,
-                                             const OutcomeKey& key,
-                                             absl::Time deadline) {
+std::optional<Outcome> StepProtocol::AskPeer(
+    const Group& g, int peer, const OutcomeKey& key,
+    const std::vector<std::string>& gone, absl::Time deadline) {
   absl::StatusOr<Outcome> theirs =
-      peers_.ask_outcome(g.view.addresses[peer], key, deadline);
+      peers_.ask_outcome(g.view.addresses[peer], key, gone, deadline);
   if (theirs.ok()) return *theirs;
   // Unreachable: gone for good once a newer view leaves it out (what it did
-  // is no one's concern then), undecided while it may still answer.
-  std::shared_ptr<Group> now = peers_.current ? peers_.current() : nullptr;
-  const bool dropped =
-      now != nullptr && now->view.epoch > g.view.epoch &&
-      std::find(now->view.member_ids.begin(), now->view.member_ids.end(),
-                g.view.member_ids[peer]) == now->view.member_ids.end();
-  if (dropped) return std::nullopt;
+  // is no one's concern then), undecided while it may still answer. Only a
+  // member named gone to the others this round counts as gone: they stopped
+  // listening to it.
+  const bool named = std::find(gone.begin(), gone.end(),
+                               g.view.member_ids[peer]) != gone.end();
+  if (named) return std::nullopt;
   return Outcome::kVoting;
+}
+
+Outcome StepProtocol::LearnApplied(
+    const Group& g, const OutcomeKey& key,
+    std::vector<std::optional<Outcome>>* answers) {
+  absl::MutexLock lock(&mu_);
+  Entry& entry = EntryLocked(key);
+  bool heard = false;
+  for (int p = 0; p < g.size(); ++p) {
+    if ((*answers)[p] != Outcome::kCommitted) continue;
+    if (entry.ignored.contains(g.view.member_ids[p])) {
+      (*answers)[p].reset();  // gone, as far as this worker is concerned
+    } else {
+      heard = true;
+    }
+  }
+  if (!heard) return Outcome::kInDoubt;
+  if (entry.promised) return entry.outcome;
+  entry.outcome = Outcome::kCommitted;
+  entry.gave_up = false;
+  entry.ignored.clear();
+  return entry.outcome;
 }
 
 Outcome StepProtocol::SetOutcome(const OutcomeKey& key, Outcome outcome,

@@ -14,9 +14,13 @@
 // yes but did not hear every vote is in doubt: it asks its peers for their
 // outcome (StepPeers::ask_outcome, answered by Decide) and applies the step
 // iff one of them did; a peer asked about a step it has not voted on
-// promises never to apply it. A worker that cannot learn the outcome by its
-// deadline plus view_wait (a peer unreachable but still a member) answers
-// DataLoss: its replica may differ from the others'.
+// promises never to apply it. With every peer in doubt too, or gone (left
+// out of a newer view), it gives the step up. That is safe because each
+// question names the members the asker counts as gone, and a peer that
+// answers "in doubt" stops learning "applied" from them: no survivor can
+// apply the step after it told the asker it had not. A worker that cannot
+// learn the outcome by its deadline plus view_wait (a peer unreachable but
+// still a member) answers DataLoss: its replica may differ from the others'.
 //
 // The protocol holds the outcome table and nothing else: the all-gather, the
 // question to a peer and the newest view are injected (StepPeers), and so is
@@ -36,6 +40,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -83,11 +88,13 @@ struct StepPeers {
       const Group& group, uint64_t operation, std::string mine,
       absl::Time deadline, double* waited)>;
   Gather gather;
-  // The outcome of `key` at the member reachable at `address` (its Decide).
-  // Empty: a worker in doubt aborts.
-  std::function<absl::StatusOr<Outcome>(
-      const std::string& address, const OutcomeKey& key, absl::Time deadline)>
-      ask_outcome;
+  // The outcome of `key` at the member reachable at `address` (its Decide),
+  // telling it the member ids this worker counts as `gone`. Empty: a worker
+  // in doubt aborts.
+  using Ask = std::function<absl::StatusOr<Outcome>(
+      const std::string& address, const OutcomeKey& key,
+      const std::vector<std::string>& gone, absl::Time deadline)>;
+  Ask ask_outcome;
   // The newest view's group, or null: a peer that a newer view leaves out
   // is gone, not undecided.
   std::function<std::shared_ptr<Group>()> current;
@@ -133,12 +140,19 @@ class StepProtocol {
                     bool yes, uint64_t result_digest, absl::Time deadline,
                     bool* refused_by_vote);
 
-  // This worker's outcome of `key`, for a peer in doubt. A step of a
-  // registration it holds (`holds_registration`) and has not voted on is
-  // refused from now on: it will vote no (kAborted). An abort it settled on
-  // in doubt itself, or a registration it does not hold, reads kInDoubt (the
-  // asker keeps asking).
-  Outcome Decide(const OutcomeKey& key, bool holds_registration);
+  // This worker's outcome of `key`, for a peer in doubt that counts the
+  // members `gone` as gone. A step of a registration it holds
+  // (`holds_registration`) and has not voted on is refused from now on: it
+  // will vote no (kAborted). A step it is in doubt about reads kInDoubt, and
+  // from now on it does not learn "applied" from the members `gone` (the
+  // asker may give the step up on that answer). An abort it settled on in
+  // doubt itself, or a registration it does not hold, reads kInDoubt too.
+  Outcome Decide(const OutcomeKey& key, bool holds_registration,
+                 const std::vector<std::string>& gone = {});
+
+  // The most member ids a question may name as gone (the most members of a
+  // group the coordinator forms is far fewer).
+  static constexpr size_t kMaxGone = 4096;
 
   // Decided outcomes are forgotten only past this many and once older than
   // the retention; undecided ones never.
@@ -150,6 +164,8 @@ class StepProtocol {
     bool promised = false;  // kAborted by a no vote or a promise: final
     bool gave_up = false;   // kAborted settled on in doubt: not a decision
     absl::Time at;          // recorded
+    // In doubt: members whose "applied" it no longer follows (Decide).
+    absl::flat_hash_set<std::string> ignored;
   };
 
   // Agree's check that no replica is behind (for a broadcast of `root`:
@@ -167,15 +183,25 @@ class StepProtocol {
   // DataLoss if that can't be learned in time.
   absl::Status Resolve(const Group& g, const OutcomeKey& key,
                        const absl::Status& why, absl::Time deadline);
-  // Every peer's outcome of `key`, asked at once.
-  std::vector<std::optional<Outcome>> AskPeers(const Group& g,
-                                               const OutcomeKey& key,
-                                               absl::Time deadline);
-  // Peer `peer`'s outcome of `key`; an unreachable peer is kVoting
-  // (undecided) while it is a member of the newest view, nullopt (gone)
-  // after.
+  // The member ids of `g` that the newest view leaves out.
+  std::vector<std::string> Gone(const Group& g) const;
+  // Every peer's outcome of `key`, asked at once, naming `gone`.
+  std::vector<std::optional<Outcome>> AskPeers(
+      const Group& g, const OutcomeKey& key,
+      const std::vector<std::string>& gone, absl::Time deadline);
+  // Peer `peer`'s outcome of `key`; an unreachable peer is nullopt (gone)
+  // when named in `gone`, else kVoting (undecided: at worst it is named
+  // next round).
   std::optional<Outcome> AskPeer(const Group& g, int peer,
-                                 const OutcomeKey& key, absl::Time deadline);
+                                 const OutcomeKey& key,
+                                 const std::vector<std::string>& gone,
+                                 absl::Time deadline);
+  // Follows the peers of `g` whose `answers` say they applied `key`: records
+  // kCommitted and returns it, or kAborted where a promise to refuse the step
+  // stands. `*answers` of members this worker was asked to count as gone are
+  // cleared (nullopt); with no other, returns kInDoubt.
+  Outcome LearnApplied(const Group& g, const OutcomeKey& key,
+                       std::vector<std::optional<Outcome>>* answers);
   // Records `outcome` (`gave_up`: an abort settled on in doubt) unless a
   // promise to refuse the step stands; returns what is recorded.
   Outcome SetOutcome(const OutcomeKey& key, Outcome outcome,

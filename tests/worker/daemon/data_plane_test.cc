@@ -45,9 +45,10 @@ class Workers {
                     absl::MutexLock lock(&mu_);
                     reported_[r] = result;
                   },
-              .ask_outcome = [this](const std::string& address,
-                                    const OutcomeKey& key,
-                                    absl::Time) { return Ask(address, key); }},
+              .ask_outcome =
+                  [this](const std::string& address, const OutcomeKey& key,
+                         const std::vector<std::string>& gone,
+                         absl::Time) { return Ask(address, key, gone); }},
           DataPlaneOptions{.view_wait = absl::Seconds(3)}));
       views_.push_back(std::move(views));
     }
@@ -155,8 +156,8 @@ class Workers {
   }
 
  private:
-  absl::StatusOr<Outcome> Ask(const std::string& address,
-                              const OutcomeKey& key) {
+  absl::StatusOr<Outcome> Ask(const std::string& address, const OutcomeKey& key,
+                              const std::vector<std::string>& gone) {
     int r = 0;
     if (!absl::SimpleAtoi(address.substr(1), &r)) {
       return absl::NotFoundError(address);
@@ -165,7 +166,7 @@ class Workers {
       absl::MutexLock lock(&mu_);
       if (unreachable_.contains(r)) return absl::UnavailableError(address);
     }
-    return planes_[r]->Decide(key);
+    return planes_[r]->Decide(key, gone);
   }
 
   std::shared_ptr<Group> MakeGroup(const ViewInfo& view, int worker) {

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -87,7 +88,7 @@ class StepProtocolTest : public ::testing::Test {
             },
             .ask_outcome =
                 [answers](const std::string& address, const OutcomeKey& key,
-                          absl::Time) {
+                          const std::vector<std::string>&, absl::Time) {
                   EXPECT_EQ(key, kKey);
                   return answers[address[1] - '0'];
                 }};
@@ -221,6 +222,78 @@ TEST_F(StepProtocolTest, PeersANewerViewLeftOutAreGoneNotUndecided) {
   EXPECT_EQ(protocol.Decide(kKey, true), Outcome::kInDoubt);
 }
 
+TEST_F(StepProtocolTest, AnswerInDoubtStopsLearningFromTheMembersNamedGone) {
+  // m2 applied the step; this worker (m0) is in doubt. m1, in doubt too,
+  // asks it naming m2 gone (a newer view left m2 out) and hears "in doubt":
+  // m1 may give the step up on that answer, so m2's "applied" no longer
+  // counts here, and this worker gives the step up as well.
+  StepProtocol* self = nullptr;
+  StepPeers peers = InDoubtPeers({});
+  peers.ask_outcome = [&](const std::string& address, const OutcomeKey& key,
+                          const std::vector<std::string>&,
+                          absl::Time) -> absl::StatusOr<Outcome> {
+    if (address == "a2") return Outcome::kCommitted;
+    EXPECT_EQ(self->Decide(key, true, {"m2"}), Outcome::kInDoubt);
+    return Outcome::kInDoubt;
+  };
+  StepProtocol protocol(std::move(peers), &clock_, nullptr, {});
+  self = &protocol;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(Vote(protocol)));
+  EXPECT_EQ(protocol.Decide(kKey, true), Outcome::kInDoubt);
+}
+
+// Two workers in doubt about a step that a third, m2, applied; a newer view
+// left m2 out, and m0 cannot reach it, while m1 can (issue: a worker in
+// doubt gave the step up on its peers' "in doubt" while one of them went on
+// to learn "applied" from a member it could still reach).
+TEST_F(StepProtocolTest, WorkersInDoubtDoNotSplitOverAMemberOnlyOneReaches) {
+  auto newer = std::make_shared<Group>(ThreeMembers(/*epoch=*/3));
+  newer->view.member_ids = {"m0", "m1"};
+  std::unique_ptr<StepProtocol> m0, m1;
+  absl::Notification m0_done;
+  absl::Status m0_status;
+  // m0 sees the newer view; m2 is unreachable from it.
+  StepPeers m0_peers = InDoubtPeers({});
+  m0_peers.current = [newer] { return newer; };
+  m0_peers.ask_outcome = [&](const std::string& address, const OutcomeKey& key,
+                             const std::vector<std::string>& gone,
+                             absl::Time) -> absl::StatusOr<Outcome> {
+    if (address == "a2") return absl::UnavailableError("black-holed");
+    return m1->Decide(key, true, gone);
+  };
+  // m1 has not seen the newer view; m2 answers it once m0 has settled.
+  StepPeers m1_peers = InDoubtPeers({});
+  m1_peers.ask_outcome = [&](const std::string& address, const OutcomeKey& key,
+                             const std::vector<std::string>& gone,
+                             absl::Time) -> absl::StatusOr<Outcome> {
+    if (address == "a2") {
+      if (!m0_done.HasBeenNotified()) {
+        Group g = ThreeMembers();
+        m0_status = m0->Vote(g, kKey, 99, true, kDigest,
+                             clock_.Now() + absl::Seconds(10), &refused_);
+        m0_done.Notify();
+      }
+      return Outcome::kCommitted;
+    }
+    m0_done.WaitForNotification();
+    return m0->Decide(key, true, gone);
+  };
+  m0 = std::make_unique<StepProtocol>(std::move(m0_peers), &clock_, nullptr,
+                                      StepProtocolOptions{});
+  m1 = std::make_unique<StepProtocol>(std::move(m1_peers), &clock_, nullptr,
+                                      StepProtocolOptions{});
+  Group g1 = ThreeMembers();
+  g1.rank = 1;
+  bool refused = false;
+  const absl::Status m1_status = m1->Vote(
+      g1, kKey, 99, true, kDigest, clock_.Now() + absl::Seconds(10), &refused);
+  // Both give the step up, with the vote's cause: neither applied it.
+  EXPECT_TRUE(absl::IsDeadlineExceeded(m0_status)) << m0_status;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(m1_status)) << m1_status;
+  EXPECT_NE(m0->Decide(kKey, true), Outcome::kCommitted);
+  EXPECT_NE(m1->Decide(kKey, true), Outcome::kCommitted);
+}
+
 TEST_F(StepProtocolTest, DecidedOutcomesAreForgottenPastTheLimitAndRetention) {
   StepProtocol protocol(VotingPeers("n"), &clock_, nullptr,
                         {.outcome_retention = absl::Minutes(5)});
@@ -311,17 +384,19 @@ class ThreeMembersOverLoopback : public ::testing::Test {
     }
     for (int r = 0; r < kSize; ++r) {
       protocols_.push_back(std::make_unique<StepProtocol>(
-          StepPeers{.gather = Gather(r),
-                    .ask_outcome = [this](const std::string& address,
-                                          const OutcomeKey& key, absl::Time)
-                        -> absl::StatusOr<Outcome> {
-                      const int peer = address[1] - '0';
-                      if (crashed_[peer]) {
-                        return absl::UnavailableError("crashed");
-                      }
-                      return protocols_[peer]->Decide(key, true);
-                    },
-                    .current = [this] { return current_; }},
+          StepPeers{
+              .gather = Gather(r),
+              .ask_outcome = [this](const std::string& address,
+                                    const OutcomeKey& key,
+                                    const std::vector<std::string>& gone,
+                                    absl::Time) -> absl::StatusOr<Outcome> {
+                const int peer = address[1] - '0';
+                if (crashed_[peer]) {
+                  return absl::UnavailableError("crashed");
+                }
+                return protocols_[peer]->Decide(key, true, gone);
+              },
+              .current = [this] { return current_; }},
           &clock_, nullptr,
           StepProtocolOptions{.view_wait = absl::Seconds(1)}));
     }
