@@ -42,7 +42,8 @@ echo "== build (address,undefined sanitizers)"
 # instrumented code (the main build keeps -Werror).
 bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DGRADMESH_WERROR=OFF \
-    -DGRADMESH_SANITIZE=address,undefined -DGRADMESH_CUDA=OFF
+    -DGRADMESH_SANITIZE=address,undefined -DGRADMESH_CUDA=OFF \
+    -DGRADMESH_BENCH=OFF -DGRADMESH_PYTHON=OFF
 echo "== unit and integration tests under sanitizers"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -L 'unit|integration' --output-on-failure \
