@@ -1,6 +1,7 @@
 #include "server/coordinator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <utility>
 
@@ -118,10 +119,27 @@ absl::Status ValidatePlanConfig(const PlanConfig& config) {
   return ValidateAutotuneConfig(config);
 }
 
+namespace {
+
+// The time in microseconds, past every incarnation handed out before in this
+// process (coordinators made in the same microsecond differ).
+uint64_t NextIncarnation() {
+  static std::atomic<uint64_t> last{0};
+  uint64_t next = absl::ToUnixMicros(absl::Now());
+  uint64_t prev = last.load();
+  do {
+    next = std::max(next, prev + 1);
+  } while (!last.compare_exchange_weak(prev, next));
+  return next;
+}
+
+}  // namespace
+
 Coordinator::Coordinator(PlanConfig config, absl::Duration heartbeat_timeout,
                          absl::Duration quarantine)
     : config_(std::move(config)),
       heartbeat_timeout_(heartbeat_timeout),
+      incarnation_(NextIncarnation()),
       config_status_(
           heartbeat_timeout <= absl::ZeroDuration()
               ? absl::InvalidArgumentError("heartbeat_timeout must be positive")
@@ -141,7 +159,13 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
   if (member.node_id.empty() || member.address.empty()) {
     return absl::InvalidArgumentError("node_id and address must be set");
   }
+  if (known != nullptr && known->kept_out.size() > kMaxKeptOut) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the known view keeps ", known->kept_out.size(),
+                     " nodes out; at most ", kMaxKeptOut));
+  }
   absl::MutexLock lock(&mu_);
+  now_ = std::max(now_, now);
   // A known epoch past `limit` that would raise this one is refused.
   auto check = [&](uint64_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (known == nullptr || known->epoch <= epoch_ || known->epoch <= limit) {
@@ -152,7 +176,18 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
                      ", which leaves no room for the epochs after it"));
   };
   GM_RETURN_IF_ERROR(check(kMaxAdoptedEpoch));
+  if (known != nullptr && known->incarnation != incarnation_ &&
+      known->epoch >= epoch_ &&
+      std::pair(known->incarnation, known->epoch) != quarantines_from_) {
+    quarantines_from_ = {known->incarnation, known->epoch};
+    for (const LinkReports::Quarantine& q : known->kept_out) {
+      links_.Adopt(q, now);
+    }
+    if (DropKeptOutLocked(now)) MembershipChangedLocked();
+  }
   if (known != nullptr && epoch_ == 0 && AdoptLocked(*known, member, now)) {
+    if (DropKeptOutLocked(now)) MembershipChangedLocked();
+    GM_RETURN_IF_ERROR(links_.MayJoin(member.node_id, now));
     return ViewLocked();
   }
   GM_RETURN_IF_ERROR(check(kMaxRaisedEpoch));  // not adopted: a raise
@@ -170,8 +205,23 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
   last_seconds_.erase(member.node_id);
   members_.insert_or_assign(member.node_id,
                             Member{.info = member, .last_seen = now});
+  DropKeptOutLocked(now);
   MembershipChangedLocked();
   return ViewLocked();
+}
+
+bool Coordinator::DropKeptOutLocked(absl::Time now) {
+  bool dropped = false;
+  for (auto it = members_.begin(); it != members_.end();) {
+    if (links_.MayJoin(it->first, now).ok()) {
+      ++it;
+      continue;
+    }
+    last_seconds_.erase(it->first);
+    it = members_.erase(it);
+    dropped = true;
+  }
+  return dropped;
 }
 
 bool Coordinator::AdoptLocked(const View& known, const MemberInfo& member,
@@ -261,6 +311,7 @@ absl::Status Coordinator::Heartbeat(
     absl::string_view node_id, absl::Time now,
     const std::vector<std::string>& unreachable) {
   absl::MutexLock lock(&mu_);
+  now_ = std::max(now_, now);
   auto it = members_.find(node_id);
   if (it == members_.end()) {
     return absl::NotFoundError(
@@ -294,6 +345,7 @@ absl::Status Coordinator::Leave(absl::string_view node_id) {
 
 std::optional<Coordinator::LinkRemoval> Coordinator::Tick(absl::Time now) {
   absl::MutexLock lock(&mu_);
+  now_ = std::max(now_, now);
   bool removed = false;
   for (auto it = members_.begin(); it != members_.end();) {
     if (now - it->second.last_seen > heartbeat_timeout_) {
@@ -324,6 +376,7 @@ std::optional<Coordinator::LinkRemoval> Coordinator::Tick(absl::Time now) {
 
 void Coordinator::Excuse(absl::Duration unobserved, absl::Time now) {
   absl::MutexLock lock(&mu_);
+  now_ = std::max(now_, now);
   for (auto& [node_id, member] : members_) {
     member.last_seen = std::min(member.last_seen + unobserved, now);
   }
@@ -501,7 +554,9 @@ View Coordinator::ViewLocked() const {
   View view{.epoch = epoch_,
             .plan = plan_,
             .start_step = start_step_,
-            .membership_epoch = membership_epoch_};
+            .membership_epoch = membership_epoch_,
+            .kept_out = links_.Quarantines(now_),
+            .incarnation = incarnation_};
   view.members.reserve(members_.size());
   for (const auto& [node_id, member] : members_) {
     view.members.push_back(member.info);

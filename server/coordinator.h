@@ -56,6 +56,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -130,6 +131,11 @@ struct View {
   uint64_t start_step = 0;
   // The epoch at which these members first formed a view (View proto).
   uint64_t membership_epoch = 0;
+  // The nodes kept out for a link that dropped their packets, as of the
+  // coordinator's latest clock reading (LinkReports::Quarantines).
+  std::vector<LinkReports::Quarantine> kept_out;
+  // The coordinator that published it (Coordinator::incarnation()).
+  uint64_t incarnation = 0;
 };
 
 // One worker's figures for one operation of one epoch.
@@ -160,6 +166,11 @@ class Coordinator {
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
+  // This coordinator, among all that serve a cluster over time: its start in
+  // microseconds since the Unix epoch, past every earlier one in this
+  // process. Its views carry it.
+  uint64_t incarnation() const { return incarnation_; }
+
   // Adds `member` (last seen at `now`) and publishes a new epoch; returns its
   // view. A node_id already present is replaced: its old incarnation leaves.
   // InvalidArgument for an empty node_id or address, or an unusable config;
@@ -174,6 +185,13 @@ class Coordinator {
   //     their heartbeats, and those that never come back are removed by Tick;
   //   - a member that joins again knowing the current epoch is the same
   //     process (it lost contact): it is marked alive, no new epoch;
+  //   - the nodes a known view keeps out (View::kept_out) are kept out here
+  //     too, for their whole quarantine from `now`, when another coordinator
+  //     published that view, at or past the current epoch (once per such
+  //     view): a member among them
+  //     is removed, in the same new epoch; so a restart does not let a node
+  //     removed for its link back in, whichever member joins first. At most
+  //     kMaxKeptOut (InvalidArgument past that, nothing changed);
   //   - a known epoch above the current one raises it, and a new epoch is
   //     published past it, so epochs only grow across restarts. It may
   //     raise it to kMaxRaisedEpoch, or be adopted up to kMaxAdoptedEpoch
@@ -187,6 +205,7 @@ class Coordinator {
       (uint64_t{1} << 53) - (uint64_t{1} << 32);
   static constexpr uint64_t kMaxAdoptedEpoch =
       (uint64_t{1} << 53) - (uint64_t{1} << 31);
+  static constexpr size_t kMaxKeptOut = 4096;
 
   // Marks the member alive at `now`, and notes the members it cannot reach
   // (node ids; LinkReports::Update). NotFound if it is not a member (it was
@@ -255,6 +274,8 @@ class Coordinator {
   // Takes over `known` (see Join); false if it can't (nothing changes).
   bool AdoptLocked(const View& known, const MemberInfo& member, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the members kept out at `now`; returns whether any was.
+  bool DropKeptOutLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether this config would run `plan` on `world_size` members as it is
   // (an autotuned d counts when no trial is in progress).
   bool PlanFits(const Plan& plan, int world_size) const;
@@ -271,6 +292,7 @@ class Coordinator {
 
   const PlanConfig config_;
   const absl::Duration heartbeat_timeout_;
+  const uint64_t incarnation_;
   const absl::Status config_status_;
 
   mutable absl::Mutex mu_;
@@ -280,6 +302,11 @@ class Coordinator {
   uint64_t max_step_ ABSL_GUARDED_BY(mu_) = 0;  // highest step reported
   std::map<std::string, Member, std::less<>> members_ ABSL_GUARDED_BY(mu_);
   LinkReports links_ ABSL_GUARDED_BY(mu_);
+  // The latest time a call passed in (what a view's kept_out is as of).
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The last earlier coordinator's view (incarnation, epoch) whose kept_out
+  // was adopted: the members that bring it next add nothing.
+  std::pair<uint64_t, uint64_t> quarantines_from_ ABSL_GUARDED_BY(mu_);
   Plan plan_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<AutotuneRound> round_ ABSL_GUARDED_BY(mu_);  // null: none
   // Why the round in progress started on the same members ("" after a

@@ -86,10 +86,36 @@ absl::Duration LinkReports::KeepOut(const std::string& node_id,
                                     absl::Time now) {
   KeptOut& out = kept_out_[node_id];
   if (out.strikes > 0 && now - out.until > 16 * quarantine_) out.strikes = 0;
-  out.strikes = std::min(out.strikes + 1, 5);
+  out.strikes = std::min(out.strikes + 1, kMaxStrikes);
   out.length = quarantine_ * (1 << (out.strikes - 1));
   out.until = now + out.length;
   return out.length;
+}
+
+std::vector<LinkReports::Quarantine> LinkReports::Quarantines(
+    absl::Time now) const {
+  std::vector<Quarantine> out;
+  for (const auto& [node_id, kept] : kept_out_) {
+    if (now >= kept.until) continue;
+    out.push_back(
+        {.node_id = node_id, .length = kept.length, .strikes = kept.strikes});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Quarantine& a, const Quarantine& b) {
+              return a.node_id < b.node_id;
+            });
+  return out;
+}
+
+void LinkReports::Adopt(const Quarantine& q, absl::Time now) {
+  const absl::Duration length = std::clamp(
+      q.length, absl::ZeroDuration(), quarantine_ * (1 << (kMaxStrikes - 1)));
+  if (q.node_id.empty() || length <= absl::ZeroDuration()) return;
+  KeptOut& out = kept_out_[q.node_id];
+  if (now + length <= out.until) return;
+  out.until = now + length;
+  out.length = length;
+  out.strikes = std::clamp(q.strikes, 1, kMaxStrikes);
 }
 
 absl::Status LinkReports::MayJoin(absl::string_view node_id,

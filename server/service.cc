@@ -1,6 +1,7 @@
 #include "server/service.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -28,9 +29,9 @@ namespace {
 
 namespace v1 = ::gradmesh::v1;
 
-v1::View ToProto(const View& view, uint64_t incarnation) {
+v1::View ToProto(const View& view) {
   v1::View out;
-  out.set_incarnation(incarnation);
+  out.set_incarnation(view.incarnation);
   out.set_epoch(view.epoch);
   out.set_start_step(view.start_step);
   out.set_membership_epoch(view.membership_epoch);
@@ -44,6 +45,12 @@ v1::View ToProto(const View& view, uint64_t incarnation) {
     node->set_incarnation(m.incarnation);
   }
   PlanToProto(view.plan, out.mutable_plan());
+  for (const LinkReports::Quarantine& q : view.kept_out) {
+    v1::KeptOut* kept = out.add_kept_out();
+    kept->set_node_id(q.node_id);
+    kept->set_quarantine_seconds(absl::ToDoubleSeconds(q.length));
+    kept->set_strikes(q.strikes);
+  }
   return out;
 }
 
@@ -60,6 +67,17 @@ View FromProto(const v1::View& view) {
                            .incarnation = m.incarnation()});
   }
   out.plan = PlanFromProto(view.plan());
+  out.incarnation = view.incarnation();
+  for (const v1::KeptOut& kept : view.kept_out()) {
+    // A length that is not a finite number of seconds counts as none
+    // (LinkReports::Adopt ignores it); Adopt also bounds it.
+    const double seconds = std::isfinite(kept.quarantine_seconds())
+                               ? kept.quarantine_seconds()
+                               : 0.0;
+    out.kept_out.push_back({.node_id = kept.node_id(),
+                            .length = absl::Seconds(seconds),
+                            .strikes = kept.strikes()});
+  }
   return out;
 }
 
@@ -317,7 +335,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                                    .incarnation = node.incarnation()},
                                   Heard(), known ? &*known : nullptr);
     if (!view.ok()) return ToGrpc(view.status());
-    *response->mutable_view() = ToProto(*view, incarnation_);
+    *response->mutable_view() = ToProto(*view);
     Log(absl::StrCat(node.node_id(), " joined",
                      known ? absl::StrCat(" knowing epoch ", known->epoch) : "",
                      ": epoch ", view->epoch, ", ", view->members.size(),
@@ -358,7 +376,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
       const View view = coordinator_.WaitForView(
           after, absl::Now() + absl::Milliseconds(200));
       if (view.epoch <= after) continue;
-      if (!writer->Write(ToProto(view, incarnation_))) break;
+      if (!writer->Write(ToProto(view))) break;
       after = view.epoch;
     }
     return grpc::Status::OK;
@@ -504,8 +522,6 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   static constexpr absl::Duration kPauseGap = absl::Seconds(1);
 
   const ServerOptions options_;
-  // This run's id in its views: its start time.
-  const uint64_t incarnation_ = absl::ToUnixMicros(absl::Now());
   Coordinator coordinator_;
   Metrics metrics_;
   std::unique_ptr<grpc::Server> server_;

@@ -581,6 +581,66 @@ TEST(CoordinatorTest, AMemberTheOthersCannotReachIsRemovedAndKeptOut) {
   EXPECT_EQ(coordinator.Tick(back + absl::Seconds(1)), std::nullopt);
 }
 
+// The views list the nodes kept out, and a restarted coordinator keeps them
+// out for their whole quarantine, whether a survivor or the removed node
+// joins it first (issue: a restarted coordinator let the node back at once).
+TEST(CoordinatorTest, ARestartedCoordinatorKeepsTheQuarantinesOfTheView) {
+  constexpr absl::Duration kQuarantine = absl::Seconds(30);
+  Coordinator first({}, kTimeout, kQuarantine);
+  JoinAll(first, {"a", "b", "c"});
+  const View before = first.view();  // what b still runs
+  const absl::Time t = kT0 + absl::Seconds(1);
+  ASSERT_TRUE(first.Heartbeat("a", t, {"b"}).ok());
+  ASSERT_TRUE(first.Heartbeat("c", t, {"b"}).ok());
+  ASSERT_TRUE(first.Heartbeat("b", t).ok());
+  ASSERT_TRUE(first.Tick(t + kTimeout).has_value());
+  const View after = first.view();  // what a and c run
+  EXPECT_THAT(Ids(after), ElementsAre("a", "c"));
+  ASSERT_EQ(after.kept_out.size(), 1u);
+  EXPECT_EQ(after.kept_out[0],
+            (LinkReports::Quarantine{
+                .node_id = "b", .length = kQuarantine, .strikes = 1}));
+
+  // A survivor joins the restarted coordinator first: b stays out.
+  const absl::Time restart = t + kTimeout + absl::Seconds(5);
+  Coordinator survivor_first({}, kTimeout, kQuarantine);
+  ASSERT_TRUE(survivor_first.Join(Node("a"), restart, &after).ok());
+  EXPECT_TRUE(absl::IsUnavailable(
+      survivor_first.Join(Node("b"), restart, &before).status()));
+  EXPECT_THAT(Ids(survivor_first.view()), ElementsAre("a", "c"));
+  EXPECT_TRUE(
+      survivor_first.Join(Node("b"), restart + kQuarantine, &before).ok());
+
+  // b joins first with its older view, which lists it: once a survivor
+  // brings the newer view, b is removed in the same new epoch.
+  Coordinator removed_first({}, kTimeout, kQuarantine);
+  ASSERT_TRUE(removed_first.Join(Node("b"), restart, &before).ok());
+  EXPECT_THAT(Ids(removed_first.view()), ElementsAre("a", "b", "c"));
+  const absl::StatusOr<View> joined =
+      removed_first.Join(Node("a"), restart, &after);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_THAT(Ids(*joined), ElementsAre("a", "c"));
+  EXPECT_GT(joined->epoch, after.epoch);
+  EXPECT_TRUE(absl::IsUnavailable(
+      removed_first.Join(Node("b"), restart, &before).status()));
+
+  // A view of this coordinator's own epoch adds nothing (a member that lost
+  // contact joins again): its list does not restart a quarantine.
+  Coordinator running({}, kTimeout, kQuarantine);
+  ASSERT_TRUE(running.Join(Node("a"), restart, &after).ok());
+  const View own = running.view();
+  ASSERT_TRUE(running.Join(Node("a"), restart + kQuarantine, &own).ok());
+  EXPECT_TRUE(running.Join(Node("b"), restart + kQuarantine).ok());
+
+  // A view keeping out more nodes than any cluster has is refused.
+  View crowded = after;
+  crowded.kept_out.assign(Coordinator::kMaxKeptOut + 1, after.kept_out[0]);
+  Coordinator fresh({}, kTimeout, kQuarantine);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      fresh.Join(Node("a"), restart, &crowded).status()));
+  EXPECT_EQ(fresh.view().epoch, 0u);
+}
+
 // A coordinator paused (SIGSTOP, a starved VM) heard no heartbeats while it
 // was: that silence is excused, and only the silence it watched counts.
 TEST(CoordinatorTest, SilenceTheCoordinatorDidNotWatchIsExcused) {

@@ -137,5 +137,37 @@ TEST(LinkReportsTest, TheRemovedNodeIsKeptOutForLongerEachTime) {
   EXPECT_EQ(reports.KeepOut("b", much_later), kQuarantine);
 }
 
+// The quarantines in force are listed by node id; one learned from an earlier
+// coordinator's view counts in full from now, within this one's bounds, and
+// never shortens a longer one.
+TEST(LinkReportsTest, QuarantinesAreListedAndAdoptedWithinBounds) {
+  LinkReports reports(kSettle, kQuarantine);
+  reports.KeepOut("c", kT0);
+  reports.KeepOut("b", kT0);
+  reports.KeepOut("b", kT0);
+  using Q = LinkReports::Quarantine;
+  EXPECT_THAT(
+      reports.Quarantines(kT0),
+      ElementsAre(Q{.node_id = "b", .length = 2 * kQuarantine, .strikes = 2},
+                  Q{.node_id = "c", .length = kQuarantine, .strikes = 1}));
+  EXPECT_THAT(
+      reports.Quarantines(kT0 + kQuarantine),
+      ElementsAre(Q{.node_id = "b", .length = 2 * kQuarantine, .strikes = 2}));
+
+  LinkReports adopted(kSettle, kQuarantine);
+  const absl::Time t = kT0 + absl::Seconds(100);
+  adopted.Adopt({.node_id = "b", .length = absl::Hours(100), .strikes = 99}, t);
+  adopted.Adopt({.node_id = "c", .length = -absl::Seconds(1)}, t);
+  adopted.Adopt({.node_id = "", .length = kQuarantine}, t);
+  EXPECT_THAT(
+      adopted.Quarantines(t),
+      ElementsAre(Q{.node_id = "b", .length = 16 * kQuarantine, .strikes = 5}));
+  adopted.Adopt({.node_id = "b", .length = kQuarantine, .strikes = 1}, t);
+  EXPECT_TRUE(absl::IsUnavailable(
+      adopted.MayJoin("b", t + 16 * kQuarantine - absl::Seconds(1))));
+  EXPECT_TRUE(adopted.MayJoin("b", t + 16 * kQuarantine).ok());
+  EXPECT_TRUE(adopted.MayJoin("c", t).ok());
+}
+
 }  // namespace
 }  // namespace gradmesh::server
