@@ -168,6 +168,11 @@ Outcome StepProtocol::Decide(const OutcomeKey& key, bool holds_registration,
     // The asker may give the step up on this answer: from now on, what the
     // members it counts as gone did is no concern of this worker either.
     if (entry.outcome == Outcome::kInDoubt) {
+      // Past the bound it records nothing and answers "undecided": the
+      // asker keeps asking, which is always safe.
+      if (entry.ignored.size() + gone.size() > kMaxGone) {
+        return Outcome::kVoting;
+      }
       entry.ignored.insert(gone.begin(), gone.end());
     }
     // An abort settled on in doubt is not a decision others may follow.
@@ -204,10 +209,10 @@ absl::Status StepProtocol::Resolve(const Group& g, const OutcomeKey& key,
       deadline + std::max(absl::Seconds(1), options_.view_wait);
   absl::Duration pause = absl::Milliseconds(20);
   while (true) {
-    const std::vector<std::string> gone = Gone(g);
+    const std::vector<std::string> gone = Gone(g, key);
     std::vector<std::optional<Outcome>> answers = AskPeers(
         g, key, gone, std::min(until, clock_->Now() + absl::Seconds(1)));
-    switch (LearnApplied(g, key, &answers)) {
+    switch (LearnApplied(g, key, gone, &answers)) {
       case Outcome::kCommitted:
         return absl::OkStatus();
       case Outcome::kAborted:
@@ -241,16 +246,25 @@ absl::Status StepProtocol::Resolve(const Group& g, const OutcomeKey& key,
   }
 }
 
-std::vector<std::string> StepProtocol::Gone(const Group& g) const {
+std::vector<std::string> StepProtocol::Gone(const Group& g,
+                                            const OutcomeKey& key) {
   std::vector<std::string> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    const Entry& entry = EntryLocked(key);
+    gone.assign(entry.ignored.begin(), entry.ignored.end());
+  }
   std::shared_ptr<Group> now = peers_.current ? peers_.current() : nullptr;
-  if (now == nullptr || now->view.epoch <= g.view.epoch) return gone;
-  for (const std::string& id : g.view.member_ids) {
-    if (std::find(now->view.member_ids.begin(), now->view.member_ids.end(),
-                  id) == now->view.member_ids.end()) {
-      gone.push_back(id);
+  if (now != nullptr && now->view.epoch > g.view.epoch) {
+    for (const std::string& id : g.view.member_ids) {
+      if (std::find(now->view.member_ids.begin(), now->view.member_ids.end(),
+                    id) == now->view.member_ids.end()) {
+        gone.push_back(id);
+      }
     }
   }
+  std::sort(gone.begin(), gone.end());
+  gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
   return gone;
 }
 
@@ -285,17 +299,22 @@ std::optional<Outcome> StepProtocol::AskPeer(
 }
 
 Outcome StepProtocol::LearnApplied(
-    const Group& g, const OutcomeKey& key,
+    const Group& g, const OutcomeKey& key, const std::vector<std::string>& gone,
     std::vector<std::optional<Outcome>>* answers) {
   absl::MutexLock lock(&mu_);
   Entry& entry = EntryLocked(key);
   bool heard = false;
   for (int p = 0; p < g.size(); ++p) {
     if ((*answers)[p] != Outcome::kCommitted) continue;
-    if (entry.ignored.contains(g.view.member_ids[p])) {
-      (*answers)[p].reset();  // gone, as far as this worker is concerned
-    } else {
+    const std::string& id = g.view.member_ids[p];
+    if (!entry.ignored.contains(id)) {
       heard = true;
+    } else if (std::binary_search(gone.begin(), gone.end(), id)) {
+      (*answers)[p].reset();  // gone, and this round's questions said so
+    } else {
+      // Ignored since this round's questions went out: gone only once a
+      // round names it to the others.
+      (*answers)[p] = Outcome::kVoting;
     }
   }
   if (!heard) return Outcome::kInDoubt;
@@ -315,6 +334,7 @@ Outcome StepProtocol::SetOutcome(const OutcomeKey& key, Outcome outcome,
     entry.outcome = outcome;
     entry.gave_up = gave_up;
   }
+  if (entry.outcome != Outcome::kInDoubt) entry.ignored.clear();
   const Outcome recorded = entry.outcome;
   ForgetOldLocked();
   return recorded;

@@ -17,8 +17,9 @@
 // promises never to apply it. With every peer in doubt too, or gone (left
 // out of a newer view), it gives the step up. That is safe because each
 // question names the members the asker counts as gone, and a peer that
-// answers "in doubt" stops learning "applied" from them: no survivor can
-// apply the step after it told the asker it had not. A worker that cannot
+// answers "in doubt" stops learning "applied" from them and names them in
+// its own questions: no peer whose answer let a worker give up can apply the
+// step later, nor any peer it asks. A worker that cannot
 // learn the outcome by its deadline plus view_wait (a peer unreachable but
 // still a member) answers DataLoss: its replica may differ from the others'.
 //
@@ -145,13 +146,15 @@ class StepProtocol {
   // (`holds_registration`) and has not voted on is refused from now on: it
   // will vote no (kAborted). A step it is in doubt about reads kInDoubt, and
   // from now on it does not learn "applied" from the members `gone` (the
-  // asker may give the step up on that answer). An abort it settled on in
-  // doubt itself, or a registration it does not hold, reads kInDoubt too.
+  // asker may give the step up on that answer), and names them gone in its
+  // own questions; past kMaxGone such members in all it reads kVoting and
+  // records nothing. An abort it settled on in doubt itself, or a
+  // registration it does not hold, reads kInDoubt too.
   Outcome Decide(const OutcomeKey& key, bool holds_registration,
                  const std::vector<std::string>& gone = {});
 
-  // The most member ids a question may name as gone (the most members of a
-  // group the coordinator forms is far fewer).
+  // The most member ids a question may name as gone, and a step in doubt may
+  // count as gone (the members of a group are far fewer).
   static constexpr size_t kMaxGone = 4096;
 
   // Decided outcomes are forgotten only past this many and once older than
@@ -183,8 +186,10 @@ class StepProtocol {
   // DataLoss if that can't be learned in time.
   absl::Status Resolve(const Group& g, const OutcomeKey& key,
                        const absl::Status& why, absl::Time deadline);
-  // The member ids of `g` that the newest view leaves out.
-  std::vector<std::string> Gone(const Group& g) const;
+  // The member ids, sorted, that this worker counts as gone in a round about
+  // `key`: those of `g` that the newest view leaves out, and those it was
+  // asked to count as gone (Decide).
+  std::vector<std::string> Gone(const Group& g, const OutcomeKey& key);
   // Every peer's outcome of `key`, asked at once, naming `gone`.
   std::vector<std::optional<Outcome>> AskPeers(
       const Group& g, const OutcomeKey& key,
@@ -198,9 +203,11 @@ class StepProtocol {
                                  absl::Time deadline);
   // Follows the peers of `g` whose `answers` say they applied `key`: records
   // kCommitted and returns it, or kAborted where a promise to refuse the step
-  // stands. `*answers` of members this worker was asked to count as gone are
-  // cleared (nullopt); with no other, returns kInDoubt.
+  // stands. An "applied" from a member this worker was asked to count as
+  // gone is cleared (nullopt) when this round named it (`gone`, sorted), and
+  // becomes kVoting (ask again) when not; with no other, returns kInDoubt.
   Outcome LearnApplied(const Group& g, const OutcomeKey& key,
+                       const std::vector<std::string>& gone,
                        std::vector<std::optional<Outcome>>* answers);
   // Records `outcome` (`gave_up`: an abort settled on in doubt) unless a
   // promise to refuse the step stands; returns what is recorded.

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
@@ -226,13 +227,16 @@ TEST_F(StepProtocolTest, AnswerInDoubtStopsLearningFromTheMembersNamedGone) {
   // m2 applied the step; this worker (m0) is in doubt. m1, in doubt too,
   // asks it naming m2 gone (a newer view left m2 out) and hears "in doubt":
   // m1 may give the step up on that answer, so m2's "applied" no longer
-  // counts here, and this worker gives the step up as well.
+  // counts here. It names m2 gone in its next round's questions, then gives
+  // the step up as well.
   StepProtocol* self = nullptr;
+  std::vector<std::vector<std::string>> named;
   StepPeers peers = InDoubtPeers({});
   peers.ask_outcome = [&](const std::string& address, const OutcomeKey& key,
-                          const std::vector<std::string>&,
+                          const std::vector<std::string>& gone,
                           absl::Time) -> absl::StatusOr<Outcome> {
     if (address == "a2") return Outcome::kCommitted;
+    named.push_back(gone);
     EXPECT_EQ(self->Decide(key, true, {"m2"}), Outcome::kInDoubt);
     return Outcome::kInDoubt;
   };
@@ -240,6 +244,90 @@ TEST_F(StepProtocolTest, AnswerInDoubtStopsLearningFromTheMembersNamedGone) {
   self = &protocol;
   EXPECT_TRUE(absl::IsDeadlineExceeded(Vote(protocol)));
   EXPECT_EQ(protocol.Decide(kKey, true), Outcome::kInDoubt);
+  // The first round's questions went out before m1's: a second names m2.
+  EXPECT_THAT(named, ::testing::ElementsAre(::testing::IsEmpty(),
+                                            ::testing::ElementsAre("m2")));
+}
+
+// m0 sees a newer view that left m2 out; m1 does not. m2 applied the step
+// and both can reach it. m0 names m2 gone to m1, so m1 stops following m2;
+// m1 must then name m2 gone in its own questions, or m0, whose answer let m1
+// give the step up, would still follow m2 and apply it.
+TEST_F(StepProtocolTest, WorkersInDoubtPassOnTheMembersNamedGone) {
+  auto newer = std::make_shared<Group>(ThreeMembers(/*epoch=*/3));
+  newer->view.member_ids = {"m0", "m1"};
+  std::unique_ptr<StepProtocol> m0, m1;
+  absl::Notification m1_asking, m1_bound, m1_done;
+  StepPeers m0_peers = InDoubtPeers({});
+  m0_peers.current = [newer] { return newer; };
+  m0_peers.ask_outcome = [&](const std::string& address, const OutcomeKey& key,
+                             const std::vector<std::string>& gone,
+                             absl::Time) -> absl::StatusOr<Outcome> {
+    if (address == "a2") {
+      m1_done.WaitForNotification();
+      return Outcome::kCommitted;
+    }
+    m1_asking.WaitForNotification();
+    const Outcome theirs = m1->Decide(key, true, gone);
+    if (!m1_bound.HasBeenNotified()) m1_bound.Notify();
+    return theirs;
+  };
+  StepPeers m1_peers = InDoubtPeers({});
+  m1_peers.ask_outcome = [&](const std::string& address, const OutcomeKey& key,
+                             const std::vector<std::string>& gone,
+                             absl::Time) -> absl::StatusOr<Outcome> {
+    if (!m1_asking.HasBeenNotified()) m1_asking.Notify();
+    m1_bound.WaitForNotification();
+    if (address == "a2") return Outcome::kCommitted;
+    return m0->Decide(key, true, gone);
+  };
+  m0 = std::make_unique<StepProtocol>(std::move(m0_peers), &clock_, nullptr,
+                                      StepProtocolOptions{});
+  m1 = std::make_unique<StepProtocol>(std::move(m1_peers), &clock_, nullptr,
+                                      StepProtocolOptions{});
+  absl::Status m1_status;
+  std::thread m1_votes([&] {
+    Group g1 = ThreeMembers();
+    g1.rank = 1;
+    bool refused = false;
+    m1_status = m1->Vote(g1, kKey, 99, true, kDigest,
+                         clock_.Now() + absl::Seconds(10), &refused);
+    m1_done.Notify();
+  });
+  bool refused = false;
+  const absl::Status m0_status =
+      m0->Vote(ThreeMembers(), kKey, 99, true, kDigest,
+               clock_.Now() + absl::Seconds(10), &refused);
+  m1_votes.join();
+  // Neither applied it.
+  EXPECT_TRUE(absl::IsDeadlineExceeded(m0_status)) << m0_status;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(m1_status)) << m1_status;
+  EXPECT_NE(m0->Decide(kKey, true), Outcome::kCommitted);
+  EXPECT_NE(m1->Decide(kKey, true), Outcome::kCommitted);
+}
+
+TEST_F(StepProtocolTest, PastTheBoundAnAnswerInDoubtPromisesNothing) {
+  StepProtocol* self = nullptr;
+  std::vector<Outcome> heard;
+  StepPeers peers = InDoubtPeers({});
+  peers.ask_outcome = [&](const std::string& address, const OutcomeKey& key,
+                          const std::vector<std::string>&,
+                          absl::Time) -> absl::StatusOr<Outcome> {
+    if (address == "a2" && heard.empty()) {
+      std::vector<std::string> many;
+      for (size_t i = 0; i < StepProtocol::kMaxGone; ++i) {
+        many.push_back(absl::StrCat("n", i));
+      }
+      heard.push_back(self->Decide(key, true, many));
+      heard.push_back(self->Decide(key, true, {"one more"}));
+    }
+    return Outcome::kInDoubt;
+  };
+  StepProtocol protocol(std::move(peers), &clock_, nullptr, {});
+  self = &protocol;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(Vote(protocol)));
+  EXPECT_THAT(heard,
+              ::testing::ElementsAre(Outcome::kInDoubt, Outcome::kVoting));
 }
 
 // Two workers in doubt about a step that a third, m2, applied; a newer view
