@@ -153,11 +153,17 @@ Coordinator::Coordinator(PlanConfig config, absl::Duration heartbeat_timeout,
 
 Coordinator::~Coordinator() = default;
 
-absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
-                                       const View* known) {
+absl::StatusOr<View> Coordinator::Join(
+    const MemberInfo& member, absl::Time now, const View* known,
+    const std::vector<std::string>& unreachable) {
   if (!config_status_.ok()) return config_status_;
   if (member.node_id.empty() || member.address.empty()) {
     return absl::InvalidArgumentError("node_id and address must be set");
+  }
+  if (unreachable.size() > (known == nullptr ? 0 : known->members.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", member.node_id, "' names ", unreachable.size(),
+                     " members it cannot reach, more than its view has"));
   }
   if (known != nullptr && known->kept_out.size() > kMaxKeptOut) {
     return absl::InvalidArgumentError(
@@ -176,21 +182,17 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
                      ", which leaves no room for the epochs after it"));
   };
   GM_RETURN_IF_ERROR(check(kMaxAdoptedEpoch));
-  if (known != nullptr && known->incarnation != incarnation_ &&
+  const bool brings_quarantines =
+      known != nullptr && known->incarnation != incarnation_ &&
       known->epoch >= epoch_ &&
-      std::pair(known->incarnation, known->epoch) != quarantines_from_) {
-    quarantines_from_ = {known->incarnation, known->epoch};
-    for (const LinkReports::Quarantine& q : known->kept_out) {
-      links_.Adopt(q, now);
-    }
-    if (DropKeptOutLocked(now)) MembershipChangedLocked();
-  }
+      std::pair(known->incarnation, known->epoch) != quarantines_from_;
   if (known != nullptr && epoch_ == 0 && AdoptLocked(*known, member, now)) {
-    if (DropKeptOutLocked(now)) MembershipChangedLocked();
+    if (brings_quarantines) AdoptQuarantinesLocked(*known, now);
     GM_RETURN_IF_ERROR(links_.MayJoin(member.node_id, now));
     return ViewLocked();
   }
   GM_RETURN_IF_ERROR(check(kMaxRaisedEpoch));  // not adopted: a raise
+  if (brings_quarantines) AdoptQuarantinesLocked(*known, now);
   auto present = members_.find(member.node_id);
   if (known != nullptr && known->epoch == epoch_ && epoch_ > 0 &&
       present != members_.end() &&
@@ -200,6 +202,8 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
     return ViewLocked();
   }
   GM_RETURN_IF_ERROR(links_.MayJoin(member.node_id, now));
+  GM_RETURN_IF_ERROR(
+      CheckReachesMembersLocked(member.node_id, unreachable, now));
   if (known != nullptr) epoch_ = std::max(epoch_, known->epoch);
   // A previous incarnation's figures do not describe the new one.
   last_seconds_.erase(member.node_id);
@@ -208,6 +212,31 @@ absl::StatusOr<View> Coordinator::Join(const MemberInfo& member, absl::Time now,
   DropKeptOutLocked(now);
   MembershipChangedLocked();
   return ViewLocked();
+}
+
+absl::Status Coordinator::CheckReachesMembersLocked(
+    absl::string_view node_id, const std::vector<std::string>& unreachable,
+    absl::Time now) const {
+  if (!links_.OnProbation(node_id, now)) return absl::OkStatus();
+  std::vector<std::string> cut_off;
+  for (const std::string& id : unreachable) {
+    if (id != node_id && members_.contains(id)) cut_off.push_back(id);
+  }
+  if (cut_off.empty()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "'", node_id,
+      "' was removed because members could not reach it, and it still "
+      "cannot reach ",
+      absl::StrJoin(cut_off, ", "), ": it stays out until it can"));
+}
+
+void Coordinator::AdoptQuarantinesLocked(const View& known, absl::Time now) {
+  quarantines_from_ = {known.incarnation, known.epoch};
+  for (const LinkReports::Quarantine& q : known.kept_out) links_.Adopt(q, now);
+  if (!DropKeptOutLocked(now)) return;
+  // Past every epoch the members run (the caller checked the raise).
+  epoch_ = std::max(epoch_, known.epoch);
+  MembershipChangedLocked();
 }
 
 bool Coordinator::DropKeptOutLocked(absl::Time now) {
@@ -307,15 +336,20 @@ bool Coordinator::PlanFits(const Plan& plan, int world_size) const {
   return plan.algorithm == fixed.algorithm && plan.teams == fixed.teams;
 }
 
-absl::Status Coordinator::Heartbeat(
-    absl::string_view node_id, absl::Time now,
-    const std::vector<std::string>& unreachable) {
+absl::Status Coordinator::Heartbeat(absl::string_view node_id, absl::Time now,
+                                    const std::vector<std::string>& unreachable,
+                                    uint64_t epoch) {
   absl::MutexLock lock(&mu_);
   now_ = std::max(now_, now);
   auto it = members_.find(node_id);
   if (it == members_.end()) {
     return absl::NotFoundError(
         absl::StrCat("'", node_id, "' is not a member; join again"));
+  }
+  if (epoch > epoch_) {
+    return absl::NotFoundError(absl::StrCat(
+        "'", node_id, "' runs epoch ", epoch, ", past this coordinator's ",
+        epoch_, " (it adopted an older view): join again with it"));
   }
   it->second.last_seen = std::max(it->second.last_seen, now);
   if (unreachable.size() > members_.size()) {

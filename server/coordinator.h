@@ -189,9 +189,10 @@ class Coordinator {
   //     too, for their whole quarantine from `now`, when another coordinator
   //     published that view, at or past the current epoch (once per such
   //     view): a member among them
-  //     is removed, in the same new epoch; so a restart does not let a node
-  //     removed for its link back in, whichever member joins first. At most
-  //     kMaxKeptOut (InvalidArgument past that, nothing changed);
+  //     is removed, in a new epoch; so a restart does not let a node removed
+  //     for its link back in, whichever member joins first (see Heartbeat).
+  //     They stay adopted even if this Join is refused. At most kMaxKeptOut
+  //     (InvalidArgument past that, nothing changed);
   //   - a known epoch above the current one raises it, and a new epoch is
   //     published past it, so epochs only grow across restarts. It may
   //     raise it to kMaxRaisedEpoch, or be adopted up to kMaxAdoptedEpoch
@@ -199,8 +200,14 @@ class Coordinator {
   //     above the current one is always accepted. So the epochs published
   //     later (2^31 between the two limits, 2^31 more to 2^53, the largest
   //     that a double holds exactly) stay ones that Joins may carry.
+  //   - a node that LinkReports has on probation (removed for its link)
+  //     and that is not a member joins only while it names no current
+  //     member in `unreachable` (the members of `known` it could not reach
+  //     as it joined; at most as many as `known` has): Unavailable, nothing
+  //     changed, otherwise.
   absl::StatusOr<View> Join(const MemberInfo& member, absl::Time now,
-                            const View* known = nullptr);
+                            const View* known = nullptr,
+                            const std::vector<std::string>& unreachable = {});
   static constexpr uint64_t kMaxRaisedEpoch =
       (uint64_t{1} << 53) - (uint64_t{1} << 32);
   static constexpr uint64_t kMaxAdoptedEpoch =
@@ -209,10 +216,14 @@ class Coordinator {
 
   // Marks the member alive at `now`, and notes the members it cannot reach
   // (node ids; LinkReports::Update). NotFound if it is not a member (it was
-  // removed and must join again); InvalidArgument, the reports ignored, for
-  // more names than members.
+  // removed and must join again), or if it runs an epoch (`epoch`, 0: not
+  // told) above the current one: this coordinator adopted an older view
+  // after a restart, and the member's Join brings the newer one (with its
+  // quarantines). InvalidArgument, the reports ignored, for more names than
+  // members.
   absl::Status Heartbeat(absl::string_view node_id, absl::Time now,
-                         const std::vector<std::string>& unreachable = {});
+                         const std::vector<std::string>& unreachable = {},
+                         uint64_t epoch = 0);
 
   // Removes the member and publishes a new epoch; NotFound if not a member.
   absl::Status Leave(absl::string_view node_id);
@@ -273,6 +284,15 @@ class Coordinator {
   void StartRoundLocked(uint64_t start_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes over `known` (see Join); false if it can't (nothing changes).
   bool AdoptLocked(const View& known, const MemberInfo& member, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unavailable when `node_id` is on probation and `unreachable` names a
+  // current member other than itself.
+  absl::Status CheckReachesMembersLocked(
+      absl::string_view node_id, const std::vector<std::string>& unreachable,
+      absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Keeps out the nodes `known` (another coordinator's view) keeps out, from
+  // `now`; removes the members among them, in a new epoch past `known`'s.
+  void AdoptQuarantinesLocked(const View& known, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the members kept out at `now`; returns whether any was.
   bool DropKeptOutLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -85,11 +85,17 @@ std::optional<LinkReports::Verdict> LinkReports::Choose(
 absl::Duration LinkReports::KeepOut(const std::string& node_id,
                                     absl::Time now) {
   KeptOut& out = kept_out_[node_id];
-  if (out.strikes > 0 && now - out.until > 16 * quarantine_) out.strikes = 0;
+  if (!OnProbation(node_id, now)) out.strikes = 0;
   out.strikes = std::min(out.strikes + 1, kMaxStrikes);
   out.length = quarantine_ * (1 << (out.strikes - 1));
   out.until = now + out.length;
   return out.length;
+}
+
+bool LinkReports::OnProbation(absl::string_view node_id, absl::Time now) const {
+  auto it = kept_out_.find(node_id);
+  return it != kept_out_.end() && it->second.strikes > 0 &&
+         now - it->second.until <= 16 * quarantine_;
 }
 
 std::vector<LinkReports::Quarantine> LinkReports::Quarantines(

@@ -77,6 +77,11 @@ class LinkReports {
   // kept out.
   absl::Status MayJoin(absl::string_view node_id, absl::Time now) const;
 
+  // Whether `node_id` was removed and its removals in a row still count at
+  // `now` (kept out, or back for less than 16 quarantines): it joins only
+  // while it can reach every member.
+  bool OnProbation(absl::string_view node_id, absl::Time now) const;
+
   // A node kept out: the length of its quarantine, and its removals in a row.
   struct Quarantine {
     std::string node_id;

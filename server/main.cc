@@ -76,7 +76,8 @@ ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
 ABSL_FLAG(int, quarantine_s, 30,
           "a worker removed because other members could not reach it may "
           "not join again for this long (doubled at each removal of the "
-          "node, to 16x)");
+          "node, to 16x), nor after that while it cannot reach every "
+          "member");
 ABSL_FLAG(double, link_latency_us, 50,
           "alpha of the link model until workers' reports allow a fit");
 ABSL_FLAG(double, link_gbps, 10,

@@ -327,13 +327,15 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     const std::optional<View> known =
         request->has_view() ? std::optional(FromProto(request->view()))
                             : std::nullopt;
-    auto view = coordinator_.Join({.node_id = node.node_id(),
-                                   .address = node.address(),
-                                   .host = node.host(),
-                                   .gpus = node.gpus(),
-                                   .gpu_name = node.gpu_name(),
-                                   .incarnation = node.incarnation()},
-                                  Heard(), known ? &*known : nullptr);
+    auto view = coordinator_.Join(
+        {.node_id = node.node_id(),
+         .address = node.address(),
+         .host = node.host(),
+         .gpus = node.gpus(),
+         .gpu_name = node.gpu_name(),
+         .incarnation = node.incarnation()},
+        Heard(), known ? &*known : nullptr,
+        {request->unreachable().begin(), request->unreachable().end()});
     if (!view.ok()) return ToGrpc(view.status());
     *response->mutable_view() = ToProto(*view);
     Log(absl::StrCat(node.node_id(), " joined",
@@ -349,7 +351,8 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, request->node_id()));
     GM_RETURN_IF_ERROR_GRPC(coordinator_.Heartbeat(
         request->node_id(), Heard(),
-        {request->unreachable().begin(), request->unreachable().end()}));
+        {request->unreachable().begin(), request->unreachable().end()},
+        request->epoch()));
     response->set_epoch(coordinator_.view().epoch);
     return grpc::Status::OK;
   }

@@ -387,8 +387,9 @@ TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
 // The link between hosts 1 and 2 drops every packet while both heartbeat:
 // the worker whose messages stop moving reports its peer, the coordinator
 // removes one end, and the other three go on (before, every step waited out
-// the operation timeout, and the next ones too). Healed, the removed worker
-// rejoins after its quarantine, and a Broadcast brings its trainer the
+// the operation timeout, and the next ones too). Through a restart of the
+// coordinator and while the link stays bad past its quarantine the removed
+// worker stays out; healed, it rejoins, and a Broadcast brings its trainer the
 // parameters.
 TEST_F(LinkCutTest, ABlackHoledLinkRemovesOneEndAndTheOthersGoOn) {
   constexpr absl::Duration kTimeout = absl::Seconds(20);
@@ -421,10 +422,23 @@ TEST_F(LinkCutTest, ABlackHoledLinkRemovesOneEndAndTheOthersGoOn) {
     EXPECT_EQ(r.result.values, after[0].result.values);
   }
 
+  // The coordinator restarts: it learns the quarantine from the survivors'
+  // views (before, it forgot it and let the removed worker in at once).
+  // The quarantine (10 s) ends with the link still bad: the removed worker
+  // cannot reach its peer as it joins, so it stays out and the others' steps
+  // go on (before, it rejoined and cut them again until reported once more).
+  ASSERT_TRUE(cluster_->RestartCoordinator().ok());
+  EXPECT_FALSE(cluster_->WaitForView(kHosts, absl::Seconds(14)).ok())
+      << cluster_->coordinator_log();
+  for (const auto& r : RunStep(trainers, survivors, 3)) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, kHosts - 1);
+  }
+
   BlackHole(1, 2, false);
   ASSERT_TRUE(cluster_->WaitForView(kHosts, absl::Seconds(30)).ok());
-  RunStep(trainers, {0, 1, 2, 3}, 3);  // may fail once, in time (see above)
-  const StepResults back = RunStep(trainers, {0, 1, 2, 3}, 4);
+  RunStep(trainers, {0, 1, 2, 3}, 4);  // may fail once, in time (see above)
+  const StepResults back = RunStep(trainers, {0, 1, 2, 3}, 5);
   for (const auto& r : back) {
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.info.world_size, kHosts);
@@ -898,6 +912,12 @@ TEST_F(ClusterTest, PeerCallsOverTheSdkSocketAreRefused) {
   const grpc::Status refused = member->Outcome(&too_many, request, &response);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
       << refused.error_message();
+  request.clear_gone_member_ids();
+  request.add_gone_member_ids(std::string(1025, 'x'));
+  grpc::ClientContext too_long;
+  too_long.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  EXPECT_EQ(member->Outcome(&too_long, request, &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 // The coordinator dies and a new one takes its address: the members keep

@@ -581,12 +581,49 @@ TEST(CoordinatorTest, AMemberTheOthersCannotReachIsRemovedAndKeptOut) {
   EXPECT_EQ(coordinator.Tick(back + absl::Seconds(1)), std::nullopt);
 }
 
+// A node removed for its link comes back after its quarantine only if it
+// reaches every member as it joins (issue: a link still bad when the
+// quarantine ended cut the others' steps again until reported once more).
+TEST(CoordinatorTest, ANodeRemovedForItsLinkReturnsOnlyOnceItReachesEveryone) {
+  constexpr absl::Duration kQuarantine = absl::Seconds(30);
+  Coordinator coordinator({}, kTimeout, kQuarantine);
+  JoinAll(coordinator, {"a", "b", "c"});
+  const View before = coordinator.view();
+  const absl::Time t = kT0 + absl::Seconds(1);
+  ASSERT_TRUE(coordinator.Heartbeat("a", t, {"b"}).ok());
+  ASSERT_TRUE(coordinator.Heartbeat("c", t, {"b"}).ok());
+  ASSERT_TRUE(coordinator.Heartbeat("b", t).ok());
+  ASSERT_TRUE(coordinator.Tick(t + kTimeout).has_value());
+  const uint64_t epoch = coordinator.view().epoch;
+
+  const absl::Time back = t + kTimeout + kQuarantine;
+  const absl::Status still_cut =
+      coordinator.Join(Node("b"), back, &before, {"a", "d"}).status();
+  EXPECT_TRUE(absl::IsUnavailable(still_cut)) << still_cut;
+  EXPECT_THAT(still_cut.message(), HasSubstr("still cannot reach a:"));
+  EXPECT_EQ(coordinator.view().epoch, epoch);
+  // Naming only itself, or nodes that are no members, keeps nobody out.
+  ASSERT_TRUE(coordinator.Join(Node("b"), back, &before, {"b", "d"}).ok());
+  EXPECT_THAT(Ids(coordinator.view()), ElementsAre("a", "b", "c"));
+
+  // A node never removed joins whatever it names (its peers may be dead and
+  // not yet noticed); more names than its view has are refused.
+  ASSERT_TRUE(coordinator.Join(Node("e"), back, &before, {"a"}).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      coordinator.Join(Node("f"), back, &before, {"a", "b", "c", "d"})
+          .status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      coordinator.Join(Node("f"), back, nullptr, {"a"}).status()));
+}
+
 // The views list the nodes kept out, and a restarted coordinator keeps them
 // out for their whole quarantine, whether a survivor or the removed node
 // joins it first (issue: a restarted coordinator let the node back at once).
 TEST(CoordinatorTest, ARestartedCoordinatorKeepsTheQuarantinesOfTheView) {
   constexpr absl::Duration kQuarantine = absl::Seconds(30);
-  Coordinator first({}, kTimeout, kQuarantine);
+  // A fixed plan: a coordinator that adopts a view republishes nothing.
+  const PlanConfig fixed{.algorithm = "spardl", .teams = 1};
+  Coordinator first(fixed, kTimeout, kQuarantine);
   JoinAll(first, {"a", "b", "c"});
   const View before = first.view();  // what b still runs
   const absl::Time t = kT0 + absl::Seconds(1);
@@ -611,11 +648,17 @@ TEST(CoordinatorTest, ARestartedCoordinatorKeepsTheQuarantinesOfTheView) {
   EXPECT_TRUE(
       survivor_first.Join(Node("b"), restart + kQuarantine, &before).ok());
 
-  // b joins first with its older view, which lists it: once a survivor
-  // brings the newer view, b is removed in the same new epoch.
-  Coordinator removed_first({}, kTimeout, kQuarantine);
+  // b joins first with its older view, which lists it, and the coordinator
+  // adopts that: a survivor's heartbeat, from a newer epoch, is answered
+  // NotFound, and its Join brings the newer view; b is removed in a new
+  // epoch past every one the members run.
+  Coordinator removed_first(fixed, kTimeout, kQuarantine);
   ASSERT_TRUE(removed_first.Join(Node("b"), restart, &before).ok());
   EXPECT_THAT(Ids(removed_first.view()), ElementsAre("a", "b", "c"));
+  EXPECT_EQ(removed_first.view().epoch, before.epoch);
+  EXPECT_TRUE(
+      absl::IsNotFound(removed_first.Heartbeat("a", restart, {}, after.epoch)));
+  EXPECT_TRUE(removed_first.Heartbeat("c", restart, {}, before.epoch).ok());
   const absl::StatusOr<View> joined =
       removed_first.Join(Node("a"), restart, &after);
   ASSERT_TRUE(joined.ok()) << joined.status();

@@ -21,12 +21,13 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 CoordinatorClient::CoordinatorClient(
     std::unique_ptr<v1::Coordinator::Stub> stub, v1::NodeInfo node,
     absl::Duration heartbeat_interval, OnView on_view, Log log,
-    Unreachable unreachable)
+    Unreachable unreachable, Probe probe)
     : stub_(std::move(stub)),
       heartbeat_interval_(heartbeat_interval),
       on_view_(std::move(on_view)),
       log_(std::move(log)),
       unreachable_(std::move(unreachable)),
+      probe_(std::move(probe)),
       node_(std::move(node)) {}
 
 CoordinatorClient::~CoordinatorClient() { Stop(); }
@@ -42,6 +43,11 @@ absl::Status CoordinatorClient::Join() {
     absl::MutexLock lock(&mu_);
     *request.mutable_node() = node_;
     if (latest_.epoch() > 0) *request.mutable_view() = latest_;
+  }
+  if (request.has_view() && probe_ != nullptr) {
+    for (std::string& id : probe_(request.view())) {
+      request.add_unreachable(std::move(id));
+    }
   }
   grpc::ClientContext context;
   SetDeadline(&context, absl::Seconds(5));
@@ -119,6 +125,10 @@ void CoordinatorClient::HeartbeatLoop() {
         SetDeadline(&context, absl::Seconds(2));
         v1::HeartbeatRequest request;
         request.set_node_id(node_id);
+        {
+          absl::MutexLock lock(&mu_);
+          request.set_epoch(latest_.epoch());
+        }
         for (std::string& peer : unreachable_()) {
           request.add_unreachable(std::move(peer));
         }

@@ -4,9 +4,10 @@
 // when the coordinator has dropped it, follows the stream of views (passing
 // each to `on_view`), and sends iteration reports for autotune. Each
 // heartbeat names the members this worker cannot reach (`unreachable`). It
-// keeps the
-// newest view it has seen and joins with it, so that a restarted coordinator
-// adopts the view the members run (see Coordinator::Join).
+// keeps the newest view it has seen and joins with it, so that a restarted
+// coordinator adopts the view the members run (see Coordinator::Join), naming
+// the members of that view it cannot reach as it joins (`probe`), so that a
+// node removed for its link stays out while the link is still bad.
 //
 //   CoordinatorClient coordinator(stub, {.node_id = id, ...}, on_view, log);
 //   coordinator.Start();
@@ -38,11 +39,16 @@ class CoordinatorClient {
   using Log = std::function<void(const std::string&)>;
   // The node ids of the members this worker cannot reach now.
   using Unreachable = std::function<std::vector<std::string>()>;
+  // The node ids of the members of `view` (this worker left out) that do not
+  // answer a call now; returns within about a second.
+  using Probe =
+      std::function<std::vector<std::string>(const gradmesh::v1::View& view)>;
 
+  // `probe` may be empty: joins name nobody.
   CoordinatorClient(std::unique_ptr<gradmesh::v1::Coordinator::Stub> stub,
                     gradmesh::v1::NodeInfo node,
                     absl::Duration heartbeat_interval, OnView on_view, Log log,
-                    Unreachable unreachable);
+                    Unreachable unreachable, Probe probe = nullptr);
   ~CoordinatorClient();  // Stop()
 
   void Start();
@@ -79,6 +85,7 @@ class CoordinatorClient {
   const OnView on_view_;
   const Log log_;
   const Unreachable unreachable_;
+  const Probe probe_;
   std::thread watch_thread_;
   std::thread heartbeat_thread_;
   // The loops' waits, on the steady clock (a wall-clock step must not hold

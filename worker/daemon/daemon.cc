@@ -134,6 +134,10 @@ class Daemon final : public WorkerDaemon {
   // link_timeout (StalledPeers); logs
   // changes. On the heartbeat thread only.
   std::vector<std::string> Unreachable();
+  // The members of `view` (this worker left out) that answer no Probe within
+  // a second, each over a new connection; logs changes. On the heartbeat
+  // thread only.
+  std::vector<std::string> ProbeMembers(const v1::View& view);
   void Report(const ReduceResult& result);
   // Before each scrape: residual norms and dropped frames.
   void Refresh();
@@ -188,6 +192,7 @@ class Daemon final : public WorkerDaemon {
   absl::Notification stop_reaping_;
   std::thread reaper_;
   std::vector<std::string> last_unreachable_;  // Unreachable()'s last answer
+  std::vector<std::string> last_probe_;        // ProbeMembers()'s last answer
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
@@ -227,7 +232,8 @@ absl::Status Daemon::Init() {
       options_.heartbeat_interval,
       [this](const v1::View& view) { InstallView(view); },
       [this](const std::string& line) { Log(line); },
-      [this] { return Unreachable(); });
+      [this] { return Unreachable(); },
+      [this](const v1::View& view) { return ProbeMembers(view); });
   Log(absl::StrCat(
       "serving on ", advertise_,
       sdk_address_.empty() ? "" : absl::StrCat(" and ", sdk_address_),
@@ -387,6 +393,31 @@ void Daemon::Log(const std::string& message) const {
           absl::StrCat("node=", node_id_.empty() ? options_.listen : node_id_,
                        " ", where),
           message);
+}
+
+std::vector<std::string> Daemon::ProbeMembers(const v1::View& view) {
+  std::vector<std::pair<std::string, std::string>> members;
+  for (const v1::NodeInfo& m : view.members()) {
+    if (m.node_id() != node_id_) {
+      members.emplace_back(m.node_id(), m.address());
+    }
+  }
+  std::vector<std::string> unreachable = UnreachableMembers(
+      members,
+      [this](const std::string& address) {
+        grpc::ChannelArguments arguments = DefaultChannelArguments();
+        arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+        return grpc::CreateCustomChannel(address, channel_credentials_,
+                                         arguments);
+      },
+      absl::Now() + absl::Seconds(1));
+  if (unreachable != last_probe_) {
+    Log(unreachable.empty() ? std::string("joining; every member answers")
+                            : absl::StrCat("joining; no answer from ",
+                                           absl::StrJoin(unreachable, ", ")));
+    last_probe_ = unreachable;
+  }
+  return unreachable;
 }
 
 std::shared_ptr<grpc::Channel> Daemon::Channel(const std::string& address) {

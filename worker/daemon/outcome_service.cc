@@ -1,6 +1,7 @@
 #include "worker/daemon/outcome_service.h"
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -42,12 +43,25 @@ grpc::Status OutcomeService::Outcome(grpc::ServerContext* context,
         absl::StrCat("the question names ", request->gone_member_ids_size(),
                      " members gone; at most ", StepProtocol::kMaxGone));
   }
+  for (const std::string& id : request->gone_member_ids()) {
+    if (id.size() > kMaxNodeIdBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("a member id of ", id.size(),
+                                       " bytes; at most ", kMaxNodeIdBytes));
+    }
+  }
   const std::vector<std::string> gone(request->gone_member_ids().begin(),
                                       request->gone_member_ids().end());
   response->set_state(ToProto(plane_->Decide({.bucket_id = request->bucket_id(),
                                               .step = request->step(),
                                               .epoch = request->epoch()},
                                              gone)));
+  return grpc::Status::OK;
+}
+
+grpc::Status OutcomeService::Probe(grpc::ServerContext*,
+                                   const v1::ProbeRequest*,
+                                   v1::ProbeResponse*) {
   return grpc::Status::OK;
 }
 
@@ -77,6 +91,35 @@ absl::StatusOr<Outcome> AskOutcome(std::shared_ptr<grpc::Channel> channel,
     default:
       return absl::InternalError("an outcome that names no state");
   }
+}
+
+std::vector<std::string> UnreachableMembers(
+    const std::vector<std::pair<std::string, std::string>>& members,
+    const std::function<std::shared_ptr<grpc::Channel>(const std::string&)>&
+        channel,
+    absl::Time deadline) {
+  std::vector<char> reached(members.size(), 0);
+  std::vector<std::thread> probes;
+  for (size_t i = 0; i < members.size(); ++i) {
+    probes.emplace_back([&, i] {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      v1::ProbeResponse response;
+      const grpc::StatusCode code =
+          v1::Commit::NewStub(channel(members[i].second))
+              ->Probe(&context, v1::ProbeRequest(), &response)
+              .error_code();
+      // Any answer, a refusal included, came back over the link.
+      reached[i] = code != grpc::StatusCode::UNAVAILABLE &&
+                   code != grpc::StatusCode::DEADLINE_EXCEEDED;
+    });
+  }
+  for (std::thread& t : probes) t.join();
+  std::vector<std::string> unreachable;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!reached[i]) unreachable.push_back(members[i].first);
+  }
+  return unreachable;
 }
 
 }  // namespace gradmesh::daemon

@@ -7,6 +7,7 @@
 //   OutcomeService outcomes(&plane, admit);
 //   builder.RegisterService(&outcomes);
 //   ... AskOutcome(channel, key, gone, deadline)  // from a peer
+//   ... UnreachableMembers(members, make_channel, deadline)  // before a join
 //
 // Thread-safe (the data plane is).
 #ifndef GRADMESH_WORKER_DAEMON_OUTCOME_SERVICE_H_
@@ -15,7 +16,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -27,6 +30,9 @@ namespace gradmesh::daemon {
 
 class OutcomeService final : public gradmesh::v1::Commit::Service {
  public:
+  // The longest member id a question may name (node ids are host names or
+  // addresses).
+  static constexpr size_t kMaxNodeIdBytes = 1024;
   using Admit = std::function<absl::Status(const grpc::ServerContext& context,
                                            uint64_t epoch)>;
   OutcomeService(DataPlane* plane, Admit admit)
@@ -35,6 +41,10 @@ class OutcomeService final : public gradmesh::v1::Commit::Service {
   grpc::Status Outcome(grpc::ServerContext* context,
                        const gradmesh::v1::OutcomeRequest* request,
                        gradmesh::v1::OutcomeResponse* response) override;
+  // Answers at once: the caller can reach this worker.
+  grpc::Status Probe(grpc::ServerContext* context,
+                     const gradmesh::v1::ProbeRequest* request,
+                     gradmesh::v1::ProbeResponse* response) override;
 
  private:
   DataPlane* const plane_;
@@ -48,6 +58,16 @@ absl::StatusOr<Outcome> AskOutcome(std::shared_ptr<grpc::Channel> channel,
                                    const OutcomeKey& key,
                                    const std::vector<std::string>& gone,
                                    absl::Time deadline);
+
+// The ids of the `members` (node id, address) from which no answer to a
+// Probe (a refusal counts as one) comes by `deadline`, over a channel that
+// `channel` makes for an address (a new one, so that a connection cut earlier
+// is not reused), asked at once.
+std::vector<std::string> UnreachableMembers(
+    const std::vector<std::pair<std::string, std::string>>& members,
+    const std::function<std::shared_ptr<grpc::Channel>(const std::string&)>&
+        channel,
+    absl::Time deadline);
 
 }  // namespace gradmesh::daemon
 
