@@ -155,14 +155,15 @@ Coordinator::~Coordinator() = default;
 
 absl::StatusOr<View> Coordinator::Join(
     const MemberInfo& member, absl::Time now, const View* known,
-    const std::vector<std::string>& unreachable) {
+    const std::optional<std::vector<std::string>>& unreachable) {
   if (!config_status_.ok()) return config_status_;
   if (member.node_id.empty() || member.address.empty()) {
     return absl::InvalidArgumentError("node_id and address must be set");
   }
-  if (unreachable.size() > (known == nullptr ? 0 : known->members.size())) {
+  if (unreachable.has_value() &&
+      unreachable->size() > (known == nullptr ? 0 : known->members.size())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("'", member.node_id, "' names ", unreachable.size(),
+        absl::StrCat("'", member.node_id, "' names ", unreachable->size(),
                      " members it cannot reach, more than its view has"));
   }
   if (known != nullptr && known->kept_out.size() > kMaxKeptOut) {
@@ -203,7 +204,7 @@ absl::StatusOr<View> Coordinator::Join(
   }
   GM_RETURN_IF_ERROR(links_.MayJoin(member.node_id, now));
   GM_RETURN_IF_ERROR(
-      CheckReachesMembersLocked(member.node_id, unreachable, now));
+      CheckReachesMembersLocked(member.node_id, known, unreachable, now));
   if (known != nullptr) epoch_ = std::max(epoch_, known->epoch);
   // A previous incarnation's figures do not describe the new one.
   last_seconds_.erase(member.node_id);
@@ -215,11 +216,26 @@ absl::StatusOr<View> Coordinator::Join(
 }
 
 absl::Status Coordinator::CheckReachesMembersLocked(
-    absl::string_view node_id, const std::vector<std::string>& unreachable,
+    absl::string_view node_id, const View* known,
+    const std::optional<std::vector<std::string>>& unreachable,
     absl::Time now) const {
   if (!links_.OnProbation(node_id, now)) return absl::OkStatus();
+  const bool lists_everyone =
+      known != nullptr &&
+      std::all_of(members_.begin(), members_.end(), [&](const auto& m) {
+        return m.first == node_id ||
+               std::any_of(
+                   known->members.begin(), known->members.end(),
+                   [&](const MemberInfo& k) { return k.node_id == m.first; });
+      });
+  if (!unreachable.has_value() || !lists_everyone) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", node_id,
+        "' was removed because members could not reach it: it joins again "
+        "once it has called every member of the current view"));
+  }
   std::vector<std::string> cut_off;
-  for (const std::string& id : unreachable) {
+  for (const std::string& id : *unreachable) {
     if (id != node_id && members_.contains(id)) cut_off.push_back(id);
   }
   if (cut_off.empty()) return absl::OkStatus();
@@ -338,7 +354,7 @@ bool Coordinator::PlanFits(const Plan& plan, int world_size) const {
 
 absl::Status Coordinator::Heartbeat(absl::string_view node_id, absl::Time now,
                                     const std::vector<std::string>& unreachable,
-                                    uint64_t epoch) {
+                                    uint64_t epoch, uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
   now_ = std::max(now_, now);
   auto it = members_.find(node_id);
@@ -346,10 +362,13 @@ absl::Status Coordinator::Heartbeat(absl::string_view node_id, absl::Time now,
     return absl::NotFoundError(
         absl::StrCat("'", node_id, "' is not a member; join again"));
   }
-  if (epoch > epoch_) {
-    return absl::NotFoundError(absl::StrCat(
-        "'", node_id, "' runs epoch ", epoch, ", past this coordinator's ",
-        epoch_, " (it adopted an older view): join again with it"));
+  if (epoch > epoch_ ||
+      (incarnation != 0 && incarnation != incarnation_ && epoch >= epoch_)) {
+    return absl::NotFoundError(
+        absl::StrCat("'", node_id, "' runs epoch ", epoch,
+                     " of another coordinator; this "
+                     "one adopted another view, at epoch ",
+                     epoch_, ": join again with it"));
   }
   it->second.last_seen = std::max(it->second.last_seen, now);
   if (unreachable.size() > members_.size()) {

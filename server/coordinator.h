@@ -55,6 +55,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -201,13 +202,16 @@ class Coordinator {
   //     later (2^31 between the two limits, 2^31 more to 2^53, the largest
   //     that a double holds exactly) stay ones that Joins may carry.
   //   - a node that LinkReports has on probation (removed for its link)
-  //     and that is not a member joins only while it names no current
-  //     member in `unreachable` (the members of `known` it could not reach
-  //     as it joined; at most as many as `known` has): Unavailable, nothing
-  //     changed, otherwise.
+  //     and that is not a member joins only having probed a `known` view
+  //     that lists every current member (FailedPrecondition otherwise: join
+  //     again with the current view), and naming none of them in
+  //     `unreachable` (the members of `known` it could not reach as it
+  //     joined; nullopt: it did not probe; at most as many as `known` has):
+  //     Unavailable otherwise. Nothing changes on either refusal.
   absl::StatusOr<View> Join(const MemberInfo& member, absl::Time now,
                             const View* known = nullptr,
-                            const std::vector<std::string>& unreachable = {});
+                            const std::optional<std::vector<std::string>>&
+                                unreachable = std::nullopt);
   static constexpr uint64_t kMaxRaisedEpoch =
       (uint64_t{1} << 53) - (uint64_t{1} << 32);
   static constexpr uint64_t kMaxAdoptedEpoch =
@@ -216,14 +220,15 @@ class Coordinator {
 
   // Marks the member alive at `now`, and notes the members it cannot reach
   // (node ids; LinkReports::Update). NotFound if it is not a member (it was
-  // removed and must join again), or if it runs an epoch (`epoch`, 0: not
-  // told) above the current one: this coordinator adopted an older view
-  // after a restart, and the member's Join brings the newer one (with its
+  // removed and must join again), or if it runs a view (`epoch`, 0: not
+  // told; of the coordinator `incarnation`, 0: not told) above the current
+  // epoch, or another coordinator's at it: this coordinator adopted another
+  // view after a restart, and the member's Join brings its own (with its
   // quarantines). InvalidArgument, the reports ignored, for more names than
   // members.
   absl::Status Heartbeat(absl::string_view node_id, absl::Time now,
                          const std::vector<std::string>& unreachable = {},
-                         uint64_t epoch = 0);
+                         uint64_t epoch = 0, uint64_t incarnation = 0);
 
   // Removes the member and publishes a new epoch; NotFound if not a member.
   absl::Status Leave(absl::string_view node_id);
@@ -285,10 +290,10 @@ class Coordinator {
   // Takes over `known` (see Join); false if it can't (nothing changes).
   bool AdoptLocked(const View& known, const MemberInfo& member, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Unavailable when `node_id` is on probation and `unreachable` names a
-  // current member other than itself.
+  // For a node on probation: see Join.
   absl::Status CheckReachesMembersLocked(
-      absl::string_view node_id, const std::vector<std::string>& unreachable,
+      absl::string_view node_id, const View* known,
+      const std::optional<std::vector<std::string>>& unreachable,
       absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Keeps out the nodes `known` (another coordinator's view) keeps out, from
   // `now`; removes the members among them, in a new epoch past `known`'s.

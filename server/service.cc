@@ -81,6 +81,14 @@ View FromProto(const v1::View& view) {
   return out;
 }
 
+// What a Join says of the members it could not reach (nullopt: it did not
+// call them).
+std::optional<std::vector<std::string>> Probed(const v1::JoinRequest& request) {
+  if (!request.probed()) return std::nullopt;
+  return std::vector<std::string>(request.unreachable().begin(),
+                                  request.unreachable().end());
+}
+
 void Log(const std::string& message) {
   LogLine("gradmesh-coordinator", "", message);
 }
@@ -327,15 +335,14 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     const std::optional<View> known =
         request->has_view() ? std::optional(FromProto(request->view()))
                             : std::nullopt;
-    auto view = coordinator_.Join(
-        {.node_id = node.node_id(),
-         .address = node.address(),
-         .host = node.host(),
-         .gpus = node.gpus(),
-         .gpu_name = node.gpu_name(),
-         .incarnation = node.incarnation()},
-        Heard(), known ? &*known : nullptr,
-        {request->unreachable().begin(), request->unreachable().end()});
+    auto view =
+        coordinator_.Join({.node_id = node.node_id(),
+                           .address = node.address(),
+                           .host = node.host(),
+                           .gpus = node.gpus(),
+                           .gpu_name = node.gpu_name(),
+                           .incarnation = node.incarnation()},
+                          Heard(), known ? &*known : nullptr, Probed(*request));
     if (!view.ok()) return ToGrpc(view.status());
     *response->mutable_view() = ToProto(*view);
     Log(absl::StrCat(node.node_id(), " joined",
@@ -352,7 +359,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     GM_RETURN_IF_ERROR_GRPC(coordinator_.Heartbeat(
         request->node_id(), Heard(),
         {request->unreachable().begin(), request->unreachable().end()},
-        request->epoch()));
+        request->epoch(), request->incarnation()));
     response->set_epoch(coordinator_.view().epoch);
     return grpc::Status::OK;
   }

@@ -572,7 +572,11 @@ TEST(CoordinatorTest, AMemberTheOthersCannotReachIsRemovedAndKeptOut) {
   EXPECT_TRUE(absl::IsUnavailable(coordinator.Join(restarted, later).status()));
   EXPECT_EQ(coordinator.view().epoch, epoch + 1);
   const absl::Time back = t2 + kTimeout + kQuarantine;
-  ASSERT_TRUE(coordinator.Join(restarted, back).ok());
+  // It joins having reached every member of the view it watched.
+  const View watched = coordinator.view();
+  ASSERT_TRUE(
+      coordinator.Join(restarted, back, &watched, std::vector<std::string>{})
+          .ok());
   EXPECT_THAT(Ids(coordinator.view()), ElementsAre("a", "b", "c"));
   // The reports of a and c about b were about the old view: named again,
   // they start over (kept, they would date from t1 and t2, and remove b).
@@ -586,6 +590,7 @@ TEST(CoordinatorTest, AMemberTheOthersCannotReachIsRemovedAndKeptOut) {
 // quarantine ended cut the others' steps again until reported once more).
 TEST(CoordinatorTest, ANodeRemovedForItsLinkReturnsOnlyOnceItReachesEveryone) {
   constexpr absl::Duration kQuarantine = absl::Seconds(30);
+  using Names = std::vector<std::string>;
   Coordinator coordinator({}, kTimeout, kQuarantine);
   JoinAll(coordinator, {"a", "b", "c"});
   const View before = coordinator.view();
@@ -594,26 +599,37 @@ TEST(CoordinatorTest, ANodeRemovedForItsLinkReturnsOnlyOnceItReachesEveryone) {
   ASSERT_TRUE(coordinator.Heartbeat("c", t, {"b"}).ok());
   ASSERT_TRUE(coordinator.Heartbeat("b", t).ok());
   ASSERT_TRUE(coordinator.Tick(t + kTimeout).has_value());
-  const uint64_t epoch = coordinator.view().epoch;
+  const View after = coordinator.view();  // what b sees through its watch
+  const uint64_t epoch = after.epoch;
 
   const absl::Time back = t + kTimeout + kQuarantine;
+  // It must have called the members of a view that lists every member: a
+  // new process without a view, or a join without a probe, is sent back.
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(coordinator.Join(Node("b"), back).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      coordinator.Join(Node("b"), back, &after).status()));
+  View partial = after;
+  partial.members.pop_back();
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      coordinator.Join(Node("b"), back, &partial, Names{}).status()));
   const absl::Status still_cut =
-      coordinator.Join(Node("b"), back, &before, {"a", "d"}).status();
+      coordinator.Join(Node("b"), back, &after, Names{"a", "d"}).status();
   EXPECT_TRUE(absl::IsUnavailable(still_cut)) << still_cut;
   EXPECT_THAT(still_cut.message(), HasSubstr("still cannot reach a:"));
   EXPECT_EQ(coordinator.view().epoch, epoch);
   // Naming only itself, or nodes that are no members, keeps nobody out.
-  ASSERT_TRUE(coordinator.Join(Node("b"), back, &before, {"b", "d"}).ok());
+  ASSERT_TRUE(coordinator.Join(Node("b"), back, &after, Names{"b", "d"}).ok());
   EXPECT_THAT(Ids(coordinator.view()), ElementsAre("a", "b", "c"));
 
   // A node never removed joins whatever it names (its peers may be dead and
   // not yet noticed); more names than its view has are refused.
-  ASSERT_TRUE(coordinator.Join(Node("e"), back, &before, {"a"}).ok());
+  ASSERT_TRUE(coordinator.Join(Node("e"), back, &before, Names{"a"}).ok());
   EXPECT_TRUE(absl::IsInvalidArgument(
-      coordinator.Join(Node("f"), back, &before, {"a", "b", "c", "d"})
+      coordinator.Join(Node("f"), back, &before, Names{"a", "b", "c", "d"})
           .status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
-      coordinator.Join(Node("f"), back, nullptr, {"a"}).status()));
+      coordinator.Join(Node("f"), back, nullptr, Names{"a"}).status()));
 }
 
 // The views list the nodes kept out, and a restarted coordinator keeps them
@@ -645,8 +661,10 @@ TEST(CoordinatorTest, ARestartedCoordinatorKeepsTheQuarantinesOfTheView) {
   EXPECT_TRUE(absl::IsUnavailable(
       survivor_first.Join(Node("b"), restart, &before).status()));
   EXPECT_THAT(Ids(survivor_first.view()), ElementsAre("a", "c"));
-  EXPECT_TRUE(
-      survivor_first.Join(Node("b"), restart + kQuarantine, &before).ok());
+  EXPECT_TRUE(survivor_first
+                  .Join(Node("b"), restart + kQuarantine, &after,
+                        std::vector<std::string>{})
+                  .ok());
 
   // b joins first with its older view, which lists it, and the coordinator
   // adopts that: a survivor's heartbeat, from a newer epoch, is answered
@@ -667,13 +685,29 @@ TEST(CoordinatorTest, ARestartedCoordinatorKeepsTheQuarantinesOfTheView) {
   EXPECT_TRUE(absl::IsUnavailable(
       removed_first.Join(Node("b"), restart, &before).status()));
 
+  // Heartbeats naming another coordinator's view at the current epoch are
+  // sent to join again too (adopting b's view may republish it at the very
+  // epoch the survivors run: equal epochs, different views); once they hold
+  // this coordinator's view, they are not.
+  Coordinator adopted(fixed, kTimeout, kQuarantine);
+  ASSERT_TRUE(adopted.Join(Node("a"), restart, &after).ok());
+  const View ours = adopted.view();
+  ASSERT_EQ(ours.epoch, after.epoch);
+  EXPECT_TRUE(absl::IsNotFound(
+      adopted.Heartbeat("c", restart, {}, after.epoch, after.incarnation)));
+  EXPECT_TRUE(
+      adopted.Heartbeat("c", restart, {}, ours.epoch, ours.incarnation).ok());
+
   // A view of this coordinator's own epoch adds nothing (a member that lost
   // contact joins again): its list does not restart a quarantine.
   Coordinator running({}, kTimeout, kQuarantine);
   ASSERT_TRUE(running.Join(Node("a"), restart, &after).ok());
   const View own = running.view();
   ASSERT_TRUE(running.Join(Node("a"), restart + kQuarantine, &own).ok());
-  EXPECT_TRUE(running.Join(Node("b"), restart + kQuarantine).ok());
+  EXPECT_TRUE(running
+                  .Join(Node("b"), restart + kQuarantine, &own,
+                        std::vector<std::string>{})
+                  .ok());
 
   // A view keeping out more nodes than any cluster has is refused.
   View crowded = after;

@@ -1,5 +1,6 @@
 #include "worker/daemon/coordinator_client.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -44,7 +45,15 @@ absl::Status CoordinatorClient::Join() {
     *request.mutable_node() = node_;
     if (latest_.epoch() > 0) *request.mutable_view() = latest_;
   }
-  if (request.has_view() && probe_ != nullptr) {
+  // A view that leaves this node out: it was removed, maybe for its link,
+  // and the coordinator wants to know which members it cannot reach.
+  const auto& members = request.view().members();
+  const bool listed =
+      std::any_of(members.begin(), members.end(), [&](const v1::NodeInfo& m) {
+        return m.node_id() == request.node().node_id();
+      });
+  if (request.has_view() && !listed && probe_ != nullptr) {
+    request.set_probed(true);
     for (std::string& id : probe_(request.view())) {
       request.add_unreachable(std::move(id));
     }
@@ -63,7 +72,13 @@ void CoordinatorClient::Seen(const v1::View& view) {
     absl::MutexLock lock(&mu_);
     restarted = incarnation_ != 0 && view.incarnation() != incarnation_;
     incarnation_ = view.incarnation();
-    if (view.epoch() > latest_.epoch()) latest_ = view;
+    // A coordinator that adopted the view answers with its own at the same
+    // epoch: keep that one, so heartbeats name it (see HeartbeatRequest).
+    if (view.epoch() > latest_.epoch() ||
+        (view.epoch() == latest_.epoch() &&
+         view.incarnation() != latest_.incarnation())) {
+      latest_ = view;
+    }
   }
   if (restarted) {
     log_(absl::StrCat("the coordinator restarted (incarnation ",
@@ -128,6 +143,7 @@ void CoordinatorClient::HeartbeatLoop() {
         {
           absl::MutexLock lock(&mu_);
           request.set_epoch(latest_.epoch());
+          request.set_incarnation(latest_.incarnation());
         }
         for (std::string& peer : unreachable_()) {
           request.add_unreachable(std::move(peer));

@@ -5,9 +5,10 @@
 // each to `on_view`), and sends iteration reports for autotune. Each
 // heartbeat names the members this worker cannot reach (`unreachable`). It
 // keeps the newest view it has seen and joins with it, so that a restarted
-// coordinator adopts the view the members run (see Coordinator::Join), naming
-// the members of that view it cannot reach as it joins (`probe`), so that a
-// node removed for its link stays out while the link is still bad.
+// coordinator adopts the view the members run (see Coordinator::Join). When
+// that view leaves this node out (it was removed), it first calls each member
+// (`probe`) and names those that did not answer, so that a node removed for
+// its link stays out while the link is still bad.
 //
 //   CoordinatorClient coordinator(stub, {.node_id = id, ...}, on_view, log);
 //   coordinator.Start();
@@ -39,8 +40,8 @@ class CoordinatorClient {
   using Log = std::function<void(const std::string&)>;
   // The node ids of the members this worker cannot reach now.
   using Unreachable = std::function<std::vector<std::string>()>;
-  // The node ids of the members of `view` (this worker left out) that do not
-  // answer a call now; returns within about a second.
+  // The node ids of the members of `view` that do not answer a call now;
+  // returns within about a second.
   using Probe =
       std::function<std::vector<std::string>(const gradmesh::v1::View& view)>;
 
