@@ -157,20 +157,7 @@ absl::StatusOr<View> Coordinator::Join(
     const MemberInfo& member, absl::Time now, const View* known,
     const std::optional<std::vector<std::string>>& unreachable) {
   if (!config_status_.ok()) return config_status_;
-  if (member.node_id.empty() || member.address.empty()) {
-    return absl::InvalidArgumentError("node_id and address must be set");
-  }
-  if (unreachable.has_value() &&
-      unreachable->size() > (known == nullptr ? 0 : known->members.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", member.node_id, "' names ", unreachable->size(),
-                     " members it cannot reach, more than its view has"));
-  }
-  if (known != nullptr && known->kept_out.size() > kMaxKeptOut) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the known view keeps ", known->kept_out.size(),
-                     " nodes out; at most ", kMaxKeptOut));
-  }
+  GM_RETURN_IF_ERROR(CheckJoin(member, known, unreachable));
   absl::MutexLock lock(&mu_);
   now_ = std::max(now_, now);
   // A known epoch past `limit` that would raise this one is refused.
@@ -244,6 +231,26 @@ absl::Status Coordinator::CheckReachesMembersLocked(
       "' was removed because members could not reach it, and it still "
       "cannot reach ",
       absl::StrJoin(cut_off, ", "), ": it stays out until it can"));
+}
+
+absl::Status Coordinator::CheckJoin(
+    const MemberInfo& member, const View* known,
+    const std::optional<std::vector<std::string>>& unreachable) {
+  if (member.node_id.empty() || member.address.empty()) {
+    return absl::InvalidArgumentError("node_id and address must be set");
+  }
+  if (unreachable.has_value() &&
+      unreachable->size() > (known == nullptr ? 0 : known->members.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", member.node_id, "' names ", unreachable->size(),
+                     " members it cannot reach, more than its view has"));
+  }
+  if (known != nullptr && known->kept_out.size() > kMaxKeptOut) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the known view keeps ", known->kept_out.size(),
+                     " nodes out; at most ", kMaxKeptOut));
+  }
+  return absl::OkStatus();
 }
 
 void Coordinator::AdoptQuarantinesLocked(const View& known, absl::Time now) {

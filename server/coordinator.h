@@ -290,6 +290,10 @@ class Coordinator {
   // Takes over `known` (see Join); false if it can't (nothing changes).
   bool AdoptLocked(const View& known, const MemberInfo& member, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Join's checks of its arguments alone (InvalidArgument).
+  static absl::Status CheckJoin(
+      const MemberInfo& member, const View* known,
+      const std::optional<std::vector<std::string>>& unreachable);
   // For a node on probation: see Join.
   absl::Status CheckReachesMembersLocked(
       absl::string_view node_id, const View* known,
