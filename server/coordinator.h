@@ -189,11 +189,11 @@ class Coordinator {
   //   - the nodes a known view keeps out (View::kept_out) are kept out here
   //     too, for their whole quarantine from `now`, when another coordinator
   //     published that view, at or past the current epoch (once per such
-  //     view): a member among them
-  //     is removed, in a new epoch; so a restart does not let a node removed
-  //     for its link back in, whichever member joins first (see Heartbeat).
-  //     They stay adopted even if this Join is refused. At most kMaxKeptOut
-  //     (InvalidArgument past that, nothing changed);
+  //     view): a member among them is removed, in a new epoch; so a restart
+  //     does not let a node removed for its link back in, whichever member
+  //     joins first (see Heartbeat). They stay adopted even if this Join is
+  //     refused. At most kMaxKeptOut (InvalidArgument past that, nothing
+  //     changed);
   //   - a known epoch above the current one raises it, and a new epoch is
   //     published past it, so epochs only grow across restarts. It may
   //     raise it to kMaxRaisedEpoch, or be adopted up to kMaxAdoptedEpoch
