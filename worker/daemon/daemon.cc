@@ -127,6 +127,8 @@ class Daemon final : public WorkerDaemon {
  private:
   void Log(const std::string& message) const;
   std::shared_ptr<grpc::Channel> Channel(const std::string& address);
+  // A channel of its own to `address` (a new connection), not cached.
+  std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) const;
   std::shared_ptr<Group> MakeGroup(const ViewInfo& view);
   void InstallView(const v1::View& view);
   // The node ids of the current view's members to which this worker has
@@ -134,9 +136,9 @@ class Daemon final : public WorkerDaemon {
   // link_timeout (StalledPeers); logs
   // changes. On the heartbeat thread only.
   std::vector<std::string> Unreachable();
-  // The members of `view` (this worker left out) that answer no Probe within
-  // a second, each over a new connection; logs changes. On the heartbeat
-  // thread only.
+  // The members of `view` other than this worker that answer no Probe
+  // within a second, each over a new connection; logs changes. On the
+  // heartbeat thread only.
   std::vector<std::string> ProbeMembers(const v1::View& view);
   void Report(const ReduceResult& result);
   // Before each scrape: residual norms and dropped frames.
@@ -404,12 +406,7 @@ std::vector<std::string> Daemon::ProbeMembers(const v1::View& view) {
   }
   std::vector<std::string> unreachable = UnreachableMembers(
       members,
-      [this](const std::string& address) {
-        grpc::ChannelArguments arguments = DefaultChannelArguments();
-        arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-        return grpc::CreateCustomChannel(address, channel_credentials_,
-                                         arguments);
-      },
+      [this](const std::string& address) { return NewChannel(address); },
       absl::Now() + absl::Seconds(1));
   if (unreachable != last_probe_) {
     Log(unreachable.empty() ? std::string("joining; every member answers")
@@ -424,15 +421,19 @@ std::shared_ptr<grpc::Channel> Daemon::Channel(const std::string& address) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<grpc::Channel>& channel = channels_[address];
   if (channel == nullptr) {
-    // Its own connections, not the process-wide pool's: a channel made
-    // again is a new connection (see FreshChannelsLocked).
-    grpc::ChannelArguments arguments = DefaultChannelArguments();
-    arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    channel =
-        grpc::CreateCustomChannel(address, channel_credentials_, arguments);
+    channel = NewChannel(address);
     metrics_->peer_channels().Set(static_cast<double>(channels_.size()));
   }
   return channel;
+}
+
+std::shared_ptr<grpc::Channel> Daemon::NewChannel(
+    const std::string& address) const {
+  // Its own connections, not the process-wide pool's: a channel made again
+  // is a new connection (see FreshChannelsLocked).
+  grpc::ChannelArguments arguments = DefaultChannelArguments();
+  arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, channel_credentials_, arguments);
 }
 
 std::shared_ptr<Group> Daemon::MakeGroup(const ViewInfo& view) {
