@@ -372,6 +372,12 @@ absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
   const std::string name = SharedSegment::UniqueName(bucket);
   GM_ASSIGN_OR_RETURN(state->segment,
                       SharedSegment::Create(name, state->layout.bytes));
+  // Held while this set lives: the worker forgets the bucket once it is not.
+  if (absl::Status locked = state->segment.HoldLock(); !locked.ok()) {
+    SharedSegment::Unlink(name).IgnoreError();
+    return locked;
+  }
+  request.set_segment_locked(true);
   request.set_shm_name(name);
   request.set_client_id(impl_->client_id);
   state->shm_name = name;

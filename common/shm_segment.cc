@@ -1,6 +1,7 @@
 #include "common/shm_segment.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -56,12 +57,12 @@ absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name,
   } else {
     data = Map(fd, bytes, name);
   }
-  close(fd);
   if (!data.ok()) {
+    close(fd);
     shm_unlink(name.c_str());
     return data.status();
   }
-  return SharedSegment(*data, bytes);
+  return SharedSegment(*data, bytes, fd);
 }
 
 absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name,
@@ -83,9 +84,11 @@ absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name,
   } else {
     data = Map(fd, bytes, name);
   }
-  close(fd);
-  if (!data.ok()) return data.status();
-  return SharedSegment(*data, bytes);
+  if (!data.ok()) {
+    close(fd);
+    return data.status();
+  }
+  return SharedSegment(*data, bytes, fd);
 }
 
 absl::Status SharedSegment::Unlink(const std::string& name) {
@@ -108,15 +111,32 @@ std::string SharedSegment::UniqueName(absl::string_view tag) {
       absl::Hex(absl::Uniform<uint64_t>(bitgen), absl::kZeroPad16), "-", clean);
 }
 
+absl::Status SharedSegment::HoldLock() {
+  if (fd_ < 0) return absl::FailedPreconditionError("no segment to lock");
+  while (flock(fd_, LOCK_SH) != 0) {
+    if (errno != EINTR) return Errno("flock", "segment");
+  }
+  return absl::OkStatus();
+}
+
+bool SharedSegment::Abandoned() const {
+  if (fd_ < 0) return false;
+  if (flock(fd_, LOCK_EX | LOCK_NB) != 0) return false;  // held, or EINTR
+  flock(fd_, LOCK_UN);
+  return true;
+}
+
 SharedSegment::SharedSegment(SharedSegment&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)),
+      fd_(std::exchange(other.fd_, -1)) {}
 
 SharedSegment& SharedSegment::operator=(SharedSegment&& other) noexcept {
   if (this != &other) {
     Reset();
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    fd_ = std::exchange(other.fd_, -1);
   }
   return *this;
 }
@@ -125,8 +145,10 @@ SharedSegment::~SharedSegment() { Reset(); }
 
 void SharedSegment::Reset() {
   if (data_ != nullptr) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);  // releases a lock held through it
   data_ = nullptr;
   size_ = 0;
+  fd_ = -1;
 }
 
 }  // namespace gradmesh

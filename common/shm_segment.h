@@ -16,8 +16,14 @@
 // sparse result's values, and the residual, each n entries. Pages of a
 // region nobody touches cost no memory.
 //
-// Movable, not copyable; unmaps on destruction. Not thread-safe as an object;
-// the mapped memory is shared and its users agree on who writes when.
+// Whether the SDK's process still lives: it holds a shared lock (flock) on
+// the segment for as long as it keeps the segment (HoldLock), and the
+// kernel drops the lock when the process ends, however it ends. The daemon
+// asks Abandoned(). Processes forked from the SDK's share its lock.
+//
+// Movable, not copyable; unmaps (and closes, dropping a lock) on destruction.
+// Not thread-safe as an object; the mapped memory is shared and its users agree
+// on who writes when.
 #ifndef GRADMESH_COMMON_SHM_SEGMENT_H_
 #define GRADMESH_COMMON_SHM_SEGMENT_H_
 
@@ -64,6 +70,15 @@ class SharedSegment {
   // guess: /gradmesh-<pid>-<counter>-<64 random bits, hex>-<tag>.
   static std::string UniqueName(absl::string_view tag);
 
+  // Takes a shared lock on the object, held until this segment is destroyed
+  // or the process ends. Internal with errno's text.
+  absl::Status HoldLock();
+
+  // Whether no other open of the object holds a lock on it (its creator's
+  // HoldLock): the creator has destroyed its segment, or exited. False
+  // while one is held, and for an empty segment.
+  bool Abandoned() const;
+
   SharedSegment() = default;
   SharedSegment(SharedSegment&& other) noexcept;
   SharedSegment& operator=(SharedSegment&& other) noexcept;
@@ -78,11 +93,13 @@ class SharedSegment {
   }
 
  private:
-  SharedSegment(char* data, uint64_t size) : data_(data), size_(size) {}
+  SharedSegment(char* data, uint64_t size, int fd)
+      : data_(data), size_(size), fd_(fd) {}
   void Reset();
 
   char* data_ = nullptr;
   uint64_t size_ = 0;
+  int fd_ = -1;  // the object, kept open for HoldLock and Abandoned
 };
 
 }  // namespace gradmesh

@@ -1,8 +1,10 @@
 #include "common/shm_segment.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
@@ -50,6 +52,56 @@ TEST(SharedSegmentTest, RefusesWhatAnotherProcessCouldGetWrong) {
   close(fd);
   EXPECT_TRUE(absl::IsPermissionDenied(SharedSegment::Open(name, 64).status()));
   ASSERT_TRUE(SharedSegment::Unlink(name).ok());
+}
+
+// The daemon learns that the SDK's process is gone from the lock it held:
+// destroying the creator's segment (as exiting does) drops it.
+TEST(SharedSegmentTest, AbandonedOnceTheLockHolderLetsGo) {
+  const std::string name = SharedSegment::UniqueName("lock");
+  auto created = SharedSegment::Create(name, 4096);
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto opened = SharedSegment::Open(name, 4096);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ASSERT_TRUE(SharedSegment::Unlink(name).ok());
+  EXPECT_TRUE(opened->Abandoned()) << "nobody holds a lock yet";
+  ASSERT_TRUE(created->HoldLock().ok());
+  EXPECT_FALSE(opened->Abandoned());
+  EXPECT_FALSE(opened->Abandoned()) << "asking does not take the lock";
+  SharedSegment moved = *std::move(created);  // the lock moves with it
+  EXPECT_FALSE(opened->Abandoned());
+  moved = SharedSegment();
+  EXPECT_TRUE(opened->Abandoned());
+  EXPECT_FALSE(SharedSegment().Abandoned());
+  EXPECT_FALSE(SharedSegment().HoldLock().ok());
+}
+
+// A process that ends without a word (kill -9) lets go of its lock too.
+TEST(SharedSegmentTest, AbandonedWhenTheHolderIsKilled) {
+  const std::string name = SharedSegment::UniqueName("killed");
+  auto opened = [&]() -> absl::StatusOr<SharedSegment> {
+    const pid_t child = fork();
+    if (child == 0) {
+      auto created = SharedSegment::Create(name, 4096);
+      if (!created.ok() || !created->HoldLock().ok()) _exit(1);
+      pause();  // killed here
+      _exit(2);
+    }
+    for (int i = 0; i < 500; ++i) {
+      auto segment = SharedSegment::Open(name, 4096);
+      if (segment.ok() && !segment->Abandoned()) {
+        kill(child, SIGKILL);
+        waitpid(child, nullptr, 0);
+        return segment;
+      }
+      usleep(10000);
+    }
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    return absl::DeadlineExceededError("the child never held its lock");
+  }();
+  SharedSegment::Unlink(name).IgnoreError();
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_TRUE(opened->Abandoned());
 }
 
 // Another local user who guesses the names a process will use and creates

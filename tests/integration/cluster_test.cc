@@ -25,6 +25,8 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc/grpc_util.h"
 #include "common/grpc/health_server.h"
+#include "common/shm_segment.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gradmesh/v1/coordinator.grpc.pb.h"
 #include "gradmesh/v1/peer.grpc.pb.h"
@@ -640,6 +642,103 @@ TEST_F(ClusterTest, ATrainerThatStopsJoiningStepsOutAndTheOthersGoOn) {
     EXPECT_EQ(r.info.world_size, 3);
     EXPECT_EQ(r.result.values, back[0].result.values);
   }
+}
+
+// A trainer process as its worker sees it, spoken to without the SDK, so
+// that it can end without the SDK's goodbye: bucket "g" of n values in a
+// segment it holds locked, and the Worker service's stub.
+struct BareTrainer {
+  SharedSegment segment;
+  std::unique_ptr<gradmesh::v1::Worker::Stub> stub;
+  std::string job;
+};
+
+absl::Status RegisterBare(BareTrainer& t, const std::string& sdk_address,
+                          uint64_t n) {
+  t.stub = gradmesh::v1::Worker::NewStub(
+      grpc::CreateChannel(sdk_address, grpc::InsecureChannelCredentials()));
+  const std::string name = SharedSegment::UniqueName("bare");
+  GM_ASSIGN_OR_RETURN(t.segment,
+                      SharedSegment::Create(name, SegmentLayout(n).bytes));
+  GM_RETURN_IF_ERROR(t.segment.HoldLock());
+  gradmesh::v1::RegisterRequest request;
+  request.set_job(t.job);
+  request.set_bucket("g");
+  gradmesh::v1::TensorSpec* spec = request.add_tensors();
+  spec->set_name("g");
+  spec->set_size(n);
+  request.set_shm_name(name);
+  request.set_client_id("bare");
+  request.set_segment_locked(true);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  gradmesh::v1::RegisterResponse response;
+  const grpc::Status status = t.stub->Register(&context, request, &response);
+  GM_RETURN_IF_ERROR(SharedSegment::Unlink(name));
+  return ToAbsl(status);
+}
+
+absl::Status StepBare(BareTrainer& t, uint64_t step) {
+  gradmesh::v1::AllReduceRequest request;
+  request.set_job(t.job);
+  request.set_bucket("g");
+  request.set_step(step);
+  request.set_layout(gradmesh::v1::RESULT_SPARSE);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  gradmesh::v1::AllReduceResponse response;
+  return ToAbsl(t.stub->AllReduce(&context, request, &response));
+}
+
+// Trainer 2's process exits after a step without unregistering (kill -9, a
+// crash): the kernel drops its lock on the segment. Its worker forgets the
+// bucket and steps out at once, so the others' next step runs without it
+// well inside the step-join timeout (15 s here) rather than after it.
+TEST_F(ClusterTest, ATrainerThatExitsStepsItsWorkerOutAtOnce) {
+  constexpr uint64_t kN = 5000;
+  Start(3, {{"algo", "spardl"}, {"heartbeat_timeout_ms", "1500"}},
+        {{"operation_timeout_s", "30"},
+         {"step_join_timeout_s", "15"},
+         {"heartbeat_interval_ms", "250"}});
+  std::vector<Trainer> trainers(3);
+  BareTrainer bare{.job = "exits"};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      auto client = Client::Connect({.worker = cluster_->sdk_address(w),
+                                     .job = "exits",
+                                     .timeout = absl::Seconds(30)});
+      ASSERT_TRUE(client.ok()) << client.status();
+      auto set = (*client)->Register("g", {{"g", kN}});
+      ASSERT_TRUE(set.ok()) << set.status();
+      trainers[w] = {*std::move(client), *std::move(set)};
+    });
+  }
+  const absl::Status registered =
+      RegisterBare(bare, cluster_->sdk_address(2), kN);
+  EXPECT_TRUE(registered.ok()) << registered;
+  for (std::thread& t : threads) t.join();
+  ASSERT_FALSE(HasFailure());
+  std::thread third([&] {
+    const absl::Status stepped = StepBare(bare, 0);
+    EXPECT_TRUE(stepped.ok()) << stepped;
+  });
+  for (const auto& r : RunStep(trainers, {0, 1}, 0)) {
+    EXPECT_TRUE(r.status.ok()) << r.status;
+  }
+  third.join();
+  ASSERT_FALSE(HasFailure());
+
+  bare.segment = SharedSegment();  // the process ends without a word
+  const absl::Time start = absl::Now();
+  const StepResults without = RunStep(trainers, {0, 1}, 1);
+  for (const auto& r : without) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.info.world_size, 2);
+    EXPECT_EQ(r.result.values, without[0].result.values);
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8))
+      << "not the 15 s step-join timeout";
 }
 
 // 50 iterations of every algorithm on 4 and 6 processes (15 under

@@ -41,6 +41,14 @@ struct BucketOptions {
   bool exact = false;
 };
 
+// Who registers a bucket (RegisterRequest.client_id, .segment_locked).
+struct BucketClient {
+  std::string id;  // empty: unknown
+  // The client holds a lock on the segment while it lives
+  // (SharedSegment::HoldLock): once none is held, the bucket is abandoned.
+  bool locks_segment = false;
+};
+
 struct BucketName {
   std::string job;
   std::string bucket;
@@ -54,6 +62,7 @@ struct Bucket {
   std::string descriptor;  // bucket name, tensor names and sizes, options
   std::string shm_name;    // the segment's name at registration
   std::string client_id;   // RegisterRequest.client_id
+  bool client_locks_segment = false;  // BucketClient::locks_segment
   uint64_t fingerprint = 0;
   std::vector<uint64_t> tensor_starts;  // each tensor's first index
   // The members (node id, incarnation) that registered it: a step on a view

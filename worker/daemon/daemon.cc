@@ -151,9 +151,11 @@ class Daemon final : public WorkerDaemon {
   // wait (up to view_wait) for a view that has it.
   TrainerWatch::Hooks TrainerHooks();
   void RejoinAsNewMember();
-  // Destroys retired groups (their streams' close may wait) off the
-  // operations' path, until Stop.
+  // Every 200 ms until Stop: destroys retired groups (their streams' close
+  // may wait) off the operations' path, and forgets the buckets of clients
+  // that died (a step-out if one had stepped: TrainerGone).
   void ReapLoop();
+  void ForgetAbandonedBuckets();
   // Drops cached channels to addresses the newest view does not have.
   void PruneChannelsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the cached channels to the `members` of a view being installed
@@ -648,6 +650,22 @@ void Daemon::ReapLoop() {
   while (
       !stop_reaping_.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
     views_->ReleaseRetired();
+    ForgetAbandonedBuckets();
+  }
+}
+
+void Daemon::ForgetAbandonedBuckets() {
+  std::optional<std::string> stepped;
+  for (const DataPlane::Abandoned& gone : plane_->ForgetAbandoned()) {
+    const std::string what =
+        absl::StrCat("bucket '", gone.name.bucket, "' of job '", gone.name.job,
+                     "': its client let go of it without unregistering it "
+                     "(the trainer process exited)");
+    Log(absl::StrCat("forgot ", what));
+    if (gone.stepped && !stepped.has_value()) stepped = what;
+  }
+  if (stepped.has_value()) {
+    trainer_watch_->TrainerGone(absl::StrCat("the client of ", *stepped));
   }
 }
 

@@ -48,10 +48,11 @@ DataPlane::DataPlane(ViewTracker* views, DataPlaneHooks hooks,
 absl::StatusOr<Membership> DataPlane::Register(
     const BucketName& name, const std::vector<TensorSpec>& tensors,
     const std::string& shm_name, uint64_t index, absl::Time deadline,
-    const BucketOptions& options, const std::string& client_id) {
+    const BucketOptions& options, const BucketClient& client) {
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Bucket> bucket,
                       OpenBucket(name, tensors, shm_name, options));
-  bucket->client_id = client_id;
+  bucket->client_id = client.id;
+  bucket->client_locks_segment = client.locks_segment;
   uint64_t nonce;
   {
     absl::MutexLock lock(&mu_);

@@ -117,13 +117,14 @@ class DataPlane {
   // compared, counting from the first under the current membership (so a
   // restarted member's trainer, counting from 0, meets the others).
   // `options` are part of what must agree.
-  // `client_id` names the registering client (TakenOver).
+  // `client` names the registering client (TakenOver) and says whether it
+  // holds a lock on the segment while it lives (ForgetAbandoned).
   absl::StatusOr<Membership> Register(const BucketName& name,
                                       const std::vector<TensorSpec>& tensors,
                                       const std::string& shm_name,
                                       uint64_t index, absl::Time deadline,
                                       const BucketOptions& options = {},
-                                      const std::string& client_id = "");
+                                      const BucketClient& client = {});
 
   // Whether `client_id` registers a bucket of `name`'s job where another
   // client has stepped one of the job's buckets under the current members:
@@ -136,6 +137,19 @@ class DataPlane {
   // `client_id` registered (a new trainer took over: the old one's are
   // dead, and their peers' steps must not count against this worker).
   void UnregisterOthers(const BucketName& name, const std::string& client_id);
+
+  // A bucket forgotten because its client is gone (ForgetAbandoned).
+  struct Abandoned {
+    BucketName name;
+    // It had stepped under the current membership: its peers would wait on
+    // it at its next step.
+    bool stepped = false;
+  };
+  // Unregisters the buckets whose client held a lock on the segment and no
+  // longer does (BucketClient::locks_segment): the process died, or freed
+  // the set without Unregister. A bucket a call still runs on is left for a
+  // later pass. Never waits; call it periodically (the daemon's reaper).
+  std::vector<Abandoned> ForgetAbandoned();
 
   // Unmaps the bucket and forgets its residual. NotFound if unknown. With
   // `shm_name`, only the registration made with that segment: a later one

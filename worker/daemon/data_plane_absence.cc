@@ -1,5 +1,7 @@
 // The data plane's view of whether this worker's trainer takes part: peers
-// that started a step this worker's client has not (see DataPlane::Absent).
+// that started a step this worker's client has not (see DataPlane::Absent),
+// a client gone without a word (ForgetAbandoned), a new client in place of
+// the one before (TakenOver).
 
 #include <optional>
 #include <string>
@@ -54,6 +56,39 @@ std::optional<std::string> DataPlane::Absent(
     }
   }
   return std::nullopt;
+}
+
+std::vector<DataPlane::Abandoned> DataPlane::ForgetAbandoned() {
+  std::vector<std::shared_ptr<Bucket>> found;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, bucket] : buckets_) {
+      if (bucket->client_locks_segment && bucket->segment.Abandoned()) {
+        found.push_back(bucket);
+      }
+    }
+  }
+  const std::shared_ptr<Group> group = views_->current();
+  std::vector<Abandoned> forgotten;
+  for (const std::shared_ptr<Bucket>& bucket : found) {
+    bool stepped;
+    {
+      absl::MutexLock lock(&bucket->mu);
+      if (bucket->busy) continue;  // its call ends by its deadline
+      stepped = bucket->last_step.has_value();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = buckets_.find(bucket->key);
+      if (it == buckets_.end() || it->second != bucket) continue;  // replaced
+    }
+    stepped = stepped && group != nullptr && group->rank >= 0 &&
+              RegisteredOn(*bucket, group).ok();
+    // The shm name leaves a registration of the name made since alone.
+    Unregister(bucket->name, bucket->shm_name).IgnoreError();
+    forgotten.push_back({.name = bucket->name, .stepped = stepped});
+  }
+  return forgotten;
 }
 
 std::vector<std::shared_ptr<Bucket>> DataPlane::SteppedBuckets(

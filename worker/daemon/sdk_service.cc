@@ -89,7 +89,7 @@ grpc::Status SdkService::Register(grpc::ServerContext* context,
       name, tensors, request->shm_name(), request->index(), Deadline(*context),
       {.per_tensor_quota = request->fusion() != v1::FUSION_AFTER_FUSION,
        .exact = request->exact()},
-      request->client_id());
+      {.id = request->client_id(), .locks_segment = request->segment_locked()});
   if (!joined.ok()) return ToGrpc(joined.status());
   response->set_epoch(joined->epoch);
   response->set_rank(joined->rank);

@@ -119,12 +119,13 @@ class Workers {
     return reported_[r];
   }
 
-  // The SDK's part of Register: create, register, unlink; as client
-  // `client_id`, telling the segment's name in `*shm_name` (may be null).
+  // The SDK's part of Register: create (and lock, if `client` says so),
+  // register, unlink; telling the segment's name in `*shm_name` (may be
+  // null).
   absl::StatusOr<SharedSegment> Register(int r, const BucketName& name,
                                          const std::vector<TensorSpec>& t,
                                          const BucketOptions& options = {},
-                                         const std::string& client_id = "",
+                                         const BucketClient& client = {},
                                          std::string* shm_name = nullptr) {
     uint64_t n = 0;
     for (const TensorSpec& spec : t) n += spec.size;
@@ -132,8 +133,13 @@ class Workers {
     if (shm_name != nullptr) *shm_name = shm;
     auto segment = SharedSegment::Create(shm, SegmentLayout(n).bytes);
     if (!segment.ok()) return segment.status();
+    if (client.locks_segment) {
+      if (absl::Status locked = segment->HoldLock(); !locked.ok()) {
+        return locked;
+      }
+    }
     auto joined = planes_[r]->Register(name, t, shm, next_index_[r]++, Soon(),
-                                       options, client_id);
+                                       options, client);
     EXPECT_TRUE(SharedSegment::Unlink(shm).ok());
     if (!joined.ok()) return joined.status();
     return segment;
@@ -563,9 +569,9 @@ TEST(DataPlaneTest, TheEndOfAnOlderRegistrationLeavesTheNewOne) {
   Workers w(1, {.algorithm = "dense"});
   w.Start();
   std::string first, second;
-  auto older = w.Register(0, {"job", "b"}, {{"t", kN}}, {}, "", &first);
+  auto older = w.Register(0, {"job", "b"}, {{"t", kN}}, {}, {}, &first);
   ASSERT_TRUE(older.ok()) << older.status();
-  auto newer = w.Register(0, {"job", "b"}, {{"t", kN}}, {}, "", &second);
+  auto newer = w.Register(0, {"job", "b"}, {{"t", kN}}, {}, {}, &second);
   ASSERT_TRUE(newer.ok()) << newer.status();
   ASSERT_TRUE(w.plane(0).Unregister({"job", "b"}, first).ok());
   EXPECT_TRUE(AllReduceAll(w, {.name = {"job", "b"}, .step = 0})[0].ok());
@@ -581,7 +587,7 @@ TEST(DataPlaneTest, AnotherClientRegisteringInASteppedJobTakesItOver) {
   Workers w(1, {.algorithm = "dense"});
   w.Start();
   const BucketName name{"job", "b"};
-  auto segment = w.Register(0, name, {{"t", kN}}, {}, "first");
+  auto segment = w.Register(0, name, {{"t", kN}}, {}, {.id = "first"});
   ASSERT_TRUE(segment.ok()) << segment.status();
   EXPECT_FALSE(w.plane(0).TakenOver(name, "second"));  // never stepped
   ASSERT_TRUE(AllReduceAll(w, {.name = name, .step = 0})[0].ok());
@@ -596,6 +602,41 @@ TEST(DataPlaneTest, AnotherClientRegisteringInASteppedJobTakesItOver) {
   w.plane(0).UnregisterOthers(name, "second");
   EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister(name)));
   EXPECT_FALSE(w.plane(0).TakenOver(name, "second"));
+}
+
+// A client that dies without Unregister lets go of its segment's lock: the
+// worker forgets its buckets (their memory and residual), saying which had
+// stepped. Buckets of live clients, and of clients that hold no lock (an
+// older SDK), stay.
+TEST(DataPlaneTest, ABucketWhoseClientDiedIsForgotten) {
+  constexpr uint64_t kN = 100;
+  Workers w(1, {.algorithm = "dense"});
+  w.Start();
+  const BucketClient locked{.id = "c", .locks_segment = true};
+  auto stepped = w.Register(0, {"job", "a"}, {{"t", kN}}, {}, locked);
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  auto idle = w.Register(0, {"job", "b"}, {{"t", kN}}, {}, locked);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  auto unlocked = w.Register(0, {"job", "c"}, {{"t", kN}});
+  ASSERT_TRUE(unlocked.ok()) << unlocked.status();
+  ASSERT_TRUE(AllReduceAll(w, {.name = {"job", "a"}, .step = 0})[0].ok());
+  EXPECT_TRUE(w.plane(0).ForgetAbandoned().empty()) << "every client lives";
+
+  *stepped = SharedSegment();  // its process exits
+  *unlocked = SharedSegment();
+  std::vector<DataPlane::Abandoned> gone = w.plane(0).ForgetAbandoned();
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].name.bucket, "a");
+  EXPECT_TRUE(gone[0].stepped);
+  EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister({"job", "a"})));
+  EXPECT_TRUE(w.plane(0).ForgetAbandoned().empty()) << "once only";
+
+  *idle = SharedSegment();
+  gone = w.plane(0).ForgetAbandoned();
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].name.bucket, "b");
+  EXPECT_FALSE(gone[0].stepped) << "never stepped: nobody waits on it";
+  EXPECT_TRUE(w.plane(0).Unregister({"job", "c"}).ok()) << "no lock: kept";
 }
 
 TEST(DataPlaneTest, BroadcastsFromTheRootAndBarriers) {
