@@ -57,8 +57,9 @@ ABSL_FLAG(double, link_timeout_s, 10,
 ABSL_FLAG(double, step_join_timeout_s, 10,
           "when the peers started a step this worker's trainer has not joined "
           "for this long, the worker steps out of the group and the others go "
-          "on without it; the trainer's next call rejoins it and fails, so "
-          "that every process registers again and broadcasts (0: never; "
+          "on without it (at once when the trainer process died); the "
+          "trainer's next call rejoins it and fails, so that every process "
+          "registers again and broadcasts (0: never; "
           "raise it where one rank pauses longer between steps, e.g. to "
           "evaluate alone)");
 ABSL_FLAG(int, peer_buffer_mib, 1024,
