@@ -102,9 +102,14 @@ std::vector<LinkReports::Quarantine> LinkReports::Quarantines(
     absl::Time now) const {
   std::vector<Quarantine> out;
   for (const auto& [node_id, kept] : kept_out_) {
-    if (now >= kept.until) continue;
-    out.push_back(
-        {.node_id = node_id, .length = kept.length, .strikes = kept.strikes});
+    if (now < kept.until) {
+      out.push_back(
+          {.node_id = node_id, .length = kept.length, .strikes = kept.strikes});
+    } else if (OnProbation(node_id, now)) {
+      out.push_back({.node_id = node_id,
+                     .length = absl::ZeroDuration(),
+                     .strikes = kept.strikes});
+    }
   }
   std::sort(out.begin(), out.end(),
             [](const Quarantine& a, const Quarantine& b) {
@@ -114,14 +119,23 @@ std::vector<LinkReports::Quarantine> LinkReports::Quarantines(
 }
 
 void LinkReports::Adopt(const Quarantine& q, absl::Time now) {
+  if (q.node_id.empty()) return;
   const absl::Duration length = std::clamp(
       q.length, absl::ZeroDuration(), quarantine_ * (1 << (kMaxStrikes - 1)));
-  if (q.node_id.empty() || length <= absl::ZeroDuration()) return;
+  const int strikes = std::clamp(q.strikes, 1, kMaxStrikes);
+  if (length <= absl::ZeroDuration()) {
+    // Back already, on probation from now (unless kept out or on it here).
+    if (!OnProbation(q.node_id, now)) {
+      kept_out_[q.node_id] = {
+          .until = now, .length = quarantine_, .strikes = strikes};
+    }
+    return;
+  }
   KeptOut& out = kept_out_[q.node_id];
   if (now + length <= out.until) return;
   out.until = now + length;
   out.length = length;
-  out.strikes = std::clamp(q.strikes, 1, kMaxStrikes);
+  out.strikes = strikes;
 }
 
 absl::Status LinkReports::MayJoin(absl::string_view node_id,

@@ -21,8 +21,8 @@
 // passed since the last one ended), so that a link still bad does not cut
 // the others' steps every few seconds. A new process of the node is kept
 // out too: the link is the node's. The views the coordinator publishes list
-// the nodes kept out (Quarantines), so that a restarted coordinator that
-// adopts one keeps them out too (Adopt).
+// the nodes kept out or on probation (Quarantines), so that a restarted
+// coordinator that adopts one keeps them out, or on probation, too (Adopt).
 //
 // Not thread-safe: the Coordinator holds it under its mutex. Time is passed
 // in (steady time in the service).
@@ -82,19 +82,22 @@ class LinkReports {
   // while it can reach every member.
   bool OnProbation(absl::string_view node_id, absl::Time now) const;
 
-  // A node kept out: the length of its quarantine, and its removals in a row.
+  // A node kept out: the length of its quarantine (zero: back already, on
+  // probation), and its removals in a row.
   struct Quarantine {
     std::string node_id;
     absl::Duration length;
     int strikes = 1;
     friend bool operator==(const Quarantine&, const Quarantine&) = default;
   };
-  // The nodes kept out at `now`, by node id.
+  // The nodes kept out or on probation at `now`, by node id.
   std::vector<Quarantine> Quarantines(absl::Time now) const;
   // Keeps `q.node_id` out for `q.length` from `now` (a quarantine that an
   // earlier coordinator imposed, learned from its view: counted in full from
   // now, since its start is not known here), unless it is kept out longer
-  // already. The length is cut to 16 quarantines, the strikes to 1..5.
+  // already. The length is cut to 16 quarantines, the strikes to 1..5. A
+  // zero (or negative) length puts it on probation from `now`, unless it is
+  // kept out or on probation here already.
   void Adopt(const Quarantine& q, absl::Time now);
   // The most removals in a row that double the quarantine.
   static constexpr int kMaxStrikes = 5;

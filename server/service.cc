@@ -70,7 +70,7 @@ View FromProto(const v1::View& view) {
   out.incarnation = view.incarnation();
   for (const v1::KeptOut& kept : view.kept_out()) {
     // A length that is not a finite number of seconds counts as none
-    // (LinkReports::Adopt ignores it); Adopt also bounds it.
+    // (LinkReports::Adopt: on probation only); Adopt also bounds it.
     const double seconds = std::isfinite(kept.quarantine_seconds())
                                ? kept.quarantine_seconds()
                                : 0.0;

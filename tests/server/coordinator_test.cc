@@ -632,6 +632,42 @@ TEST(CoordinatorTest, ANodeRemovedForItsLinkReturnsOnlyOnceItReachesEveryone) {
       coordinator.Join(Node("f"), back, nullptr, Names{"a"}).status()));
 }
 
+// A node back from its quarantine is on probation: the views list it so
+// (a zero length), and a restarted coordinator that adopts one keeps it
+// on probation, so that a new process of it must reach every member first
+// (before: the restarted coordinator let it in without a probe).
+TEST(CoordinatorTest, ARestartedCoordinatorKeepsTheProbationOfTheView) {
+  constexpr absl::Duration kQuarantine = absl::Seconds(30);
+  const PlanConfig fixed{.algorithm = "spardl", .teams = 1};
+  Coordinator first(fixed, kTimeout, kQuarantine);
+  JoinAll(first, {"a", "b", "c"});
+  const absl::Time t = kT0 + absl::Seconds(1);
+  ASSERT_TRUE(first.Heartbeat("a", t, {"b"}).ok());
+  ASSERT_TRUE(first.Heartbeat("c", t, {"b"}).ok());
+  ASSERT_TRUE(first.Heartbeat("b", t).ok());
+  ASSERT_TRUE(first.Tick(t + kTimeout).has_value());
+  const View after = first.view();
+  const absl::Time back = t + kTimeout + kQuarantine;
+  ASSERT_TRUE(
+      first.Join(Node("b"), back, &after, std::vector<std::string>{}).ok());
+  const View rejoined = first.view();
+  EXPECT_THAT(Ids(rejoined), ElementsAre("a", "b", "c"));
+  ASSERT_EQ(rejoined.kept_out.size(), 1u);
+  EXPECT_EQ(rejoined.kept_out[0],
+            (LinkReports::Quarantine{
+                .node_id = "b", .length = absl::ZeroDuration(), .strikes = 1}));
+
+  Coordinator restarted(fixed, kTimeout, kQuarantine);
+  const absl::Time later = back + absl::Seconds(5);
+  ASSERT_TRUE(restarted.Join(Node("a"), later, &rejoined).ok());
+  EXPECT_THAT(Ids(restarted.view()), ElementsAre("a", "b", "c"));
+  MemberInfo b = Node("b");
+  b.incarnation = 7;  // a new process of b, with no view
+  EXPECT_TRUE(absl::IsFailedPrecondition(restarted.Join(b, later).status()));
+  EXPECT_TRUE(
+      restarted.Join(b, later, &rejoined, std::vector<std::string>{}).ok());
+}
+
 // The views list the nodes kept out, and a restarted coordinator keeps them
 // out for their whole quarantine, whether a survivor or the removed node
 // joins it first (issue: a restarted coordinator let the node back at once).

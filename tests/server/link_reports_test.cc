@@ -150,9 +150,18 @@ TEST(LinkReportsTest, QuarantinesAreListedAndAdoptedWithinBounds) {
       reports.Quarantines(kT0),
       ElementsAre(Q{.node_id = "b", .length = 2 * kQuarantine, .strikes = 2},
                   Q{.node_id = "c", .length = kQuarantine, .strikes = 1}));
+  // c is back, on probation (length zero), for 16 quarantines.
   EXPECT_THAT(
       reports.Quarantines(kT0 + kQuarantine),
-      ElementsAre(Q{.node_id = "b", .length = 2 * kQuarantine, .strikes = 2}));
+      ElementsAre(
+          Q{.node_id = "b", .length = 2 * kQuarantine, .strikes = 2},
+          Q{.node_id = "c", .length = absl::ZeroDuration(), .strikes = 1}));
+  EXPECT_THAT(
+      reports.Quarantines(kT0 + 17 * kQuarantine + absl::Seconds(1)),
+      ElementsAre(
+          Q{.node_id = "b", .length = absl::ZeroDuration(), .strikes = 2}));
+  EXPECT_TRUE(
+      reports.Quarantines(kT0 + 18 * kQuarantine + absl::Seconds(1)).empty());
 
   LinkReports adopted(kSettle, kQuarantine);
   const absl::Time t = kT0 + absl::Seconds(100);
@@ -161,12 +170,20 @@ TEST(LinkReportsTest, QuarantinesAreListedAndAdoptedWithinBounds) {
   adopted.Adopt({.node_id = "", .length = kQuarantine}, t);
   EXPECT_THAT(
       adopted.Quarantines(t),
-      ElementsAre(Q{.node_id = "b", .length = 16 * kQuarantine, .strikes = 5}));
+      ElementsAre(
+          Q{.node_id = "b", .length = 16 * kQuarantine, .strikes = 5},
+          Q{.node_id = "c", .length = absl::ZeroDuration(), .strikes = 1}));
   adopted.Adopt({.node_id = "b", .length = kQuarantine, .strikes = 1}, t);
+  adopted.Adopt({.node_id = "b", .length = absl::ZeroDuration()}, t);
   EXPECT_TRUE(absl::IsUnavailable(
       adopted.MayJoin("b", t + 16 * kQuarantine - absl::Seconds(1))));
   EXPECT_TRUE(adopted.MayJoin("b", t + 16 * kQuarantine).ok());
+  // On probation: it may join (while it reaches every member), and its
+  // next removal counts as a second in a row.
   EXPECT_TRUE(adopted.MayJoin("c", t).ok());
+  EXPECT_TRUE(adopted.OnProbation("c", t + 16 * kQuarantine));
+  EXPECT_FALSE(adopted.OnProbation("c", t + 17 * kQuarantine));
+  EXPECT_EQ(adopted.KeepOut("c", t + kQuarantine), 2 * kQuarantine);
 }
 
 }  // namespace
