@@ -82,6 +82,10 @@ struct Bucket {
   // peers may be running it, waiting for this worker.
   bool last_step_refused ABSL_GUARDED_BY(mu) = false;
   bool forgotten ABSL_GUARDED_BY(mu) = false;  // unregistered or replaced
+  // The last step applied here and its group's epoch (StepRecord's
+  // applied_step and applied_epoch); cleared by a Broadcast of the job.
+  uint64_t applied_step ABSL_GUARDED_BY(mu) = 0;  // 1 + the step; 0: none
+  uint64_t applied_epoch ABSL_GUARDED_BY(mu) = 0;
 
   absl::Span<float> values() const {
     return {segment.at<float>(layout.values), layout.n};

@@ -168,8 +168,11 @@ class DataPlane {
   // Errors are the step's. DataLoss on every member while a member's
   // replica of the job is behind: a step of one of its buckets was applied
   // on the others after its client had given up (its result never reached
-  // the trainer), or it could not learn a step's outcome; until a Broadcast
-  // of one of the job's buckets from a rank whose replica is whole. A
+  // the trainer), or it could not learn a step's outcome; or while the
+  // members' last applied steps of the bucket differ (one was out of the
+  // group while the others went on, or applied a step they gave up, and is
+  // back as the same process); until a Broadcast of one of the job's
+  // buckets from a rank whose replica is whole. A
   // refused step's gradient is kept in the residual.
   absl::StatusOr<ReduceResult> AllReduce(const ReduceCall& call,
                                          absl::Time deadline);
@@ -247,8 +250,8 @@ class DataPlane {
   // After every member voted to apply the step: its result into the
   // segment, its figures recorded (or, when the client has given up, the
   // job marked as having missed it).
-  absl::StatusOr<ReduceResult> Applied(const ReduceCall& call,
-                                       const Bucket& bucket, const Group& g,
+  absl::StatusOr<ReduceResult> Applied(const ReduceCall& call, Bucket& bucket,
+                                       const Group& g,
                                        const sparse::SparseBlock& result,
                                        ReduceResult out);
   // One attempt of a step on `g` (period_seconds: ReduceResult's);
@@ -268,7 +271,8 @@ class DataPlane {
   static void MarkRefused(Bucket& bucket, bool refused);
   // missed_: notes that the replica of `bucket`'s job missed `step`; the
   // job's mark as StepRecord::missed (1 + the step, or 0 when none); and
-  // forgets it (a Broadcast of one of the job's buckets made it whole).
+  // forgets it, with the last applied step of each of the job's buckets
+  // (a Broadcast of one of the job's buckets made it whole).
   void MarkMissed(const Bucket& bucket, uint64_t step);
   uint64_t MissedMark(const Bucket& bucket) const;
   void ClearMissed(const Bucket& bucket);

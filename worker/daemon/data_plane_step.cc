@@ -53,8 +53,19 @@ uint64_t DataPlane::MissedMark(const Bucket& bucket) const {
 }
 
 void DataPlane::ClearMissed(const Bucket& bucket) {
-  absl::MutexLock lock(&mu_);
-  missed_.erase(bucket.name.job);
+  std::vector<std::shared_ptr<Bucket>> job;
+  {
+    absl::MutexLock lock(&mu_);
+    missed_.erase(bucket.name.job);
+    for (const auto& [key, b] : buckets_) {
+      if (b->name.job == bucket.name.job) job.push_back(b);
+    }
+  }
+  for (const std::shared_ptr<Bucket>& b : job) {
+    absl::MutexLock lock(&b->mu);
+    b->applied_step = 0;  // every replica is the root's again
+    b->applied_epoch = 0;
+  }
 }
 
 void DataPlane::MarkRefused(Bucket& bucket, bool refused) {
@@ -129,10 +140,15 @@ engine::Request DataPlane::StepRequest(const ReduceCall& call, Bucket& bucket,
       .deadline = deadline,
       .agree =
           [this, &bucket, &g, deadline, agree_op, state](uint64_t nonfinite) {
-            const StepRecord record{.fingerprint = bucket.fingerprint,
-                                    .values = bucket.layout.n,
-                                    .nonfinite = nonfinite,
-                                    .missed = MissedMark(bucket)};
+            StepRecord record{.fingerprint = bucket.fingerprint,
+                              .values = bucket.layout.n,
+                              .nonfinite = nonfinite,
+                              .missed = MissedMark(bucket)};
+            {
+              absl::MutexLock lock(&bucket.mu);
+              record.applied_step = bucket.applied_step;
+              record.applied_epoch = bucket.applied_epoch;
+            }
             // Its wait is the operation's (peers' skew lands there); its
             // rounds and bytes are not the algorithm's and stay out of the
             // stats.
@@ -196,7 +212,7 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
 }
 
 absl::StatusOr<ReduceResult> DataPlane::Applied(
-    const ReduceCall& call, const Bucket& bucket, const Group& g,
+    const ReduceCall& call, Bucket& bucket, const Group& g,
     const sparse::SparseBlock& result, ReduceResult out) {
   // The client gave up after voting to apply the step (a narrow window, or
   // in doubt at its deadline): its memory is its own again, and its replica
@@ -209,6 +225,11 @@ absl::StatusOr<ReduceResult> DataPlane::Applied(
         "just before its result was written: this replica missed it"));
   }
   WriteResult(call, bucket, result, g.size());
+  {
+    absl::MutexLock lock(&bucket.mu);
+    bucket.applied_step = call.step + 1;
+    bucket.applied_epoch = g.view.epoch;
+  }
   out.nonzeros = result.size();
   out.tensors = bucket.tensor_starts.size();
   out.tensors_missing = engine::CountMissingTensors(bucket.tensor_starts,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <thread>
 #include <utility>
 
@@ -54,6 +55,7 @@ absl::Status StepProtocol::Agree(const Group& g, absl::string_view bucket,
     }
   }
   GM_RETURN_IF_ERROR(CheckNoneBehind(bucket, records, mine.root));
+  if (mine.root < 0) GM_RETURN_IF_ERROR(CheckSameLastStep(bucket, records));
   if (!nonfinite.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "non-finite values (NaN or Inf) in the gradient of bucket '", bucket,
@@ -94,6 +96,42 @@ absl::Status StepProtocol::CheckNoneBehind(
       "replica is whole",
       whole >= 0 ? absl::StrCat(" (rank ", whole, ")") : "",
       "; the gradient is kept in the residual"));
+}
+
+absl::Status StepProtocol::CheckSameLastStep(
+    absl::string_view bucket, const std::vector<StepRecord>& records) {
+  // (epoch, 1 + step) -> how many members applied that one last.
+  std::map<std::pair<uint64_t, uint64_t>, int> last;
+  for (const StepRecord& r : records) {
+    if (r.applied_step > 0) ++last[{r.applied_epoch, r.applied_step}];
+  }
+  if (last.size() <= 1) return absl::OkStatus();
+  // Whole: the most common (ties: the newest); behind: any other.
+  auto most = last.begin();
+  for (auto it = last.begin(); it != last.end(); ++it) {
+    if (it->second >= most->second) most = it;
+  }
+  int whole = -1;
+  int behind = -1;
+  for (int r = 0; r < static_cast<int>(records.size()); ++r) {
+    const auto key =
+        std::pair(records[r].applied_epoch, records[r].applied_step);
+    if (records[r].applied_step == 0) continue;
+    (key == most->first ? whole : behind) = r;
+  }
+  const StepRecord& b = records[behind];
+  return absl::DataLossError(absl::StrCat(
+      "rank ", behind,
+      "'s replica differs from the others': its last step of "
+      "bucket '",
+      bucket, "' was step ", b.applied_step - 1, " in epoch ", b.applied_epoch,
+      ", rank ", whole, "'s step ", most->first.second - 1, " in epoch ",
+      most->first.first,
+      " (it was out of the group while the others went on, or applied a step "
+      "they gave up); every member refuses the bucket's steps until a "
+      "Broadcast of the job's parameters from a rank whose replica is whole "
+      "(rank ",
+      whole, "); the gradient is kept in the residual"));
 }
 
 absl::Status StepProtocol::Vote(const Group& g, const OutcomeKey& key,

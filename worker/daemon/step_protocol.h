@@ -79,6 +79,12 @@ struct StepRecord {
   int64_t root = -1;         // a broadcast's root; -1 for an all-reduce
   // 1 + a step this member's replica of the job missed; 0: none.
   uint64_t missed = 0;
+  // The last step of the bucket this member applied: 1 + its number (0:
+  // none since the registration or the job's last Broadcast), and the epoch
+  // of its group. Equal on every member that has one, unless a replica
+  // differs (all-reduce only).
+  uint64_t applied_step = 0;
+  uint64_t applied_epoch = 0;
 };
 
 struct StepPeers {
@@ -120,7 +126,9 @@ class StepProtocol {
   // The members' agreement before a step of `bucket` (named in errors), under
   // operation id `operation`. OK when every member's fingerprint and root
   // equal this one's, no member's gradient holds non-finite values, and no
-  // member's replica missed a step (for a broadcast: not the root's);
+  // member's replica missed a step (for a broadcast: not the root's), and
+  // for an all-reduce the members' last applied steps agree
+  // (StepRecord::applied_step);
   // otherwise InvalidArgument naming a rank, or DataLoss naming the replica
   // behind and a rank to broadcast from, on every member alike (all see the
   // same records). The gather's error when it fails. `waited` (may be null)
@@ -176,6 +184,12 @@ class StepProtocol {
   static absl::Status CheckNoneBehind(absl::string_view bucket,
                                       const std::vector<StepRecord>& records,
                                       int64_t root);
+  // DataLoss when the members' last applied steps of the bucket (those
+  // that have one) differ: a member that was out of the group while the
+  // others applied steps, or that applied a step they gave up, and came
+  // back as the same process.
+  static absl::Status CheckSameLastStep(absl::string_view bucket,
+                                        const std::vector<StepRecord>& records);
   // Records this worker's vote; returns whether it is yes.
   bool RecordVote(const OutcomeKey& key, bool yes);
   // Aborted naming the member that refused, or whose result differs; OK if
