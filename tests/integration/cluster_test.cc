@@ -125,6 +125,23 @@ void ExpectBroadcastReachesAll(std::vector<Trainer>& trainers, int root) {
   for (auto& t : threads) t.join();
 }
 
+// Worker `behind` is back in the group as the same process after the others
+// went on without it: step `step` fails alike on every trainer with
+// DataLoss naming its replica, and a Broadcast from rank 0 (whole) makes
+// every replica whole again.
+void ExpectBehindUntilBroadcast(std::vector<Trainer>& trainers, uint64_t step,
+                                int behind) {
+  std::vector<int> all(trainers.size());
+  for (int w = 0; w < static_cast<int>(all.size()); ++w) all[w] = w;
+  for (const StepResult& r : RunStep(trainers, all, step)) {
+    EXPECT_TRUE(absl::IsDataLoss(r.status)) << r.status;
+    EXPECT_THAT(std::string(r.status.message()),
+                ::testing::HasSubstr(
+                    absl::StrCat("rank ", behind, "'s replica differs")));
+  }
+  ExpectBroadcastReachesAll(trainers, /*root=*/0);
+}
+
 // The status of coordinator `method` called with `request`.
 template <typename Request, typename Response>
 grpc::StatusCode CallCoordinator(
@@ -179,8 +196,10 @@ class ClusterTest : public ::testing::Test {
 // Worker 2 stalls (SIGSTOP) before a step: the survivors run the step
 // without it once the coordinator drops it, and its own trainer's call ends
 // at its deadline. Resumed (SIGCONT), it rejoins at a newer epoch; the next
-// step runs on all four, and a Broadcast from a survivor brings its trainer
-// the current parameters.
+// step fails with DataLoss on all four (its replica lacks the step the
+// others ran; before, it ran, and the replicas differed for good), a
+// Broadcast from a survivor brings its trainer the current parameters, and
+// the next step runs on all four.
 TEST_F(ClusterTest, AStalledWorkerIsDroppedThenRejoins) {
   constexpr absl::Duration kTimeout = absl::Seconds(6);
   Start(4,
@@ -205,14 +224,14 @@ TEST_F(ClusterTest, AStalledWorkerIsDroppedThenRejoins) {
 
   cluster_->Kill(2, SIGCONT);
   ASSERT_TRUE(cluster_->WaitForView(4, absl::Seconds(20)).ok());
-  const StepResults after = RunStep(trainers, {0, 1, 2, 3}, 2);
+  ExpectBehindUntilBroadcast(trainers, 2, /*behind=*/2);
+  const StepResults after = RunStep(trainers, {0, 1, 2, 3}, 3);
   for (const auto& r : after) {
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.info.world_size, 4);
     EXPECT_GT(r.info.epoch, during[0].info.epoch);
     EXPECT_EQ(r.result.values, after[0].result.values);
   }
-  ExpectBroadcastReachesAll(trainers, /*root=*/0);
 }
 
 // Four emulated hosts: network namespaces gmf0..3 (10.78.0.1-4), each
@@ -320,8 +339,9 @@ class LinkCutTest : public ::testing::Test {
 // A link cut shorter than the heartbeat timeout: the step in flight ends
 // (OK or an error) within the operation timeout and the next one succeeds
 // on the same members. One longer than it: worker 2 is dropped, the others
-// run the step without it; back, it rejoins, the next step runs on all four
-// and a Broadcast brings its trainer the current parameters.
+// run the step without it; back, it rejoins, its replica counts as behind
+// until a Broadcast brings its trainer the current parameters, and steps run
+// on all four.
 TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
   constexpr absl::Duration kTimeout = absl::Seconds(8);
   StartOnHosts({{"heartbeat_timeout_ms", "2000"}},
@@ -373,17 +393,18 @@ TEST_F(LinkCutTest, ABriefCutHealsAndALongOneDropsThenRejoins) {
   // A peer connection that the cut left with data unacknowledged past TCP's
   // user timeout (gRPC sets it to the keepalive timeout, 5 s) dies now, and
   // may take the first step with it: an error within the operation timeout,
-  // no hang. The next step succeeds on all four.
+  // no hang. The next fails with DataLoss on all four until a Broadcast
+  // (worker 2's replica lacks step 3), and the one after succeeds.
   start = absl::Now();
-  RunStep(trainers, {0, 1, 2, 3}, 4);  // OK, or errors in time
+  RunStep(trainers, {0, 1, 2, 3}, 4);  // errors in time
   EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(2));
-  const StepResults back = RunStep(trainers, {0, 1, 2, 3}, 5);
+  ExpectBehindUntilBroadcast(trainers, 5, /*behind=*/2);
+  const StepResults back = RunStep(trainers, {0, 1, 2, 3}, 6);
   for (const auto& r : back) {
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.info.world_size, 4);
     EXPECT_EQ(r.result.values, back[0].result.values);
   }
-  ExpectBroadcastReachesAll(trainers, /*root=*/0);
 }
 
 // The link between hosts 1 and 2 drops every packet while both heartbeat:
@@ -439,13 +460,13 @@ TEST_F(LinkCutTest, ABlackHoledLinkRemovesOneEndAndTheOthersGoOn) {
 
   BlackHole(1, 2, false);
   ASSERT_TRUE(cluster_->WaitForView(kHosts, absl::Seconds(30)).ok());
-  RunStep(trainers, {0, 1, 2, 3}, 4);  // may fail once, in time (see above)
-  const StepResults back = RunStep(trainers, {0, 1, 2, 3}, 5);
+  RunStep(trainers, {0, 1, 2, 3}, 4);  // fails, in time (see above)
+  ExpectBehindUntilBroadcast(trainers, 5, /*behind=*/1);
+  const StepResults back = RunStep(trainers, {0, 1, 2, 3}, 6);
   for (const auto& r : back) {
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.info.world_size, kHosts);
   }
-  ExpectBroadcastReachesAll(trainers, /*root=*/0);
 }
 
 // Worker 2 is killed and started again: a new process, without the
@@ -678,67 +699,86 @@ absl::Status RegisterBare(BareTrainer& t, const std::string& sdk_address,
   return ToAbsl(status);
 }
 
-absl::Status StepBare(BareTrainer& t, uint64_t step) {
+// Step `step` of bucket "g" (its values as they are); the world size.
+absl::StatusOr<int> StepBare(BareTrainer& t, uint64_t step) {
   gradmesh::v1::AllReduceRequest request;
   request.set_job(t.job);
   request.set_bucket("g");
   request.set_step(step);
   request.set_layout(gradmesh::v1::RESULT_SPARSE);
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   gradmesh::v1::AllReduceResponse response;
-  return ToAbsl(t.stub->AllReduce(&context, request, &response));
+  GM_RETURN_IF_ERROR(ToAbsl(t.stub->AllReduce(&context, request, &response)));
+  return response.world_size();
+}
+
+// Step `step` on the given bare trainers at once; each must succeed on
+// `world_size` members.
+void StepBareAll(std::vector<BareTrainer>& trainers,
+                 const std::vector<int>& which, uint64_t step, int world_size) {
+  std::vector<std::thread> threads;
+  for (int w : which) {
+    threads.emplace_back([&, w] {
+      const absl::StatusOr<int> size = StepBare(trainers[w], step);
+      ASSERT_TRUE(size.ok()) << w << ": " << size.status();
+      EXPECT_EQ(*size, world_size) << w;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// The text of file `path` ("" if it cannot be read).
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 // Trainer 2's process exits after a step without unregistering (kill -9, a
-// crash): the kernel drops its lock on the segment. Its worker forgets the
-// bucket and steps out at once, so the others' next step runs without it
-// well inside the step-join timeout (15 s here) rather than after it.
+// crash): the kernel drops its lock on the segment, and its worker forgets
+// the bucket. As soon as the others start the next step, worker 2 steps out,
+// and they run the step without it well inside the step-join timeout (15 s
+// here) rather than after it. Then the other two exit the same way at the
+// job's end: nobody starts another step, and their workers stay members.
 TEST_F(ClusterTest, ATrainerThatExitsStepsItsWorkerOutAtOnce) {
   constexpr uint64_t kN = 5000;
   Start(3, {{"algo", "spardl"}, {"heartbeat_timeout_ms", "1500"}},
         {{"operation_timeout_s", "30"},
          {"step_join_timeout_s", "15"},
          {"heartbeat_interval_ms", "250"}});
-  std::vector<Trainer> trainers(3);
-  BareTrainer bare{.job = "exits"};
+  std::vector<BareTrainer> trainers(3);
   std::vector<std::thread> threads;
-  for (int w = 0; w < 2; ++w) {
+  for (int w = 0; w < 3; ++w) {
     threads.emplace_back([&, w] {
-      auto client = Client::Connect({.worker = cluster_->sdk_address(w),
-                                     .job = "exits",
-                                     .timeout = absl::Seconds(30)});
-      ASSERT_TRUE(client.ok()) << client.status();
-      auto set = (*client)->Register("g", {{"g", kN}});
-      ASSERT_TRUE(set.ok()) << set.status();
-      trainers[w] = {*std::move(client), *std::move(set)};
+      trainers[w].job = "exits";
+      const absl::Status registered =
+          RegisterBare(trainers[w], cluster_->sdk_address(w), kN);
+      ASSERT_TRUE(registered.ok()) << w << ": " << registered;
     });
   }
-  const absl::Status registered =
-      RegisterBare(bare, cluster_->sdk_address(2), kN);
-  EXPECT_TRUE(registered.ok()) << registered;
   for (std::thread& t : threads) t.join();
   ASSERT_FALSE(HasFailure());
-  std::thread third([&] {
-    const absl::Status stepped = StepBare(bare, 0);
-    EXPECT_TRUE(stepped.ok()) << stepped;
-  });
-  for (const auto& r : RunStep(trainers, {0, 1}, 0)) {
-    EXPECT_TRUE(r.status.ok()) << r.status;
-  }
-  third.join();
+  StepBareAll(trainers, {0, 1, 2}, 0, 3);
   ASSERT_FALSE(HasFailure());
 
-  bare.segment = SharedSegment();  // the process ends without a word
+  trainers[2].segment = SharedSegment();  // its process ends, no word said
   const absl::Time start = absl::Now();
-  const StepResults without = RunStep(trainers, {0, 1}, 1);
-  for (const auto& r : without) {
-    ASSERT_TRUE(r.status.ok()) << r.status;
-    EXPECT_EQ(r.info.world_size, 2);
-    EXPECT_EQ(r.result.values, without[0].result.values);
-  }
+  StepBareAll(trainers, {0, 1}, 1, 2);
   EXPECT_LT(absl::Now() - start, absl::Seconds(8))
       << "not the 15 s step-join timeout";
+  EXPECT_THAT(ReadText(cluster_->worker_log(2)),
+              ::testing::HasSubstr("exited without unregistering"));
+
+  trainers[0].segment = SharedSegment();  // the job ends
+  trainers[1].segment = SharedSegment();
+  absl::SleepFor(absl::Seconds(2));
+  for (int w : {0, 1}) {
+    const std::string log = ReadText(cluster_->worker_log(w));
+    EXPECT_THAT(log, ::testing::HasSubstr("forgot bucket 'g' of job 'exits'"));
+    EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("stepping out")));
+  }
 }
 
 // 50 iterations of every algorithm on 4 and 6 processes (15 under

@@ -153,7 +153,7 @@ class Daemon final : public WorkerDaemon {
   void RejoinAsNewMember();
   // Every 200 ms until Stop: destroys retired groups (their streams' close
   // may wait) off the operations' path, and forgets the buckets of clients
-  // that died (a step-out if one had stepped: TrainerGone).
+  // that died (DataPlane::ForgetAbandoned).
   void ReapLoop();
   void ForgetAbandonedBuckets();
   // Drops cached channels to addresses the newest view does not have.
@@ -655,17 +655,10 @@ void Daemon::ReapLoop() {
 }
 
 void Daemon::ForgetAbandonedBuckets() {
-  std::optional<std::string> stepped;
-  for (const DataPlane::Abandoned& gone : plane_->ForgetAbandoned()) {
-    const std::string what =
-        absl::StrCat("bucket '", gone.name.bucket, "' of job '", gone.name.job,
+  for (const BucketName& name : plane_->ForgetAbandoned()) {
+    Log(absl::StrCat("forgot bucket '", name.bucket, "' of job '", name.job,
                      "': its client let go of it without unregistering it "
-                     "(the trainer process exited)");
-    Log(absl::StrCat("forgot ", what));
-    if (gone.stepped && !stepped.has_value()) stepped = what;
-  }
-  if (stepped.has_value()) {
-    trainer_watch_->TrainerGone(absl::StrCat("the client of ", *stepped));
+                     "(the trainer process exited)"));
   }
 }
 

@@ -57,6 +57,10 @@ absl::StatusOr<Membership> DataPlane::Register(
   {
     absl::MutexLock lock(&mu_);
     nonce = absl::Uniform<uint64_t>(bitgen_);
+    // A new client in place of a dead one (ForgetAbandoned): its peers
+    // will meet it here, not at the dead one's next step.
+    std::erase_if(orphans_,
+                  [&](const Orphan& o) { return o.key == bucket->key; });
   }
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
                       views_->Acquire(std::nullopt, deadline));
@@ -102,12 +106,28 @@ absl::StatusOr<Membership> DataPlane::Register(
 void DataPlane::Forget(Bucket& bucket) {
   // Bounded: a call in flight ends by its own deadline.
   Hold(bucket, absl::InfiniteFuture()).IgnoreError();
+  ForgetHeld(bucket);
+}
+
+void DataPlane::ForgetHeld(Bucket& bucket) {
   {
     absl::MutexLock lock(&bucket.mu);
     bucket.forgotten = true;  // calls that found it before see this
   }
   engine_.Drop(bucket.buffer);
   Release(bucket);
+}
+
+bool DataPlane::RemoveLocked(const Bucket& bucket) {
+  auto it = buckets_.find(bucket.key);
+  if (it == buckets_.end() || it->second.get() != &bucket) return false;
+  buckets_.erase(it);
+  // A job with no bucket left here has no replica left to be behind.
+  const bool last = std::none_of(
+      buckets_.begin(), buckets_.end(),
+      [&](const auto& b) { return b.second->name.job == bucket.name.job; });
+  if (last) missed_.erase(bucket.name.job);
+  return true;
 }
 
 absl::Status DataPlane::Unregister(const BucketName& name,
@@ -125,13 +145,8 @@ absl::Status DataPlane::Unregister(const BucketName& name,
     if (!shm_name.empty() && it->second->shm_name != shm_name) {
       return absl::OkStatus();
     }
-    bucket = std::move(it->second);
-    buckets_.erase(it);
-    // A job with no bucket left here has no replica left to be behind.
-    const bool last = std::none_of(
-        buckets_.begin(), buckets_.end(),
-        [&](const auto& b) { return b.second->name.job == name.job; });
-    if (last) missed_.erase(name.job);
+    bucket = it->second;
+    RemoveLocked(*bucket);
   }
   Forget(*bucket);
   return absl::OkStatus();

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -138,18 +139,16 @@ class DataPlane {
   // dead, and their peers' steps must not count against this worker).
   void UnregisterOthers(const BucketName& name, const std::string& client_id);
 
-  // A bucket forgotten because its client is gone (ForgetAbandoned).
-  struct Abandoned {
-    BucketName name;
-    // It had stepped under the current membership: its peers would wait on
-    // it at its next step.
-    bool stepped = false;
-  };
   // Unregisters the buckets whose client held a lock on the segment and no
   // longer does (BucketClient::locks_segment): the process died, or freed
-  // the set without Unregister. A bucket a call still runs on is left for a
-  // later pass. Never waits; call it periodically (the daemon's reaper).
-  std::vector<Abandoned> ForgetAbandoned();
+  // the set without Unregister. Returns their names. A bucket a call still
+  // runs on is left for a later pass. The next step of each that had
+  // stepped is kept (at most kMaxOrphans, the oldest dropped first) until
+  // the name registers again: peers that start it wait on a trainer that
+  // will never join, and Absent says so at once. Never waits; call it
+  // periodically (the daemon's reaper).
+  std::vector<BucketName> ForgetAbandoned();
+  static constexpr size_t kMaxOrphans = 1024;
 
   // Unmaps the bucket and forgets its residual. NotFound if unknown. With
   // `shm_name`, only the registration made with that segment: a later one
@@ -200,8 +199,10 @@ class DataPlane {
   // a step that this worker refused before its agreement (its view not
   // ready, the plan unable to run here, a registration older than the
   // view), so that it tells its peers by stepping out instead of leaving
-  // them to their operation timeout. Its first step after a registration is
-  // never counted (start-up is slow and uneven). Needs a transport that
+  // them to their operation timeout; or, without waiting, they started the
+  // next step of a bucket whose client died (ForgetAbandoned). Its first
+  // step after a registration is never counted (start-up is slow and
+  // uneven). Needs a transport that
   // tracks UnclaimedSince (gRPC's, the loopback's).
   std::optional<std::string> Absent(absl::Duration join_timeout) const;
 
@@ -220,6 +221,14 @@ class DataPlane {
       absl::FunctionRef<absl::StatusOr<T>(Bucket&)> body);
   // Waits for an operation in flight on `bucket`, then drops its residual.
   void Forget(Bucket& bucket);
+  // Forget, for a bucket the caller holds (Hold); releases it.
+  void ForgetHeld(Bucket& bucket);
+  // Takes `bucket` out of buckets_ if it is the registration there still;
+  // returns whether it was.
+  bool RemoveLocked(const Bucket& bucket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why this worker's trainer counts as absent by an orphan (see Absent).
+  std::optional<std::string> OrphanStarted(
+      const std::vector<std::shared_ptr<Group>>& groups) const;
   // engine::GatherSmall on `group`.
   absl::StatusOr<std::vector<std::string>> GatherSmall(
       const Group& group, uint64_t operation, std::string mine,
@@ -305,6 +314,15 @@ class DataPlane {
   // brings the parameters again.
   absl::flat_hash_map<std::string, uint64_t> missed_ ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+  // The next step of a bucket forgotten with its dead client, until its
+  // name registers again (ForgetAbandoned).
+  struct Orphan {
+    std::string key;  // Bucket::key
+    BucketName name;
+    uint64_t step = 0;
+    uint64_t agree = 0;  // AgreeOperation of `step`
+  };
+  std::vector<Orphan> orphans_ ABSL_GUARDED_BY(mu_);
   StepProtocol protocol_;
 };
 

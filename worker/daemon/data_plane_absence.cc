@@ -21,6 +21,7 @@ std::optional<std::string> DataPlane::Absent(
     return g->rank < 0 || g->transport == nullptr;
   });
   if (groups.empty()) return std::nullopt;
+  if (std::optional<std::string> why = OrphanStarted(groups)) return why;
   std::vector<std::shared_ptr<Bucket>> buckets;
   {
     absl::MutexLock lock(&mu_);
@@ -58,37 +59,61 @@ std::optional<std::string> DataPlane::Absent(
   return std::nullopt;
 }
 
-std::vector<DataPlane::Abandoned> DataPlane::ForgetAbandoned() {
+std::vector<BucketName> DataPlane::ForgetAbandoned() {
   std::vector<std::shared_ptr<Bucket>> found;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [key, bucket] : buckets_) {
-      if (bucket->client_locks_segment && bucket->segment.Abandoned()) {
-        found.push_back(bucket);
-      }
+      if (bucket->client_locks_segment) found.push_back(bucket);
     }
   }
-  const std::shared_ptr<Group> group = views_->current();
-  std::vector<Abandoned> forgotten;
+  std::erase_if(found, [](const std::shared_ptr<Bucket>& bucket) {
+    return !bucket->segment.Abandoned();
+  });
+  std::vector<BucketName> forgotten;
   for (const std::shared_ptr<Bucket>& bucket : found) {
-    bool stepped;
+    // Not while a call runs on it: it ends by its deadline.
+    if (!Hold(*bucket, absl::InfinitePast()).ok()) continue;
+    std::optional<uint64_t> last;
     {
       absl::MutexLock lock(&bucket->mu);
-      if (bucket->busy) continue;  // its call ends by its deadline
-      stepped = bucket->last_step.has_value();
+      last = bucket->last_step;
     }
     {
       absl::MutexLock lock(&mu_);
-      auto it = buckets_.find(bucket->key);
-      if (it == buckets_.end() || it->second != bucket) continue;  // replaced
+      if (!RemoveLocked(*bucket)) {  // registered again since
+        Release(*bucket);
+        continue;
+      }
+      if (last.has_value()) {
+        if (orphans_.size() >= kMaxOrphans) orphans_.erase(orphans_.begin());
+        orphans_.push_back({.key = bucket->key,
+                            .name = bucket->name,
+                            .step = *last + 1,
+                            .agree = AgreeOperation(*bucket, *last + 1)});
+      }
     }
-    stepped = stepped && group != nullptr && group->rank >= 0 &&
-              RegisteredOn(*bucket, group).ok();
-    // The shm name leaves a registration of the name made since alone.
-    Unregister(bucket->name, bucket->shm_name).IgnoreError();
-    forgotten.push_back({.name = bucket->name, .stepped = stepped});
+    ForgetHeld(*bucket);
+    forgotten.push_back(bucket->name);
   }
   return forgotten;
+}
+
+std::optional<std::string> DataPlane::OrphanStarted(
+    const std::vector<std::shared_ptr<Group>>& groups) const {
+  absl::MutexLock lock(&mu_);
+  for (const Orphan& orphan : orphans_) {
+    for (const std::shared_ptr<Group>& group : groups) {
+      if (!group->transport->UnclaimedSince(group->view.epoch, orphan.agree)) {
+        continue;
+      }
+      return absl::StrFormat(
+          "its peers started step %d of bucket '%s' (job '%s'), whose "
+          "trainer had exited without unregistering it",
+          orphan.step, orphan.name.bucket, orphan.name.job);
+    }
+  }
+  return std::nullopt;
 }
 
 std::vector<std::shared_ptr<Bucket>> DataPlane::SteppedBuckets(

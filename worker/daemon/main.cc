@@ -5,6 +5,8 @@
 //
 // Every flag may also come from GRADMESH_WORKER_<FLAG> in the environment.
 // SIGTERM or SIGINT: leave the coordinator and stop cleanly.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -57,7 +59,8 @@ ABSL_FLAG(double, link_timeout_s, 10,
 ABSL_FLAG(double, step_join_timeout_s, 10,
           "when the peers started a step this worker's trainer has not joined "
           "for this long, the worker steps out of the group and the others go "
-          "on without it (at once when the trainer process died); the "
+          "on without it (as soon as they start it, when the trainer process "
+          "died); the "
           "trainer's next call rejoins it and fails, so that every process "
           "registers again and broadcasts (0: never; "
           "raise it where one rank pauses longer between steps, e.g. to "
@@ -72,6 +75,23 @@ ABSL_FLAG(std::string, port_file, "",
           "write the advertised address and metrics port here once serving "
           "(for scripts that start workers on port 0)");
 
+namespace {
+
+// Each registered bucket keeps its segment open (its client's lock is
+// watched through it), besides the peers' sockets: the soft limit on open
+// files (often 1024) goes up to the hard one.
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 ||
+      limit.rlim_cur >= limit.rlim_max) {
+    return;
+  }
+  limit.rlim_cur = limit.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &limit);  // best effort: the old limit stays
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("gradmesh-worker: the gradmesh worker daemon.");
   const auto args = gradmesh::ParseFlags(argc, argv, "GRADMESH_WORKER_");
@@ -82,6 +102,7 @@ int main(int argc, char** argv) {
   }
   // Before anything starts threads (the CUDA driver may): they inherit it.
   gradmesh::BlockTerminationSignals();
+  RaiseOpenFileLimit();
   const absl::StatusOr<const gradmesh::kernels::TopKSelector*> topk =
       gradmesh::kernels::TopKNamed(absl::GetFlag(FLAGS_topk));
   if (!topk.ok()) {

@@ -117,12 +117,13 @@ absl::Status StepProtocol::CheckSameLastStep(
     const auto key =
         std::pair(records[r].applied_epoch, records[r].applied_step);
     if (records[r].applied_step == 0) continue;
-    (key == most->first ? whole : behind) = r;
+    int& rank = key == most->first ? whole : behind;
+    if (rank < 0) rank = r;
   }
   const StepRecord& b = records[behind];
   return absl::DataLossError(absl::StrCat(
       "rank ", behind,
-      "'s replica differs from the others': its last step of "
+      "'s replica differs from the others: its last step of "
       "bucket '",
       bucket, "' was step ", b.applied_step - 1, " in epoch ", b.applied_epoch,
       ", rank ", whole, "'s step ", most->first.second - 1, " in epoch ",

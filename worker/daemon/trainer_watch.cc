@@ -45,27 +45,14 @@ void TrainerWatch::Loop() {
 
 void TrainerWatch::StepOutIfAbsent() {
   const std::optional<std::string> why = hooks_.absent();
-  if (why.has_value()) StepOut(*why);
-}
-
-void TrainerWatch::StepOut(const std::string& why) {
+  if (!why.has_value()) return;
   {
     absl::MutexLock lock(&mu_);
-    out_ = why;
+    out_ = *why;
   }
   out_flag_.store(true);
-  hooks_.log(absl::StrCat("stepping out of the group: ", why));
+  hooks_.log(absl::StrCat("stepping out of the group: ", *why));
   hooks_.step_out();
-}
-
-void TrainerWatch::TrainerGone(const std::string& why) {
-  if (join_timeout_ <= absl::ZeroDuration()) return;
-  absl::MutexLock transition(&transition_mu_);
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
-  }
-  if (!out_flag_.load()) StepOut(why);
 }
 
 void TrainerWatch::NewTrainer(const std::string& why) {

@@ -55,12 +55,6 @@ class TrainerWatch {
   // (Register, GetStatus: a trainer coming back, or a new one) go on.
   absl::Status BeforeCall(bool step);
 
-  // The trainer is gone without a word (`why`: its client died without
-  // unregistering a bucket that had stepped): steps out at once, as when
-  // absent, rather than after the step-join timeout. Nothing if the worker
-  // is out already, or the watch is off (zero join timeout).
-  void TrainerGone(const std::string& why);
-
   // A new trainer process took over from the one before (`why`): rejoins
   // as a new member at once, so that the peers waiting on the old one go
   // on and then register again with the new one.
@@ -73,8 +67,6 @@ class TrainerWatch {
   void Loop();
   // Asks `absent` and steps out if so.
   void StepOutIfAbsent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
-  void StepOut(const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
 
   const absl::Duration join_timeout_;
   const Hooks hooks_;

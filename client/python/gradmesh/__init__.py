@@ -32,8 +32,9 @@ status code's name: "ABORTED" (membership changed: go on with the next
 step), "UNAVAILABLE", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT" (bad input,
 buckets that differ between processes, NaN or Inf in a gradient; also a
 ValueError or TypeError), "FAILED_PRECONDITION" (a call out of order),
-"DATA_LOSS" (a replica may differ from the others: on every process at the
-same step, naming a rank to broadcast the parameters from; a process whose
+"DATA_LOSS" (a replica may differ from the others, as after a member was out
+of the group and came back: on every process at the same step, naming a
+rank to broadcast the parameters from; a process whose
 own step ended in it alone goes on, and meets it at the next step). When
 this process's own worker is gone, the error is a WorkerGoneError (a
 GradmeshError): stop; the other processes go on without this one, and

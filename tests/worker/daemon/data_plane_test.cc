@@ -148,12 +148,13 @@ class Workers {
 
   // Register on every rank at once (it is collective).
   std::vector<SharedSegment> RegisterAll(const BucketName& name,
-                                         const std::vector<TensorSpec>& t) {
+                                         const std::vector<TensorSpec>& t,
+                                         const BucketClient& client = {}) {
     std::vector<SharedSegment> segments(size());
     std::vector<std::thread> threads;
     for (int r = 0; r < size(); ++r) {
       threads.emplace_back([&, r] {
-        auto segment = Register(r, name, t);
+        auto segment = Register(r, name, t, {}, client);
         ASSERT_TRUE(segment.ok()) << segment.status();
         segments[r] = *std::move(segment);
       });
@@ -606,38 +607,55 @@ TEST(DataPlaneTest, AnotherClientRegisteringInASteppedJobTakesItOver) {
 }
 
 // A client that dies without Unregister lets go of its segment's lock: the
-// worker forgets its buckets (their memory and residual), saying which had
-// stepped. Buckets of live clients, and of clients that hold no lock (an
-// older SDK), stay.
+// worker forgets its buckets (their memory and residual). Buckets of live
+// clients, and of clients that hold no lock (an older SDK), stay. Nobody
+// waits on a bucket that never stepped, or whose next step no peer starts
+// (the job ended); once a peer starts the next step of one that did, the
+// trainer counts as absent at once, until the name registers again.
 TEST(DataPlaneTest, ABucketWhoseClientDiedIsForgotten) {
   constexpr uint64_t kN = 100;
-  Workers w(1, {.algorithm = "dense"});
+  constexpr absl::Duration kLongJoin = absl::Hours(1);
+  Workers w(2, {.algorithm = "dense"});
   w.Start();
   const BucketClient locked{.id = "c", .locks_segment = true};
-  auto stepped = w.Register(0, {"job", "a"}, {{"t", kN}}, {}, locked);
-  ASSERT_TRUE(stepped.ok()) << stepped.status();
-  auto idle = w.Register(0, {"job", "b"}, {{"t", kN}}, {}, locked);
-  ASSERT_TRUE(idle.ok()) << idle.status();
-  auto unlocked = w.Register(0, {"job", "c"}, {{"t", kN}});
-  ASSERT_TRUE(unlocked.ok()) << unlocked.status();
-  ASSERT_TRUE(AllReduceAll(w, {.name = {"job", "a"}, .step = 0})[0].ok());
-  EXPECT_TRUE(w.plane(0).ForgetAbandoned().empty()) << "every client lives";
+  auto stepped = w.RegisterAll({"job", "a"}, {{"t", kN}}, locked);
+  auto idle = w.RegisterAll({"job", "b"}, {{"t", kN}}, locked);
+  auto unlocked = w.RegisterAll({"job", "c"}, {{"t", kN}});
+  for (const auto& r : AllReduceAll(w, {.name = {"job", "a"}, .step = 0})) {
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  EXPECT_TRUE(w.plane(1).ForgetAbandoned().empty()) << "every client lives";
 
-  *stepped = SharedSegment();  // its process exits
-  *unlocked = SharedSegment();
-  std::vector<DataPlane::Abandoned> gone = w.plane(0).ForgetAbandoned();
-  ASSERT_EQ(gone.size(), 1u);
-  EXPECT_EQ(gone[0].name.bucket, "a");
-  EXPECT_TRUE(gone[0].stepped);
-  EXPECT_TRUE(absl::IsNotFound(w.plane(0).Unregister({"job", "a"})));
-  EXPECT_TRUE(w.plane(0).ForgetAbandoned().empty()) << "once only";
+  stepped[1] = SharedSegment();  // rank 1's process exits
+  idle[1] = SharedSegment();
+  unlocked[1] = SharedSegment();
+  std::vector<BucketName> gone = w.plane(1).ForgetAbandoned();
+  ASSERT_EQ(gone.size(), 2u);
+  EXPECT_TRUE(absl::IsNotFound(w.plane(1).Unregister({"job", "a"})));
+  EXPECT_TRUE(absl::IsNotFound(w.plane(1).Unregister({"job", "b"})));
+  EXPECT_TRUE(w.plane(1).ForgetAbandoned().empty()) << "once only";
+  EXPECT_TRUE(w.plane(1).Unregister({"job", "c"}).ok()) << "no lock: kept";
+  EXPECT_EQ(w.plane(1).Absent(kLongJoin), std::nullopt) << "nobody started";
 
-  *idle = SharedSegment();
-  gone = w.plane(0).ForgetAbandoned();
-  ASSERT_EQ(gone.size(), 1u);
-  EXPECT_EQ(gone[0].name.bucket, "b");
-  EXPECT_FALSE(gone[0].stepped) << "never stepped: nobody waits on it";
-  EXPECT_TRUE(w.plane(0).Unregister({"job", "c"}).ok()) << "no lock: kept";
+  std::thread peer([&] {
+    const auto out = w.plane(0).AllReduce({.name = {"job", "a"}, .step = 1},
+                                          absl::Now() + absl::Seconds(2));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(out.status())) << out.status();
+  });
+  std::optional<std::string> absent;
+  for (int i = 0; i < 40 && !absent.has_value(); ++i) {
+    absl::SleepFor(absl::Milliseconds(25));
+    absent = w.plane(1).Absent(kLongJoin);
+  }
+  peer.join();
+  ASSERT_TRUE(absent.has_value()) << "not the hour-long join timeout";
+  EXPECT_THAT(*absent, ::testing::HasSubstr("step 1 of bucket 'a'"));
+  EXPECT_THAT(*absent, ::testing::HasSubstr("exited without unregistering"));
+
+  // Its successor registers the name (the peers too): nothing waits on the
+  // dead one any more.
+  auto again = w.RegisterAll({"job", "a"}, {{"t", kN}}, locked);
+  EXPECT_EQ(w.plane(1).Absent(kLongJoin), std::nullopt);
 }
 
 TEST(DataPlaneTest, BroadcastsFromTheRootAndBarriers) {
@@ -1158,13 +1176,13 @@ TEST(DataPlaneTest, AMemberBackFromOutsideTheGroupMustTakeTheParameters) {
     EXPECT_THAT(r.status().message(),
                 ::testing::HasSubstr("rank 2's replica differs"));
     EXPECT_THAT(r.status().message(),
-                ::testing::HasSubstr("replica is whole (rank 1)"));
+                ::testing::HasSubstr("replica is whole (rank 0)"));
   }
   threads.clear();
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
       const auto synced =
-          w.plane(r).Broadcast({"job", "params"}, 0, /*root=*/1, Soon());
+          w.plane(r).Broadcast({"job", "params"}, 0, /*root=*/0, Soon());
       EXPECT_TRUE(synced.ok()) << synced.status();
     });
   }

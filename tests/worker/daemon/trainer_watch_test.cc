@@ -84,27 +84,11 @@ TEST(TrainerWatchTest, ANewTrainerRejoinsAtOnceAndClearsAStepOut) {
   EXPECT_EQ(recorder.rejoined, 2);
 }
 
-// A trainer known gone (its client died) steps the worker out at once, not
-// after the join timeout, once; its successor's call rejoins and is told.
-TEST(TrainerWatchTest, ATrainerGoneStepsOutAtOnce) {
-  Recorder recorder;
-  TrainerWatch watch(absl::Hours(1), recorder.Hooks());
-  watch.TrainerGone("the client of bucket 'g' let go of it");
-  EXPECT_EQ(recorder.stepped_out, 1);
-  watch.TrainerGone("the client of bucket 'h' let go of it");
-  EXPECT_EQ(recorder.stepped_out, 1) << "out already";
-  const absl::Status back = watch.BeforeCall(/*step=*/true);
-  EXPECT_TRUE(absl::IsFailedPrecondition(back)) << back;
-  EXPECT_THAT(back.message(), HasSubstr("bucket 'g' let go of it"));
-  EXPECT_EQ(recorder.rejoined, 1);
-}
-
 TEST(TrainerWatchTest, AZeroTimeoutWatchesNothing) {
   Recorder recorder;
   recorder.gone = true;
   TrainerWatch watch(absl::ZeroDuration(), recorder.Hooks());
   absl::SleepFor(absl::Milliseconds(50));
-  watch.TrainerGone("the client of bucket 'g' let go of it");
   EXPECT_TRUE(watch.BeforeCall(/*step=*/true).ok());
   EXPECT_EQ(recorder.asked, 0);
   EXPECT_EQ(recorder.stepped_out, 0);
