@@ -57,10 +57,6 @@ absl::StatusOr<Membership> DataPlane::Register(
   {
     absl::MutexLock lock(&mu_);
     nonce = absl::Uniform<uint64_t>(bitgen_);
-    // A new client in place of a dead one (ForgetAbandoned): its peers
-    // will meet it here, not at the dead one's next step.
-    std::erase_if(orphans_,
-                  [&](const Orphan& o) { return o.key == bucket->key; });
   }
   GM_ASSIGN_OR_RETURN(std::shared_ptr<Group> group,
                       views_->Acquire(std::nullopt, deadline));

@@ -128,15 +128,17 @@ class DataPlane {
                                       const BucketClient& client = {});
 
   // Whether `client_id` registers a bucket of `name`'s job where another
-  // client has stepped one of the job's buckets under the current members:
-  // a new trainer process in place of one that died or hung, whose peers
-  // wait on its old registrations.
+  // client has stepped one of the job's buckets under the current members,
+  // or left one behind when it died (ForgetAbandoned): a new trainer
+  // process in place of one that died or hung, whose peers wait on its old
+  // registrations.
   bool TakenOver(const BucketName& name, const std::string& client_id) const;
   // Whether `client_id` has stepped a bucket of `name`'s job.
   bool Stepped(const BucketName& name, const std::string& client_id) const;
   // Unregisters the buckets of `name`'s job that other clients than
-  // `client_id` registered (a new trainer took over: the old one's are
-  // dead, and their peers' steps must not count against this worker).
+  // `client_id` registered, and forgets the steps dead ones left (a new
+  // trainer took over: the old one's are dead, and their peers' steps must
+  // not count against this worker).
   void UnregisterOthers(const BucketName& name, const std::string& client_id);
 
   // Unregisters the buckets whose client held a lock on the segment and no
@@ -144,9 +146,9 @@ class DataPlane {
   // the set without Unregister. Returns their names. A bucket a call still
   // runs on is left for a later pass. The next step of each that had
   // stepped is kept (at most kMaxOrphans, the oldest dropped first) until
-  // the name registers again: peers that start it wait on a trainer that
-  // will never join, and Absent says so at once. Never waits; call it
-  // periodically (the daemon's reaper).
+  // another client takes the job over (TakenOver, UnregisterOthers): peers
+  // that start it wait on a trainer that will never join, and Absent says
+  // so at once. Never waits; call it periodically (the daemon's reaper).
   std::vector<BucketName> ForgetAbandoned();
   static constexpr size_t kMaxOrphans = 1024;
 
@@ -317,10 +319,12 @@ class DataPlane {
   // The next step of a bucket forgotten with its dead client, until its
   // name registers again (ForgetAbandoned).
   struct Orphan {
-    std::string key;  // Bucket::key
     BucketName name;
+    std::string client_id;  // the dead client's
     uint64_t step = 0;
-    uint64_t agree = 0;  // AgreeOperation of `step`
+    // AgreeOperation of `step`, and of the step before when this worker
+    // refused it (peers wait on either, as Absent watches).
+    std::vector<uint64_t> agree;
   };
   std::vector<Orphan> orphans_ ABSL_GUARDED_BY(mu_);
   StepProtocol protocol_;

@@ -3,6 +3,7 @@
 // a client gone without a word (ForgetAbandoned), a new client in place of
 // the one before (TakenOver).
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,9 +76,11 @@ std::vector<BucketName> DataPlane::ForgetAbandoned() {
     // Not while a call runs on it: it ends by its deadline.
     if (!Hold(*bucket, absl::InfinitePast()).ok()) continue;
     std::optional<uint64_t> last;
+    bool refused;
     {
       absl::MutexLock lock(&bucket->mu);
       last = bucket->last_step;
+      refused = bucket->last_step_refused;
     }
     {
       absl::MutexLock lock(&mu_);
@@ -87,10 +90,12 @@ std::vector<BucketName> DataPlane::ForgetAbandoned() {
       }
       if (last.has_value()) {
         if (orphans_.size() >= kMaxOrphans) orphans_.erase(orphans_.begin());
-        orphans_.push_back({.key = bucket->key,
-                            .name = bucket->name,
-                            .step = *last + 1,
-                            .agree = AgreeOperation(*bucket, *last + 1)});
+        Orphan& orphan = orphans_.emplace_back(
+            Orphan{.name = bucket->name,
+                   .client_id = bucket->client_id,
+                   .step = *last + 1,
+                   .agree = {AgreeOperation(*bucket, *last + 1)}});
+        if (refused) orphan.agree.push_back(AgreeOperation(*bucket, *last));
       }
     }
     ForgetHeld(*bucket);
@@ -104,7 +109,12 @@ std::optional<std::string> DataPlane::OrphanStarted(
   absl::MutexLock lock(&mu_);
   for (const Orphan& orphan : orphans_) {
     for (const std::shared_ptr<Group>& group : groups) {
-      if (!group->transport->UnclaimedSince(group->view.epoch, orphan.agree)) {
+      if (std::none_of(orphan.agree.begin(), orphan.agree.end(),
+                       [&](uint64_t agree) {
+                         return group->transport
+                             ->UnclaimedSince(group->view.epoch, agree)
+                             .has_value();
+                       })) {
         continue;
       }
       return absl::StrFormat(
@@ -138,6 +148,14 @@ std::vector<std::shared_ptr<Bucket>> DataPlane::SteppedBuckets(
 bool DataPlane::TakenOver(const BucketName& name,
                           const std::string& client_id) const {
   if (client_id.empty()) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Orphan& orphan : orphans_) {
+      if (orphan.name.job == name.job && orphan.client_id != client_id) {
+        return true;
+      }
+    }
+  }
   const std::shared_ptr<Group> group = views_->current();
   if (group == nullptr || group->rank < 0) return false;
   for (const std::shared_ptr<Bucket>& bucket :
@@ -158,6 +176,9 @@ void DataPlane::UnregisterOthers(const BucketName& name,
   std::vector<std::shared_ptr<Bucket>> others;
   {
     absl::MutexLock lock(&mu_);
+    std::erase_if(orphans_, [&](const Orphan& o) {
+      return o.name.job == name.job && o.client_id != client_id;
+    });
     for (const auto& [key, bucket] : buckets_) {
       if (bucket->name.job == name.job && bucket->client_id != client_id) {
         others.push_back(bucket);

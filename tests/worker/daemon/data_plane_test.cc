@@ -611,7 +611,7 @@ TEST(DataPlaneTest, AnotherClientRegisteringInASteppedJobTakesItOver) {
 // clients, and of clients that hold no lock (an older SDK), stay. Nobody
 // waits on a bucket that never stepped, or whose next step no peer starts
 // (the job ended); once a peer starts the next step of one that did, the
-// trainer counts as absent at once, until the name registers again.
+// trainer counts as absent at once, until a new client takes the job over.
 TEST(DataPlaneTest, ABucketWhoseClientDiedIsForgotten) {
   constexpr uint64_t kN = 100;
   constexpr absl::Duration kLongJoin = absl::Hours(1);
@@ -652,9 +652,12 @@ TEST(DataPlaneTest, ABucketWhoseClientDiedIsForgotten) {
   EXPECT_THAT(*absent, ::testing::HasSubstr("step 1 of bucket 'a'"));
   EXPECT_THAT(*absent, ::testing::HasSubstr("exited without unregistering"));
 
-  // Its successor registers the name (the peers too): nothing waits on the
-  // dead one any more.
-  auto again = w.RegisterAll({"job", "a"}, {{"t", kN}}, locked);
+  // A new client in the job takes over from the dead one (the daemon then
+  // rejoins as a new member): nothing waits on the dead one any more.
+  EXPECT_FALSE(w.plane(1).TakenOver({"job", "a"}, "c"));
+  EXPECT_TRUE(w.plane(1).TakenOver({"job", "a"}, "successor"));
+  w.plane(1).UnregisterOthers({"job", "a"}, "successor");
+  EXPECT_FALSE(w.plane(1).TakenOver({"job", "a"}, "successor"));
   EXPECT_EQ(w.plane(1).Absent(kLongJoin), std::nullopt);
 }
 
