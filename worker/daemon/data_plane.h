@@ -286,7 +286,7 @@ class DataPlane {
   // (a Broadcast of one of the job's buckets made it whole).
   void MarkMissed(const Bucket& bucket, uint64_t step);
   uint64_t MissedMark(const Bucket& bucket) const;
-  void ClearMissed(const Bucket& bucket);
+  void MarkWhole(const Bucket& bucket);
   void WriteResult(const ReduceCall& call, const Bucket& bucket,
                    const sparse::SparseBlock& result, int world_size);
 

@@ -82,13 +82,11 @@ std::vector<BucketName> DataPlane::ForgetAbandoned() {
       last = bucket->last_step;
       refused = bucket->last_step_refused;
     }
+    bool removed;
     {
       absl::MutexLock lock(&mu_);
-      if (!RemoveLocked(*bucket)) {  // registered again since
-        Release(*bucket);
-        continue;
-      }
-      if (last.has_value()) {
+      removed = RemoveLocked(*bucket);
+      if (removed && last.has_value()) {
         if (orphans_.size() >= kMaxOrphans) orphans_.erase(orphans_.begin());
         Orphan& orphan = orphans_.emplace_back(
             Orphan{.name = bucket->name,
@@ -97,6 +95,10 @@ std::vector<BucketName> DataPlane::ForgetAbandoned() {
                    .agree = {AgreeOperation(*bucket, *last + 1)}});
         if (refused) orphan.agree.push_back(AgreeOperation(*bucket, *last));
       }
+    }
+    if (!removed) {  // registered again since
+      Release(*bucket);
+      continue;
     }
     ForgetHeld(*bucket);
     forgotten.push_back(bucket->name);

@@ -48,7 +48,7 @@ absl::StatusOr<Membership> DataPlane::BroadcastHeld(Bucket& bucket,
   const uint64_t op = OperationId("broadcast", scope, number);
   GM_RETURN_IF_ERROR(engine::BroadcastValues(PlaceOf(*group), op, root,
                                              bucket.values(), deadline));
-  ClearMissed(bucket);  // the parameters are the root's again
+  MarkWhole(bucket);  // the parameters are the root's again
   return MembershipOf(*group);
 }
 

@@ -52,7 +52,7 @@ uint64_t DataPlane::MissedMark(const Bucket& bucket) const {
   return it == missed_.end() ? 0 : it->second + 1;
 }
 
-void DataPlane::ClearMissed(const Bucket& bucket) {
+void DataPlane::MarkWhole(const Bucket& bucket) {
   std::vector<std::shared_ptr<Bucket>> job;
   {
     absl::MutexLock lock(&mu_);
