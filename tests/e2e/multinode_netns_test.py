@@ -16,6 +16,10 @@ Checks that
   - a copy failing on node 1 ends both launchers with its status;
   - with --min-np=4, a copy lost with its worker on node 1 leaves 3 of
     4 and ends both launchers with status 1, saying so;
+  - with --min-nodes=1, node 1's launcher killed mid-training (its host
+    lost) leaves the job: node 0's processes (under gradmesh.torch.elastic)
+    train on to the end with identical parameters, and node 0 exits 0,
+    saying that node 1 is lost;
   - node 0 alone names the node that never came, within the start timeout,
     and another node alone says that node 0 never answered.
 Exits 0 when all hold, 1 with the reason otherwise, 77 (skipped) when not
@@ -26,6 +30,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,20 +40,22 @@ from netns_hosts import Hosts, finish  # noqa: E402
 
 SKIPPED = 77
 JOB = os.path.join(HERE, "multinode_job.py")
+HOST_LOST_JOB = os.path.join(HERE, "host_lost_job.py")
 
 
 def log(message):
     print(f"multinode_netns_test: {message}", flush=True)
 
 
-def launch(args, hosts, node, extra=(), job_args=(), nodes=2, port=7800):
+def launch(args, hosts, node, extra=(), job_args=(), nodes=2, port=7800,
+           job=JOB):
     """Node `node`'s launcher, started in its namespace."""
     command = [
         "ip", "netns", "exec", hosts.names[node], args.gradmesh, "run",
         f"--nnodes={nodes}", f"--node_rank={node}", "--nproc_per_node=2",
         f"--coordinator={hosts.ips[0]}:{port}", "--algo=spardl",
         "--density=0.05", "--timeout_s=30", *extra, "--",
-        "/usr/bin/python3", JOB, *job_args]
+        "/usr/bin/python3", job, *job_args]
     # gloo finds its interface from the host name, which resolves to
     # loopback in these namespaces: name it, as on such hosts with torchrun.
     env = dict(os.environ, PYTHONPATH=args.pythonpath,
@@ -101,6 +108,31 @@ def too_few_end_both(args, hosts):
           f"{time.monotonic() - start:.0f} s)", results)
 
 
+def a_host_lost(args, hosts):
+    """Node 1's launcher killed once rank 2 is in epoch 1: node 0 goes on."""
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as marks:
+        extra, job = ["--min-nodes=1"], [marks]
+        later = launch(args, hosts, 1, port=7850, extra=extra, job_args=job,
+                       job=HOST_LOST_JOB)
+        zero = launch(args, hosts, 0, port=7850, extra=extra, job_args=job,
+                      job=HOST_LOST_JOB)
+        deadline = time.monotonic() + 90
+        while (not any(n.startswith("ready-") for n in os.listdir(marks))
+               and later.poll() is None and time.monotonic() < deadline):
+            time.sleep(0.1)
+        later.kill()  # the launcher: its processes and workers end with it
+        results = finish([zero, later], 180)
+    code, out = results[0]
+    identical = [line for line in out.splitlines()
+                 if "identical on 2 ranks" in line]
+    check(code == 0 and len(identical) == 2 and
+          "node 1's launcher is gone; its 2 processes count as lost" in out,
+          f"with --min-nodes=1, node 1 lost mid-training leaves node 0's "
+          f"processes training to the end, identical (in "
+          f"{time.monotonic() - start:.0f} s)", results)
+
+
 def alone(args, hosts, node, port, says, what):
     """Node `node` launched alone fails within the start timeout with an
     error that `says` so."""
@@ -128,6 +160,7 @@ def main():
         trains(args, hosts)
         one_failure_ends_both(args, hosts)
         too_few_end_both(args, hosts)
+        a_host_lost(args, hosts)
         alone(args, hosts, 0, 7820, "node 1 of 2 did not join",
               "node 0 alone fails naming node 1")
         alone(args, hosts, 1, 7830, "node 0's launcher did not answer",

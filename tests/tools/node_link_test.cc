@@ -35,14 +35,18 @@ absl::StatusOr<Link> Serve(int port, const NodeLink::Shape& shape,
   return link;
 }
 
-NodeLink::Shape Nodes(int nodes, int min_copies = 0) {
-  return {.nodes = nodes, .per_node = 2, .min_copies = min_copies};
+NodeLink::Shape Nodes(int nodes, int min_copies = 0, int min_nodes = 0) {
+  return {.nodes = nodes,
+          .per_node = 2,
+          .min_copies = min_copies,
+          .min_nodes = min_nodes};
 }
 
 // Node 0 serving `nodes` on `port`, and nodes 1.. joining, all at once.
-std::vector<Link> Connect(int port, int nodes, int min_copies = 0) {
+std::vector<Link> Connect(int port, int nodes, int min_copies = 0,
+                          int min_nodes = 0) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  const NodeLink::Shape shape = Nodes(nodes, min_copies);
+  const NodeLink::Shape shape = Nodes(nodes, min_copies, min_nodes);
   auto zero = std::async(std::launch::async,
                          [&] { return Serve(port, shape, deadline); });
   std::vector<std::future<absl::StatusOr<Link>>> others;
@@ -199,6 +203,63 @@ TEST(NodeLinkTest, NodesOfAnotherShapeAreRefusedWithBothShapes) {
   EXPECT_TRUE(absl::IsFailedPrecondition(one.get().status()));
 }
 
+TEST(NodeLinkTest, NodesThatDisagreeOnTheMinimumOfNodesAreRefused) {
+  const int port = FreePort();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto one = std::async(std::launch::async, [&] {
+    return NodeLink::Join("127.0.0.1", port, 1, Nodes(2, 0, 1), deadline);
+  });
+  const absl::StatusOr<Link> zero = Serve(port, Nodes(2), deadline);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("--min-nodes=1, node 0 with"),
+            std::string::npos)
+      << zero.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(one.get().status()));
+}
+
+// With --min-nodes=2 of 3, node 1's launcher gone (its host died) leaves the
+// job: nobody is stopped, and the other two end with 0.
+TEST(NodeLinkTest, AHostGoneLeavesTheJobWhileEnoughNodesAreLeft) {
+  std::vector<Link> links = Connect(FreePort(), 3, 0, /*min_nodes=*/2);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  EXPECT_TRUE(links[0]->nodes_may_be_lost());
+  EXPECT_TRUE(links[2]->nodes_may_be_lost());
+  links[1].reset();
+  absl::SleepFor(absl::Milliseconds(300));
+  for (int n : {0, 2}) EXPECT_EQ(links[n]->Poll(), std::nullopt) << n;
+  links.erase(links.begin() + 1);
+  for (int code : FinishAll(links, 0)) EXPECT_EQ(code, 0);
+}
+
+// Without --min-nodes every node is needed, as before.
+TEST(NodeLinkTest, EveryNodeIsNeededByDefault) {
+  std::vector<Link> links = Connect(FreePort(), 2);
+  ASSERT_TRUE(links[0] && links[1]);
+  EXPECT_FALSE(links[0]->nodes_may_be_lost());
+  EXPECT_FALSE(links[1]->nodes_may_be_lost());
+}
+
+// A node whose copies are all lost counts as lost; a second lost node (its
+// launcher gone) leaves 1 of 3, fewer than --min-nodes=2: every node left
+// stops with status 1, saying why.
+TEST(NodeLinkTest, FewerNodesThanTheMinimumStopEveryNode) {
+  std::vector<Link> links = Connect(FreePort(), 3, 0, /*min_nodes=*/2);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  links[1]->Lost(2);
+  absl::SleepFor(absl::Milliseconds(300));
+  for (Link& link : links) EXPECT_EQ(link->Poll(), std::nullopt);
+  links[2].reset();
+  for (int n : {0, 1}) {
+    const std::optional<NodeLink::Stop> stop = AwaitStop(*links[n]);
+    ASSERT_TRUE(stop.has_value()) << "node " << n;
+    EXPECT_EQ(stop->code, 1);
+    EXPECT_NE(stop->why.find("1 of the job's 3 nodes are left (2 lost), "
+                             "fewer than --min-nodes=2"),
+              std::string::npos)
+        << stop->why;
+  }
+}
+
 TEST(NodeLinkTest, AnInterruptEndsTheWaitAndStopsTheOthers) {
   std::vector<Link> links = Connect(FreePort(), 2);
   ASSERT_TRUE(links[0] && links[1]);
@@ -254,7 +315,8 @@ TEST(NodeLinkTest, NodeZerosOwnLossCountsToo) {
 
 // A node's count of lost copies only grows, and never past its copies.
 TEST(NodeLinkTest, LossCountsOnlyGrowWithinANodesCopies) {
-  std::vector<Link> links = Connect(FreePort(), 3, /*min_copies=*/3);
+  std::vector<Link> links = Connect(FreePort(), 3, /*min_copies=*/3,
+                                    /*min_nodes=*/1);
   ASSERT_TRUE(links[0] && links[1] && links[2]);
   links[1]->Lost(50);  // counts as its 2
   links[1]->Lost(0);   // stale: still 2

@@ -146,6 +146,41 @@ TEST_F(SupervisorTest, NoCopyStartsAgainOnceOneEndedWellOnAnotherNode) {
   EXPECT_EQ(supervisor.exit_code(), 3);
 }
 
+// Node 1 of 2 with --min-nodes=1: its only copy, lost with its worker,
+// leaves the job instead of failing it; with every node needed it fails.
+TEST_F(SupervisorTest, ANodesLastCopyIsLostWhenTheJobMayGoOnWithoutIt) {
+  for (const int min_nodes : {1, 0}) {
+    SCOPED_TRACE(min_nodes);
+    const int port = FreePort();
+    const NodeLink::Shape shape = {
+        .nodes = 2, .per_node = 1, .min_nodes = min_nodes};
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    absl::StatusOr<std::unique_ptr<NodeLink>> zero = NodeLink::Listen(port);
+    ASSERT_TRUE(zero.ok()) << zero.status();
+    auto joining = std::async(std::launch::async, [&] {
+      return NodeLink::Join("127.0.0.1", port, 1, shape, deadline);
+    });
+    ASSERT_TRUE((*zero)->AwaitNodes(shape, "job", deadline).ok());
+    absl::StatusOr<std::unique_ptr<NodeLink>> one = joining.get();
+    ASSERT_TRUE(one.ok()) << one.status();
+    Supervisor supervisor(signals_.fd(), {1}, [](int) { return true; },
+                          one->get(), {.max_restarts = 0});
+    supervisor.StartAll("/bin/sh", {"/bin/sh", "-c", "exit 3"},
+                        {{"PATH=/usr/bin:/bin"}});
+    supervisor.Wait();
+    if (min_nodes == 1) {
+      EXPECT_FALSE(supervisor.failed());
+      EXPECT_EQ(supervisor.lost(), std::vector<int>{0});
+      EXPECT_EQ(supervisor.exit_code(), 0);
+      absl::SleepFor(absl::Milliseconds(300));
+      EXPECT_EQ((*zero)->Poll(), std::nullopt);  // 1 node left of 1 needed
+    } else {
+      EXPECT_TRUE(supervisor.failed());
+      EXPECT_EQ(supervisor.exit_code(), 3);
+    }
+  }
+}
+
 TEST_F(SupervisorTest, TheLastCopyWhoseWorkerDoesNotStartAgainFailsTheJob) {
   // Rank 1 alone: with no other copy left, it cannot be lost.
   Supervisor supervisor(

@@ -163,7 +163,16 @@ ABSL_FLAG(int, min_np, 0,
           "lost with their workers leave fewer, the job stops on every node "
           "with status 1 at once (Horovod's --min-np waits for hosts to come "
           "back first; 0: no minimum, the job goes on while each node has a "
-          "copy)");
+          "copy, or see --min-nodes)");
+ABSL_FLAG(int, min_nodes, 0,
+          "run with --nnodes > 1: the fewest nodes the job goes on with "
+          "(0: --nnodes, every node, as torchrun's --nnodes=N). With fewer "
+          "than --nnodes, a node whose processes are all lost with their "
+          "workers, or whose launcher node 0 no longer reaches (its host "
+          "died), leaves the job instead of failing it, and the others go on "
+          "(train under gradmesh.torch.elastic); below this many nodes the "
+          "job stops on every node with status 1. Every node must start the "
+          "job (torchrun's --nnodes=MIN:MAX starts with MIN)");
 ABSL_FLAG(double, step_join_timeout_s, 10,
           "local, run: a worker whose trainer has not joined a step its "
           "peers started for this long steps out of the group, and the others "
@@ -535,6 +544,12 @@ absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
         absl::StrCat("--min-np=", options.min_np, " is not in 0..", copies,
                      " (the job's processes: --nnodes x --nproc_per_node)"));
   }
+  options.min_nodes = absl::GetFlag(FLAGS_min_nodes);
+  if (options.min_nodes < 0 || options.min_nodes > options.nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min-nodes=", options.min_nodes, " is not in 0..",
+                     options.nodes, " (--nnodes)"));
+  }
   return options;
 }
 
@@ -565,10 +580,14 @@ int Run(int argc, char** argv) {
           "      --coordinator=NODE0:7700 -- CMD [ARGS...]\n"
           "node 0 starts the coordinator, every node G workers and G\n"
           "copies (ranks I*G..I*G+G-1); a failure anywhere stops every\n"
-          "node's copies, and every launcher exits with its status.",
-          Plus(kClusterFlags, {"job", "nnodes", "node_rank", "nproc_per_node",
-                               "coordinator", "host", "master_port",
-                               "start_timeout_s", "max_restarts", "min_np"})));
+          "node's copies, and every launcher exits with its status.\n"
+          "With --min-nodes=K, a node that is lost (its processes lost\n"
+          "with their workers, or its host gone) leaves the job while K\n"
+          "nodes are left.",
+          Plus(kClusterFlags,
+               {"job", "nnodes", "node_rank", "nproc_per_node", "coordinator",
+                "host", "master_port", "start_timeout_s", "max_restarts",
+                "min_np", "min_nodes"})));
   if (positional.size() > 1) {
     std::fprintf(stderr,
                  "gradmesh run: unexpected argument '%s' (the command goes "

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -74,6 +75,21 @@ std::optional<std::pair<std::string, std::vector<int>>> Parse(
 
 // A failure's exit status as one: 1..255 (else 1).
 int FailureCode(int code) { return code >= 1 && code <= 255 ? code : 1; }
+
+int MinNodes(const NodeLink::Shape& shape) {
+  return shape.min_nodes > 0 ? shape.min_nodes : shape.nodes;
+}
+
+// The numbers of node `node`'s hello: what every node must agree on.
+std::vector<int> Hello(int node, const NodeLink::Shape& shape) {
+  return {node, shape.nodes, shape.per_node, shape.min_copies, MinNodes(shape)};
+}
+
+// A hello's numbers as the flags that give them.
+std::string Flags(const std::vector<int>& hello) {
+  return absl::StrCat("--nnodes=", hello[1], " --nproc_per_node=", hello[2],
+                      " --min-np=", hello[3], " --min-nodes=", hello[4]);
+}
 
 }  // namespace
 
@@ -181,7 +197,7 @@ absl::Status NodeLink::Admit(std::vector<Peer>& joining,
     if (lines.empty() || p.node >= 0 || p.fd < 0) continue;
     const auto hello = Parse(lines.front());
     const int node =
-        hello && hello->second.size() == 4 && hello->first == "node"
+        hello && hello->second.size() == 5 && hello->first == "node"
             ? hello->second[0]
             : -1;
     if (node < 1 || node >= shape.nodes || joined[node]) {
@@ -190,14 +206,10 @@ absl::Status NodeLink::Admit(std::vector<Peer>& joining,
       p.fd = -1;
       continue;
     }
-    if (hello->second[1] != shape.nodes || hello->second[2] != shape.per_node ||
-        hello->second[3] != shape.min_copies) {
+    if (hello->second != Hello(node, shape)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "node ", node, " runs with --nnodes=", hello->second[1],
-          " --nproc_per_node=", hello->second[2], " --min-np=",
-          hello->second[3], ", node 0 with --nnodes=", shape.nodes,
-          " --nproc_per_node=", shape.per_node, " --min-np=", shape.min_copies,
-          ": every node must give the same"));
+          "node ", node, " runs with ", Flags(hello->second), ", node 0 with ",
+          Flags(Hello(node, shape)), ": every node must give the same"));
     }
     p.node = node;
     joined[node] = true;
@@ -276,8 +288,9 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
   }
   link->peers_.push_back({.fd = *fd, .node = 0});
   Peer& zero = link->peers_.front();
-  link->Send(zero, absl::StrCat("node ", node, " ", shape.nodes, " ",
-                                shape.per_node, " ", shape.min_copies));
+  link->shape_ = shape;
+  link->Send(zero,
+             absl::StrCat("node ", absl::StrJoin(Hello(node, shape), " ")));
   while (absl::Now() < deadline) {
     PollInput({zero.fd, signal_fd}, kTick);
     if (Signalled(signal_fd)) {
@@ -289,7 +302,8 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
         return absl::FailedPreconditionError(absl::StrCat(
             "node 0's launcher refused node ", node,
             " (another node has that rank, the nodes disagree on --nnodes, "
-            "--nproc_per_node or --min-np or run other versions of gradmesh, "
+            "--nproc_per_node, --min-np or --min-nodes or run other versions "
+            "of gradmesh, "
             "or the job gave up: see node 0)"));
       }
       link->job_ = lines.front().substr(4);
@@ -355,13 +369,44 @@ void NodeLink::StopOthers(const Stop& stop, const Peer* from) {
   }
 }
 
+bool NodeLink::nodes_may_be_lost() const {
+  return MinNodes(shape_) < shape_.nodes;
+}
+
 std::optional<NodeLink::Stop> NodeLink::BelowMinimum() const {
   if (ended_) return std::nullopt;  // the job is over: losses do not count
   int lost = lost_here_;
-  for (const Peer& p : peers_) lost += p.lost;
+  int nodes_lost = lost_here_ == shape_.per_node;
+  for (const Peer& p : peers_) {
+    lost += p.lost;
+    nodes_lost += p.lost == shape_.per_node;
+  }
   const int total = shape_.nodes * shape_.per_node;
-  if (total - lost >= shape_.min_copies) return std::nullopt;
-  return Stop{TooFewLeft(total - lost, total, shape_.min_copies), 1};
+  if (total - lost < shape_.min_copies) {
+    return Stop{TooFewLeft(total - lost, total, shape_.min_copies), 1};
+  }
+  if (shape_.nodes - nodes_lost < MinNodes(shape_)) {
+    return Stop{
+        absl::StrCat(shape_.nodes - nodes_lost, " of the job's ", shape_.nodes,
+                     " nodes are left (", nodes_lost,
+                     " lost), fewer than --min-nodes=", MinNodes(shape_)),
+        1};
+  }
+  return std::nullopt;
+}
+
+std::optional<NodeLink::Stop> NodeLink::Gone(Peer& peer) {
+  const std::string gone =
+      absl::StrCat("node ", peer.node, "'s launcher is gone");
+  if (!serving_ || !nodes_may_be_lost()) return Stop{gone, 1};
+  peer.lost = shape_.per_node;  // its host, or its launcher and copies
+  std::optional<Stop> stop = BelowMinimum();
+  if (stop) return Stop{absl::StrCat(gone, ": ", stop->why), 1};
+  std::fprintf(stderr,
+               "gradmesh run: %s; its %d processes count as lost, and the "
+               "job goes on (--min-nodes=%d)\n",
+               gone.c_str(), shape_.per_node, MinNodes(shape_));
+  return std::nullopt;
 }
 
 void NodeLink::Lost(int count) {
@@ -394,8 +439,7 @@ std::optional<NodeLink::Stop> NodeLink::Poll() {
     if (peer.fd < 0 && !peer.reported) {
       peer.reported = true;
       if (!peer.done && !end_) {
-        stops.push_back(
-            {absl::StrCat("node ", peer.node, "'s launcher is gone"), 1});
+        if (std::optional<Stop> stop = Gone(peer)) stops.push_back(*stop);
       }
       peer.done = true;
     }

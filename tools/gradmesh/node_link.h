@@ -4,20 +4,24 @@
 //
 // Node 0's launcher serves the link (Listen, then AwaitNodes); every other
 // node's joins it (Join) and learns the job's name. Lines, both ways:
-//   node -> 0:  "node I N G M" on joining: its rank, --nnodes, copies and
-//                            --min-np
+//   node -> 0:  "node I N G M K" on joining: its rank, --nnodes, copies,
+//                            --min-np and --min-nodes
 //   0 -> node:  "job NAME"   once every node joined, all with the same N, G,
-//                            M
+//                            M, K
 //   node -> 0:  "lost K"     K of its copies are lost (with their workers)
 //   both ways:  "ended 0"    a copy exited 0: the job is over for it, so no
 //                            node starts a failed copy again (node 0 passes
 //                            it on)
 //   node -> 0:  "done CODE"  its copies ended (CODE: its exit status)
 //   0 -> node:  "stop CODE WHY"  another node failed, or fewer than M copies
-//                            are left in the job: stop, exit with CODE
+//                            or K nodes are left in the job: stop, exit
+//                            with CODE
 //   0 -> node:  "end CODE"   every node is done: the job's exit status
-// A link that breaks counts as its node failing (exit status 1); TCP
-// keepalive notices a host that went silent within about 30 s. A failure's
+// A link that breaks counts as its node failing (exit status 1), unless
+// K < N: then node 0 counts that node's copies as lost (its host is gone),
+// and the job goes on while M copies and K nodes are left. A node whose
+// copies are all lost counts as lost. TCP keepalive notices a host that
+// went silent within about 30 s. A failure's
 // code outside 1..255 counts as 1. The link trusts whoever reaches the port
 // (the job's own network).
 //
@@ -61,6 +65,7 @@ class NodeLink {
     int nodes = 1;
     int per_node = 1;    // copies on each node
     int min_copies = 0;  // the job stops below this many copies left
+    int min_nodes = 0;   // ... or below this many nodes (0: `nodes`)
   };
 
   // Node 0: listens on port `port` of every interface (Unavailable when it
@@ -87,6 +92,9 @@ class NodeLink {
   NodeLink& operator=(const NodeLink&) = delete;
 
   const std::string& job() const { return job_; }
+  // Whether the job goes on without a node (Shape::min_nodes < nodes), so
+  // that a node may lose its last copy without failing the job.
+  bool nodes_may_be_lost() const;
 
   // Reads what arrived, without blocking: another node's failure once
   // known (reported once). On node 0 a failing node's stop goes on to the
@@ -94,7 +102,8 @@ class NodeLink {
   std::optional<Stop> Poll();
   // `count` of this node's copies are lost, in all (gone with their workers,
   // for good). Node 0 adds up every node's: once fewer than
-  // Shape::min_copies are left in the job, every node is stopped with
+  // Shape::min_copies copies or Shape::min_nodes nodes (a node with every
+  // copy lost is lost) are left in the job, every node is stopped with
   // status 1, node 0 too (its next Poll reports it).
   void Lost(int count);
   // A copy of this node exited 0; told to every node (idempotent).
@@ -138,15 +147,18 @@ class NodeLink {
                      const Shape& shape);
   // Handles one line from `peer`; a failure to pass on is returned.
   std::optional<Stop> Handle(Peer& peer, const std::string& line);
+  // `peer`'s link broke before it was done: its failure, or on node 0
+  // while nodes may be lost, its copies lost (a stop only below a minimum).
+  std::optional<Stop> Gone(Peer& peer);
   // Node 0: the first failure becomes everyone's stop.
   void StopOthers(const Stop& stop, const Peer* from);
   // Node 0: the stop for every node once fewer than shape_.min_copies
-  // copies are left, else nullopt.
+  // copies or shape_.min_nodes nodes are left, else nullopt.
   std::optional<Stop> BelowMinimum() const;
   bool AllDone() const;
 
   bool serving_ = false;  // node 0
-  Shape shape_;           // node 0: the job's
+  Shape shape_;           // the job's
   int listener_ = -1;     // node 0, until every node joined
   std::string job_;
   std::vector<Peer> peers_;       // node 0: the others; else: node 0

@@ -364,7 +364,8 @@ absl::StatusOr<std::unique_ptr<NodeLink>> LinkUp(
     std::unique_ptr<LocalCluster>* cluster) {
   const NodeLink::Shape shape = {.nodes = options.nodes,
                                  .per_node = cluster_options.workers,
-                                 .min_copies = options.min_np};
+                                 .min_copies = options.min_np,
+                                 .min_nodes = options.min_nodes};
   if (options.node_rank != 0) {
     GM_ASSIGN_OR_RETURN(auto link,
                         NodeLink::Join(host, port + 1, options.node_rank, shape,

@@ -7,7 +7,8 @@
 // iP..iP+P-1), and the launchers end the job alike (NodeLink): one failed
 // copy anywhere stops every node's, and every launcher exits with the first
 // failure's status (a copy lost with its worker, below, is lost only while
-// its node has another copy left). The environment:
+// its node has another copy left, or while min_nodes lets the job go on
+// without the node). The environment:
 //
 //   GRADMESH_WORKER       worker r's SDK address ("unix:/.../worker-03.sock")
 //   GRADMESH_JOB          the job name, the same for every copy
@@ -40,13 +41,13 @@
 // same rank: a new incarnation that rejoins the group), as one restart. With
 // no restart left (or when the worker does not start again) such a copy is
 // lost: the others go on without it, and its end does not count as a
-// failure, unless it was this node's last copy or fewer than min_np
-// copies are left in the job. Once a copy anywhere has exited 0 (the job is
-// over for it), no failed copy is started again. When one copy fails
-// (non-zero exit or a signal) with no restart left, or the
-// launcher gets SIGINT or SIGTERM, the others get SIGTERM, and SIGKILL when
-// still running 10 s later (at once on a second SIGINT or SIGTERM); then the
-// cluster is stopped. The cluster's temporary log directory is kept when
+// failure, unless it was this node's last copy (and the job needs every
+// node: min_nodes) or fewer than min_np copies are left in the job. Once a copy
+// anywhere has exited 0 (the job is over for it), no failed copy is started
+// again. When one copy fails (non-zero exit or a signal) with no restart left,
+// or the launcher gets SIGINT or SIGTERM, the others get SIGTERM, and SIGKILL
+// when still running 10 s later (at once on a second SIGINT or SIGTERM); then
+// the cluster is stopped. The cluster's temporary log directory is kept when
 // something failed, a copy was lost or a worker was started again.
 #ifndef GRADMESH_TOOLS_GRADMESH_RUN_H_
 #define GRADMESH_TOOLS_GRADMESH_RUN_H_
@@ -83,6 +84,12 @@ struct RunOptions {
   // minimum): below it, the copies lost with their workers end the job on
   // every node with status 1 at once (Horovod's --min-np waits first).
   int min_np = 0;
+  // The fewest nodes the job goes on with (0: all of them, as torchrun's
+  // --nnodes=N). Below `nodes`, a node whose copies are all lost with their
+  // workers, or whose launcher node 0 no longer reaches (its host died),
+  // leaves the job instead of failing it; below this many nodes left the
+  // job stops on every node with status 1. Every node must start the job.
+  int min_nodes = 0;
 };
 
 // Runs the command as described above, printing progress to stderr, and

@@ -330,7 +330,7 @@ void Supervisor::Decide(bool at_end) {
     const bool gone = worker_gone_(u.index);
     if (gone && Restartable() && RestartWithWorker(u.index, u.status)) {
       // the worker and the copy run again
-    } else if (gone && lost_.size() + 1 < copies_.size()) {
+    } else if (gone && MayLose()) {
       Lose(u.index, u.status);
     } else if (!gone && absl::Now() >= u.until && Restartable()) {
       Restart(u.index, u.status);
@@ -363,13 +363,25 @@ void Supervisor::Lose(int index, int status) {
          1);
     return;
   }
-  std::fprintf(stderr,
-               "gradmesh run: rank %d %s: its worker is gone; the other %d "
-               "here go on\n",
-               copies_[index].rank, Describe(status).c_str(), left);
+  if (left > 0) {
+    std::fprintf(stderr,
+                 "gradmesh run: rank %d %s: its worker is gone; the other %d "
+                 "here go on\n",
+                 copies_[index].rank, Describe(status).c_str(), left);
+  } else {
+    std::fprintf(stderr,
+                 "gradmesh run: rank %d %s: its worker is gone; this node has "
+                 "no process left, the other nodes go on (--min-nodes)\n",
+                 copies_[index].rank, Describe(status).c_str());
+  }
   if (counts && link_ != nullptr) {
     link_->Lost(static_cast<int>(lost_.size()));  // node 0 counts the job's
   }
+}
+
+bool Supervisor::MayLose() const {
+  return lost_.size() + 1 < copies_.size() ||
+         (link_ != nullptr && link_->nodes_may_be_lost());
 }
 
 bool Supervisor::Restartable() const {

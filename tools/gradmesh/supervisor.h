@@ -47,8 +47,10 @@ struct Copy {
 // (`restart_worker(index)`, a new incarnation), then itself, as one restart
 // under the same rule; with no restart left (or when the worker does not
 // start) it is lost, not failed: the others go on without it, unless none
-// is left, or fewer than `min_copies` are left in the job (on several
-// nodes node 0 counts them: NodeLink::Lost), which stops it with status 1.
+// is left here (on several nodes: unless the job goes on without this node,
+// NodeLink::nodes_may_be_lost), or fewer than `min_copies` are left in the
+// job (on several nodes node 0 counts copies and nodes: NodeLink::Lost),
+// which stops it with status 1.
 // Once a copy anywhere in the job exited 0, no copy starts again.
 class Supervisor {
  public:
@@ -108,6 +110,9 @@ class Supervisor {
   // node's failure, a copy that ended well). The worker's start blocks this
   // loop (restart_worker's bound: LocalCluster's start timeout).
   bool RestartWithWorker(int index, int status);
+  // Whether one more copy may be lost without failing: another is left
+  // here, or the job goes on without this node (NodeLink).
+  bool MayLose() const;
   // Copy `index` is lost: counted, and told to the link or checked
   // against the minimum.
   void Lose(int index, int status);
