@@ -118,11 +118,17 @@ def a_host_lost(args, hosts):
         zero = launch(args, hosts, 0, port=7850, extra=extra, job_args=job,
                       job=HOST_LOST_JOB)
         deadline = time.monotonic() + 90
-        while (not any(n.startswith("ready-") for n in os.listdir(marks))
-               and later.poll() is None and time.monotonic() < deadline):
+
+        def ready():
+            return any(n.startswith("ready-") for n in os.listdir(marks))
+
+        while (not ready() and later.poll() is None and
+               time.monotonic() < deadline):
             time.sleep(0.1)
+        in_training = ready() and later.poll() is None
         later.kill()  # the launcher: its processes and workers end with it
         results = finish([zero, later], 180)
+    check(in_training, "node 1 is killed while its processes train", results)
     code, out = results[0]
     identical = [line for line in out.splitlines()
                  if "identical on 2 ranks" in line]

@@ -231,12 +231,18 @@ TEST(NodeLinkTest, AHostGoneLeavesTheJobWhileEnoughNodesAreLeft) {
   for (int code : FinishAll(links, 0)) EXPECT_EQ(code, 0);
 }
 
-// Without --min-nodes every node is needed, as before.
+// Without --min-nodes every node is needed, as before: a node whose copies
+// are all lost stops the job.
 TEST(NodeLinkTest, EveryNodeIsNeededByDefault) {
   std::vector<Link> links = Connect(FreePort(), 2);
   ASSERT_TRUE(links[0] && links[1]);
   EXPECT_FALSE(links[0]->nodes_may_be_lost());
   EXPECT_FALSE(links[1]->nodes_may_be_lost());
+  links[1]->Lost(2);
+  const std::optional<NodeLink::Stop> stop = AwaitStop(*links[0]);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_NE(stop->why.find("fewer than --min-nodes=2"), std::string::npos)
+      << stop->why;
 }
 
 // A node whose copies are all lost counts as lost; a second lost node (its
@@ -258,6 +264,48 @@ TEST(NodeLinkTest, FewerNodesThanTheMinimumStopEveryNode) {
               std::string::npos)
         << stop->why;
   }
+}
+
+// A node counts once: node 1's copies lost, then its launcher gone, is one
+// lost node of 3 (--min-nodes=2: the job goes on); node 0's own copies all
+// lost is the second: 1 node left stops every node.
+TEST(NodeLinkTest, ANodeLostTwiceCountsOnceAndNodeZeroCountsToo) {
+  std::vector<Link> links = Connect(FreePort(), 3, 0, /*min_nodes=*/2);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  links[1]->Lost(2);
+  links[1].reset();
+  absl::SleepFor(absl::Milliseconds(300));
+  for (int n : {0, 2}) EXPECT_EQ(links[n]->Poll(), std::nullopt) << n;
+  links[0]->Lost(2);
+  for (int n : {0, 2}) {
+    const std::optional<NodeLink::Stop> stop = AwaitStop(*links[n]);
+    ASSERT_TRUE(stop.has_value()) << "node " << n;
+    EXPECT_NE(stop->why.find("1 of the job's 3 nodes are left (2 lost)"),
+              std::string::npos)
+        << stop->why;
+  }
+}
+
+// A node of another version (its hello has other fields) is named at once,
+// not waited for until the deadline.
+TEST(NodeLinkTest, ANodeOfAnotherVersionIsRefusedAtOnce) {
+  const int port = FreePort();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto zero = std::async(std::launch::async,
+                         [&] { return Serve(port, Nodes(2), deadline); });
+  absl::StatusOr<int> fd = ConnectTcp("127.0.0.1", port);
+  while (!fd.ok() && absl::Now() < deadline) fd = ConnectTcp("127.0.0.1", port);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  const std::string hello = "node 1 2 2 0\n";  // before --min-nodes
+  ASSERT_EQ(write(*fd, hello.data(), hello.size()),
+            static_cast<ssize_t>(hello.size()));
+  const absl::StatusOr<Link> served = zero.get();
+  EXPECT_TRUE(absl::IsInvalidArgument(served.status())) << served.status();
+  EXPECT_NE(served.status().message().find("another version"),
+            std::string::npos)
+      << served.status();
+  EXPECT_LT(absl::Now() + absl::Seconds(8), deadline);
+  close(*fd);
 }
 
 TEST(NodeLinkTest, AnInterruptEndsTheWaitAndStopsTheOthers) {

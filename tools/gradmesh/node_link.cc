@@ -196,10 +196,14 @@ absl::Status NodeLink::Admit(std::vector<Peer>& joining,
     if (p.fd < 0 && p.node >= 0) joined[p.node] = false;  // left again
     if (lines.empty() || p.node >= 0 || p.fd < 0) continue;
     const auto hello = Parse(lines.front());
-    const int node =
-        hello && hello->second.size() == 5 && hello->first == "node"
-            ? hello->second[0]
-            : -1;
+    if (hello && hello->first == "node" && hello->second.size() != 5) {
+      Send(p, "stop 1");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a node joined with \"", lines.front().substr(0, 80),
+          "\": it runs another version of gradmesh; every node must run the "
+          "same"));
+    }
+    const int node = hello && hello->first == "node" ? hello->second[0] : -1;
     if (node < 1 || node >= shape.nodes || joined[node]) {
       Send(p, "stop 1");  // a stranger, or a node twice
       close(p.fd);
@@ -402,6 +406,7 @@ std::optional<NodeLink::Stop> NodeLink::Gone(Peer& peer) {
   peer.lost = shape_.per_node;  // its host, or its launcher and copies
   std::optional<Stop> stop = BelowMinimum();
   if (stop) return Stop{absl::StrCat(gone, ": ", stop->why), 1};
+  if (verdict_ || ended_) return std::nullopt;  // the job ends anyway
   std::fprintf(stderr,
                "gradmesh run: %s; its %d processes count as lost, and the "
                "job goes on (--min-nodes=%d)\n",

@@ -8,7 +8,7 @@
 //                            --min-np and --min-nodes
 //   0 -> node:  "job NAME"   once every node joined, all with the same N, G,
 //                            M, K
-//   node -> 0:  "lost K"     K of its copies are lost (with their workers)
+//   node -> 0:  "lost L"     L of its copies are lost (with their workers)
 //   both ways:  "ended 0"    a copy exited 0: the job is over for it, so no
 //                            node starts a failed copy again (node 0 passes
 //                            it on)
@@ -17,11 +17,13 @@
 //                            or K nodes are left in the job: stop, exit
 //                            with CODE
 //   0 -> node:  "end CODE"   every node is done: the job's exit status
-// A link that breaks counts as its node failing (exit status 1), unless
-// K < N: then node 0 counts that node's copies as lost (its host is gone),
-// and the job goes on while M copies and K nodes are left. A node whose
-// copies are all lost counts as lost. TCP keepalive notices a host that
-// went silent within about 30 s. A failure's
+// A link to node 0 that breaks fails the other nodes (exit status 1). A
+// link to another node that breaks counts, on node 0, as that node failing,
+// unless K < N: then its copies count as lost (its host is gone), and the
+// job goes on while M copies and K nodes are left. A node whose copies are
+// all lost (node 0 too) counts as lost; its launcher stays linked until
+// the job ends, and exits with the job's status. TCP keepalive notices a
+// host that went silent within about 30 s. A failure's
 // code outside 1..255 counts as 1. The link trusts whoever reaches the port
 // (the job's own network).
 //

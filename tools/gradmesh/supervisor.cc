@@ -334,8 +334,8 @@ void Supervisor::Decide(bool at_end) {
       Lose(u.index, u.status);
     } else if (!gone && absl::Now() >= u.until && Restartable()) {
       Restart(u.index, u.status);
-    } else if (absl::Now() >= u.until || (lost_.size() + 1 >= copies_.size() &&
-                                          (gone || !Restartable()))) {
+    } else if (absl::Now() >= u.until ||
+               (!MayLose() && (gone || !Restartable()))) {
       Fail(absl::StrCat("rank ", rank, " ", Describe(u.status)),
            ExitCode(u.status));
     } else if (at_end) {
@@ -371,7 +371,8 @@ void Supervisor::Lose(int index, int status) {
   } else {
     std::fprintf(stderr,
                  "gradmesh run: rank %d %s: its worker is gone; this node has "
-                 "no process left, the other nodes go on (--min-nodes)\n",
+                 "no process left and counts as lost (node 0 decides whether "
+                 "the job goes on: --min-nodes)\n",
                  copies_[index].rank, Describe(status).c_str());
   }
   if (counts && link_ != nullptr) {
