@@ -34,7 +34,7 @@ from netns_hosts import Hosts, run_then_clean_up  # noqa: E402
 
 JOB = os.path.join(HERE, "train_job.py")
 RATES = {"100mbit": "100mbit", "1gbit": "1gbit", "unshaped": None}
-SYSTEMS = ("gradmesh", "ddp", "fp16", "powersgd", "noop")
+SYSTEMS = ("gradmesh", "ddp", "fp16", "powersgd", "powersgd4", "noop")
 
 
 def log(message):

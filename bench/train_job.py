@@ -11,6 +11,7 @@ torchrun's variables as well as gradmesh's), trained with one system:
             orders on different ranks under Gloo in torch 1.13 and the job
             fails or hangs, so the bucket is made as large as the model
             (bucket_cap_mb and dist._DEFAULT_FIRST_BUCKET_BYTES)
+  powersgd4 the same at rank 4 (closer to the gradient, 4x the bytes)
   noop      DDP with a hook that sends nothing: the limit (compute alone)
 
 Every system sees the same shards (rank r takes every size-th image of the
@@ -43,7 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "client", "python",
                                 "examples"))
 from fashion_mnist import DATA_DIR, Net, accuracy, load  # noqa: E402
 
-SYSTEMS = ("gradmesh", "ddp", "fp16", "powersgd", "noop")
+SYSTEMS = ("gradmesh", "ddp", "fp16", "powersgd", "powersgd4", "noop")
 
 
 class Cnn824k(nn.Module):
@@ -121,13 +122,14 @@ def wrap(system, model, args):
             momentum_correction=momentum > 0,
             num_buckets=args.num_buckets or None,
             first_bucket_mb=args.first_bucket_mb)
-    if system == "powersgd":
+    if system.startswith("powersgd"):
         dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024)
         from torch.distributed.algorithms.ddp_comm_hooks import (
             powerSGD_hook as powersgd)
         state = powersgd.PowerSGDState(process_group=None,
-                                       matrix_approximation_rank=1,
+                                       matrix_approximation_rank=(
+                                           4 if system == "powersgd4" else 1),
                                        start_powerSGD_iter=10)
         ddp.register_comm_hook(state, powersgd.powerSGD_hook)
     else:
