@@ -40,7 +40,7 @@ from netns_hosts import Hosts, finish  # noqa: E402
 
 SKIPPED = 77
 JOB = os.path.join(HERE, "multinode_job.py")
-HOST_LOST_JOB = os.path.join(HERE, "host_lost_job.py")
+ELASTIC_JOB = os.path.join(ROOT, "tests", "python", "elastic_job.py")
 
 
 def log(message):
@@ -112,11 +112,11 @@ def a_host_lost(args, hosts):
     """Node 1's launcher killed once rank 2 is in epoch 1: node 0 goes on."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as marks:
-        extra, job = ["--min-nodes=1"], [marks]
+        extra, job = ["--min-nodes=1"], ["host", marks]
         later = launch(args, hosts, 1, port=7850, extra=extra, job_args=job,
-                       job=HOST_LOST_JOB)
+                       job=ELASTIC_JOB)
         zero = launch(args, hosts, 0, port=7850, extra=extra, job_args=job,
-                      job=HOST_LOST_JOB)
+                      job=ELASTIC_JOB)
         deadline = time.monotonic() + 90
 
         def ready():

@@ -4,6 +4,8 @@
         -- python3 tests/python/elastic_job.py stop
     gradmesh run --workers=3 --algo=dense --max-restarts=1 \\
         -- python3 tests/python/elastic_job.py crash|worker DIR
+    gradmesh run --nnodes=2 --nproc_per_node=2 --min-nodes=1 ... \\
+        -- python3 tests/python/elastic_job.py host DIR
 
 A small regression trained with SGD and momentum under
 gradmesh.torch.elastic.run, while the others still train (each batch takes
@@ -20,10 +22,13 @@ survivor's state. Or rank 1 kills its own worker (kill -9, mode "worker",
 once): its next call raises WorkerGoneError, which ends the process, and
 `gradmesh run` starts the worker again (a new incarnation under the same
 node id, so the same rank) and then the process, which goes on as in
-"crash". Training goes on to
-EPOCHS epochs. At the end, every process checks that the parameters are
-identical on all ranks and that the loss on a fixed batch went down 10x,
-and the survivors that they were reset.
+"crash". Or rank 2, on node 1 of two nodes (mode "host", from
+tests/e2e/multinode_netns_test.py), creates DIR/ready-JOB and the test
+kills node 1's launcher: node 0's two processes go on without node 1.
+Training goes on to EPOCHS epochs. At the end, every process checks that
+the parameters are identical on all ranks (3, or 2 in mode "host") and that
+the loss on a fixed batch went down 10x, and the survivors that they were
+reset (not in mode "host": the steps go on with the members left).
 """
 
 import os
@@ -68,8 +73,8 @@ def main(mode, record_dir=None):
     x_test, y_test = batch(EPOCHS, 0, 0)
     first = torch.nn.functional.mse_loss(model(x_test), y_test).item()
     # The job's name is this run's, and the restarted process's too.
-    crashed = record_dir and os.path.join(
-        record_dir, f"crashed-{os.environ['GRADMESH_JOB']}")
+    job = os.environ["GRADMESH_JOB"]
+    crashed = record_dir and os.path.join(record_dir, f"crashed-{job}")
     optimizer = gradmesh.torch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
         named_parameters=model.named_parameters())
@@ -96,6 +101,9 @@ def main(mode, record_dir=None):
                         if mode == "crash":
                             os._exit(1)
                         kill_own_worker()
+                    if mode == "host" and gradmesh.rank() == 2:
+                        open(os.path.join(record_dir, f"ready-{job}"),
+                             "w").close()
                 time.sleep(BATCH_S)
                 x, y = batch(epoch, index, gradmesh.rank())
                 optimizer.zero_grad()
@@ -110,18 +118,19 @@ def main(mode, record_dir=None):
     train()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     every = gradmesh.allgather(flat.numpy().reshape(1, -1), name="check")
-    # Every rank is back: none was lost with its worker.
-    assert len(every) == 3, f"{len(every)} ranks at the end, not 3"
+    # Every rank is back (none was lost with its worker), or node 1's gone.
+    ranks = 2 if mode == "host" else 3
+    assert len(every) == ranks, f"{len(every)} ranks at the end, not {ranks}"
     assert np.array_equal(every, np.repeat(every[:1], len(every), 0)), \
         "the ranks' parameters differ"
     last = torch.nn.functional.mse_loss(model(x_test), y_test).item()
     assert last < 0.1 * first, (first, last)
     faulty = 2 if mode == "stop" else 1
-    if gradmesh.rank() != faulty or mode == "stop":
+    if mode != "host" and (gradmesh.rank() != faulty or mode == "stop"):
         assert resets, "never reset"
     print(f"rank {gradmesh.rank()}: {len(resets)} resets, {len(losses)} "
           f"steps here, test loss {first:.3f} -> {last:.4f}, identical on "
-          f"{gradmesh.size()} ranks", flush=True)
+          f"{len(every)} ranks", flush=True)
     return 0
 
 
