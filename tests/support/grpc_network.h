@@ -4,6 +4,7 @@
 #ifndef GRADMESH_TESTS_SUPPORT_GRPC_NETWORK_H_
 #define GRADMESH_TESTS_SUPPORT_GRPC_NETWORK_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,7 +38,11 @@ class GrpcNetwork {
 
   ~GrpcNetwork() {
     transports_.clear();
-    for (auto& server : servers_) server->Shutdown();
+    // Bounded, as the daemon's: calls still open after it are cancelled
+    // instead of waited for (under ASan a stream's end can lag its client).
+    const auto deadline =
+        std::chrono::system_clock::now() + std::chrono::seconds(5);
+    for (auto& server : servers_) server->Shutdown(deadline);
   }
 
   // Replaces every rank's transport with one of `epoch`.
