@@ -120,36 +120,6 @@ TEST_F(SupervisorTest, FewerCopiesThanTheMinimumFailTheJob) {
       << supervisor.failure();
 }
 
-// Node 1's copy fails while its worker runs, with a restart left, after a
-// copy of node 0 exited 0: it is not started again (its peers would be
-// gone) and the job fails with its status.
-TEST_F(SupervisorTest, NoCopyStartsAgainOnceOneEndedWellOnAnotherNode) {
-  const int port = FreePort();
-  const NodeLink::Shape shape = {.nodes = 2, .per_node = 1};
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  absl::StatusOr<std::unique_ptr<NodeLink>> zero = NodeLink::Listen(port);
-  ASSERT_TRUE(zero.ok()) << zero.status();
-  auto joining = std::async(std::launch::async, [&] {
-    return NodeLink::Join("127.0.0.1", port, 1, shape, deadline);
-  });
-  ASSERT_TRUE((*zero)->AwaitNodes(shape, "job", deadline).ok());
-  absl::StatusOr<std::unique_ptr<NodeLink>> one = joining.get();
-  ASSERT_TRUE(one.ok()) << one.status();
-  (*zero)->Ended();  // a copy of node 0 exited 0
-  Supervisor supervisor(signals_.fd(), {1}, [](int) { return false; },
-                        one->get(), {.max_restarts = 1});
-  supervisor.StartAll(
-      "/bin/sh",
-      {"/bin/sh", "-c",
-       "[ -f \"$D/failed\" ] && touch \"$D/again\"; touch \"$D/failed\"; "
-       "exit 3"},
-      {{"PATH=/usr/bin:/bin", "D=" + dir_}});
-  supervisor.Wait();
-  EXPECT_FALSE(StartedAgain());
-  EXPECT_TRUE(supervisor.failed());
-  EXPECT_EQ(supervisor.exit_code(), 3);
-}
-
 // Node 0 and node 1 of a job of 2 nodes of one copy each, linked.
 std::pair<std::unique_ptr<NodeLink>, std::unique_ptr<NodeLink>> TwoNodes(
     int min_nodes) {
@@ -168,6 +138,27 @@ std::pair<std::unique_ptr<NodeLink>, std::unique_ptr<NodeLink>> TwoNodes(
   EXPECT_TRUE(one.ok()) << one.status();
   if (!one.ok()) return {};
   return {*std::move(zero), *std::move(one)};
+}
+
+// Node 1's copy fails while its worker runs, with a restart left, after a
+// copy of node 0 exited 0: it is not started again (its peers would be
+// gone) and the job fails with its status.
+TEST_F(SupervisorTest, NoCopyStartsAgainOnceOneEndedWellOnAnotherNode) {
+  auto [zero, one] = TwoNodes(/*min_nodes=*/0);
+  ASSERT_TRUE(zero && one);
+  zero->Ended();  // a copy of node 0 exited 0
+  Supervisor supervisor(signals_.fd(), {1}, [](int) { return false; },
+                        one.get(), {.max_restarts = 1});
+  supervisor.StartAll(
+      "/bin/sh",
+      {"/bin/sh", "-c",
+       "[ -f \"$D/failed\" ] && touch \"$D/again\"; touch \"$D/failed\"; "
+       "exit 3"},
+      {{"PATH=/usr/bin:/bin", "D=" + dir_}});
+  supervisor.Wait();
+  EXPECT_FALSE(StartedAgain());
+  EXPECT_TRUE(supervisor.failed());
+  EXPECT_EQ(supervisor.exit_code(), 3);
 }
 
 // Node 1's only copy exits 3 and its worker is gone (at once, or 300 ms
