@@ -19,10 +19,11 @@ takes the state of a survivor. Or rank 1 exits with status 1 (mode
 registers (here before the 10 s step-join timeout; after it, at the new
 process's first call), the others reset, and the new process takes a
 survivor's state. Or rank 1 kills its own worker (kill -9, mode "worker",
-once): its next call raises WorkerGoneError, which ends the process, and
-`gradmesh run` starts the worker again (a new incarnation under the same
-node id, so the same rank) and then the process, which goes on as in
-"crash". Or rank 2, on node 1 of two nodes (mode "host", from
+once) and then sleeps for a minute (a long evaluation, no call to its
+worker): `gradmesh run` sees the worker gone, kills the process, starts the
+worker again (a new incarnation under the same node id, so the same rank)
+and then the process, which must start within 20 s of the kill and goes on
+as in "crash". Or rank 2, on node 1 of two nodes (mode "host", from
 tests/e2e/multinode_netns_test.py), creates DIR/ready-JOB and the test
 kills node 1's launcher: node 0's two processes go on without node 1.
 Training goes on to EPOCHS epochs. At the end, every process checks that
@@ -49,6 +50,8 @@ EPOCHS = 6
 BATCHES = 8
 STOP_S = 5
 BATCH_S = 0.25  # the survivors still train when rank 2 resumes
+EVALUATION_S = 60  # mode "worker": rank 1's pause after killing its worker
+RESTART_S = 20  # within which the launcher starts rank 1 again
 
 
 def batch(epoch, index, rank):
@@ -75,6 +78,9 @@ def main(mode, record_dir=None):
     # The job's name is this run's, and the restarted process's too.
     job = os.environ["GRADMESH_JOB"]
     crashed = record_dir and os.path.join(record_dir, f"crashed-{job}")
+    if mode == "worker" and os.path.exists(crashed):
+        since = time.time() - os.path.getmtime(crashed)
+        assert since < RESTART_S, f"started again {since:.1f} s after the kill"
     optimizer = gradmesh.torch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
         named_parameters=model.named_parameters())
@@ -101,6 +107,8 @@ def main(mode, record_dir=None):
                         if mode == "crash":
                             os._exit(1)
                         kill_own_worker()
+                        time.sleep(EVALUATION_S)  # killed meanwhile
+                        sys.exit("still running a minute after the kill")
                     if mode == "host" and gradmesh.rank() == 2:
                         open(os.path.join(record_dir, f"ready-{job}"),
                              "w").close()

@@ -2,10 +2,12 @@
 // whose worker is gone ends in, with and without restarts.
 #include "tools/gradmesh/supervisor.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -35,15 +37,18 @@ class SupervisorTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  // Two copies, ranks 0 and 1: rank 1 fails with status 3 the first time
-  // (its worker then counts as gone) and writes "again" when started again;
-  // rank 0 waits up to 20 s for that, so that rank 1 is decided while it
-  // runs. Returns the supervisor's exit code.
-  int RunTwo(Supervisor& supervisor) {
+  // Two copies, ranks 0 and 1: rank 1 fails the first time (its worker is
+  // gone, Rank1Gone, and `then` follows: by default it exits with status 3)
+  // and writes "again" when started again; rank 0 waits up to 20 s for
+  // that, so that rank 1 is decided while it runs. Returns the supervisor's
+  // exit code.
+  int RunTwo(Supervisor& supervisor, const std::string& then = "exit 3") {
     const std::string script =
         "if [ \"$R\" = 1 ]; then "
         "  if [ -f \"$D/failed\" ]; then touch \"$D/again\"; exit 0; fi; "
-        "  touch \"$D/failed\"; exit 3; "
+        "  touch \"$D/failed\"; " +
+        then +
+        "; "
         "fi; "
         "for i in $(seq 200); do "
         "  [ -f \"$D/again\" ] && exit 0; "
@@ -59,16 +64,20 @@ class SupervisorTest : public ::testing::Test {
   // Lets rank 0 end without rank 1 started again (once decided lost).
   void Decided() { std::ofstream(dir_ + "/decided"); }
   bool StartedAgain() const { return std::filesystem::exists(dir_ + "/again"); }
+  // The stand-in for the workers: rank 1's is gone once rank 1 failed.
+  std::function<bool(int)> Rank1Gone() const {
+    return [failed = dir_ + "/failed"](int index) {
+      return index == 1 && std::filesystem::exists(failed);
+    };
+  }
 
   NoSignals signals_;
   std::string dir_;
 };
 
-bool Rank1Gone(int index) { return index == 1; }
-
 TEST_F(SupervisorTest, AGoneWorkerIsStartedAgainThenItsCopy) {
   std::vector<int> restarted;
-  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone, nullptr,
+  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone(), nullptr,
                         {.max_restarts = 1}, [&](int index) {
                           restarted.push_back(index);
                           return absl::OkStatus();
@@ -80,10 +89,42 @@ TEST_F(SupervisorTest, AGoneWorkerIsStartedAgainThenItsCopy) {
   EXPECT_FALSE(supervisor.failed());
 }
 
+// Rank 1's worker is gone while rank 1 runs on for a minute (a long
+// evaluation between two calls to its worker): the launcher does not wait
+// for it to fail, but kills it and starts its worker and it again.
+TEST_F(SupervisorTest, ACopyWhoseWorkerIsGoneWhileItRunsIsStartedAgainAtOnce) {
+  std::vector<int> restarted;
+  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone(), nullptr,
+                        {.max_restarts = 1}, [&](int index) {
+                          restarted.push_back(index);
+                          return absl::OkStatus();
+                        });
+  EXPECT_EQ(RunTwo(supervisor, /*then=*/"sleep 60; exit 0"), 0);
+  EXPECT_EQ(restarted, std::vector<int>{1});
+  EXPECT_TRUE(StartedAgain());  // else rank 0 ends first: no restart
+  EXPECT_FALSE(supervisor.failed());
+}
+
+// With no restart left, a copy whose worker is gone runs on: it may no
+// longer need its worker, and ends as it will.
+TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneRunsOn) {
+  int restarts = 0;
+  Decided();
+  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone(), nullptr,
+                        {.max_restarts = 0}, [&](int) {
+                          ++restarts;
+                          return absl::OkStatus();
+                        });
+  EXPECT_EQ(RunTwo(supervisor, /*then=*/"sleep 1; exit 0"), 0);
+  EXPECT_EQ(restarts, 0);
+  EXPECT_TRUE(supervisor.lost().empty());
+  EXPECT_FALSE(supervisor.failed());
+}
+
 TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneIsLost) {
   int restarts = 0;
   Decided();
-  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone, nullptr,
+  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone(), nullptr,
                         {.max_restarts = 0}, [&](int) {
                           ++restarts;
                           return absl::OkStatus();
@@ -96,7 +137,7 @@ TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneIsLost) {
 
 TEST_F(SupervisorTest, AWorkerThatDoesNotStartAgainLeavesItsCopyLost) {
   int tries = 0;
-  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone, nullptr,
+  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone(), nullptr,
                         {.max_restarts = 1}, [&](int) {
                           ++tries;
                           Decided();
@@ -110,7 +151,7 @@ TEST_F(SupervisorTest, AWorkerThatDoesNotStartAgainLeavesItsCopyLost) {
 }
 
 TEST_F(SupervisorTest, FewerCopiesThanTheMinimumFailTheJob) {
-  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone, nullptr,
+  Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone(), nullptr,
                         {.max_restarts = 0, .min_copies = 2});
   EXPECT_EQ(RunTwo(supervisor), 1);
   EXPECT_TRUE(supervisor.failed());
@@ -200,16 +241,17 @@ TEST_F(SupervisorTest, ANodesLastCopyIsLostWhenTheJobMayGoOnWithoutIt) {
 }
 
 TEST_F(SupervisorTest, TheLastCopyWhoseWorkerDoesNotStartAgainFailsTheJob) {
-  // Rank 1 alone: with no other copy left, it cannot be lost.
+  // Rank 1 alone, its worker gone while it runs: killed to start both again,
+  // and with no other copy left it cannot be lost.
   Supervisor supervisor(
       signals_.fd(), {1}, [](int) { return true; }, nullptr,
       {.max_restarts = 1},
       [](int) { return absl::UnavailableError("no port file"); });
-  supervisor.StartAll("/bin/sh", {"/bin/sh", "-c", "exit 3"},
+  supervisor.StartAll("/bin/sh", {"/bin/sh", "-c", "sleep 60"},
                       {{"PATH=/usr/bin:/bin"}});
   supervisor.Wait();
   EXPECT_TRUE(supervisor.failed());
-  EXPECT_EQ(supervisor.exit_code(), 3);
+  EXPECT_EQ(supervisor.exit_code(), 128 + SIGKILL);
 }
 
 }  // namespace

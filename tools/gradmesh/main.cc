@@ -152,7 +152,8 @@ ABSL_FLAG(int, start_timeout_s, 30,
           "job's first view");
 ABSL_FLAG(int, max_restarts, 0,
           "run: a copy that fails is started again (same rank and "
-          "environment), after its worker when that is gone too, up to this "
+          "environment), after its worker when that is gone too (a copy whose "
+          "worker dies is stopped at once for that), up to this "
           "many times in all on this node, as torchrun's --max-restarts; "
           "train under gradmesh.torch.elastic so that the new process "
           "rejoins; with none left, a failure stops the job, and a copy whose "

@@ -164,6 +164,7 @@ absl::Status Spawn(const std::string& program, std::vector<std::string> args,
   const std::string prefix = absl::StrCat("[", copy->rank, "] ");
   copy->pid = pid;
   copy->group = pid;
+  copy->stopped = false;
   copy->out = {.fd = out[0], .target = STDOUT_FILENO, .prefix = prefix};
   copy->err = {.fd = err[0], .target = STDERR_FILENO, .prefix = prefix};
   return absl::OkStatus();
@@ -247,6 +248,7 @@ void Supervisor::Wait() {
                       // failure
       Reap();
       PollLink();  // before Decide: another node's news (a copy ended)
+      StopCopiesOfGoneWorkers();
       Decide(/*at_end=*/false);
       KillLate();
     }
@@ -311,15 +313,45 @@ void Supervisor::Reap() {
     int status = 0;
     const pid_t reaped = waitpid(copy.pid, &status, WNOHANG);
     if (reaped == 0 || (reaped < 0 && errno != ECHILD)) continue;
-    copy.pid = -1;  // with ECHILD, reaped elsewhere: its status is unknown
-    if (reaped > 0 && status == 0) {
-      finished_ = true;
-      if (link_ != nullptr) link_->Ended();
+    Ended(copy, reaped > 0, status);
+  }
+}
+
+void Supervisor::Ended(Copy& copy, bool known, int status) {
+  copy.pid = -1;
+  if (known && status == 0) {
+    finished_ = true;
+    if (link_ != nullptr) link_->Ended();
+  }
+  if (!known || stopping_ || status == 0) return;
+  undecided_.push_back({.index = copy.index,
+                        .status = status,
+                        .until = absl::Now() + kWorkerGoneGrace});
+}
+
+std::string Supervisor::HowEnded(int index, int status) const {
+  return copies_[index].stopped ? "was stopped by gradmesh run"
+                                : Describe(status);
+}
+
+void Supervisor::StopCopiesOfGoneWorkers() {
+  if (restart_worker_ == nullptr) return;
+  for (Copy& copy : copies_) {
+    if (copy.pid <= 0 || !Restartable() || !worker_gone_(copy.index)) {
+      continue;
     }
-    if (reaped <= 0 || stopping_ || status == 0) continue;
-    undecided_.push_back({.index = copy.index,
-                          .status = status,
-                          .until = absl::Now() + kWorkerGoneGrace});
+    std::fprintf(stderr,
+                 "gradmesh run: the worker of rank %d is gone while rank %d "
+                 "runs; stopping rank %d to start both again\n",
+                 copy.rank, copy.rank, copy.rank);
+    kill(-copy.group, SIGKILL);
+    copy.stopped = true;
+    int status = 0;
+    pid_t reaped;
+    do {
+      reaped = waitpid(copy.pid, &status, 0);
+    } while (reaped < 0 && errno == EINTR);
+    Ended(copy, reaped > 0, status);  // decided as a failed copy: restarted
   }
 }
 
@@ -336,7 +368,7 @@ void Supervisor::Decide(bool at_end) {
       Restart(u.index, u.status);
     } else if (absl::Now() >= u.until ||
                (!MayLose() && (gone || !Restartable()))) {
-      Fail(absl::StrCat("rank ", rank, " ", Describe(u.status)),
+      Fail(absl::StrCat("rank ", rank, " ", HowEnded(u.index, u.status)),
            ExitCode(u.status));
     } else if (at_end) {
       absl::SleepFor(kTick);
@@ -357,7 +389,7 @@ void Supervisor::Lose(int index, int status) {
   const bool counts = !finished_ && (link_ == nullptr || !link_->ended());
   if (counts && link_ == nullptr && left < min_copies_) {
     Fail(absl::StrCat(
-             "rank ", copies_[index].rank, " ", Describe(status),
+             "rank ", copies_[index].rank, " ", HowEnded(index, status),
              " and its worker is gone: ",
              TooFewLeft(left, static_cast<int>(copies_.size()), min_copies_)),
          1);
@@ -367,13 +399,13 @@ void Supervisor::Lose(int index, int status) {
     std::fprintf(stderr,
                  "gradmesh run: rank %d %s: its worker is gone; the other %d "
                  "here go on\n",
-                 copies_[index].rank, Describe(status).c_str(), left);
+                 copies_[index].rank, HowEnded(index, status).c_str(), left);
   } else {
     std::fprintf(stderr,
                  "gradmesh run: rank %d %s: its worker is gone; this node has "
                  "no process left and counts as lost (node 0 decides whether "
                  "the job goes on: --min-nodes)\n",
-                 copies_[index].rank, Describe(status).c_str());
+                 copies_[index].rank, HowEnded(index, status).c_str());
   }
   if (counts && link_ != nullptr) {
     link_->Lost(static_cast<int>(lost_.size()));  // node 0 counts the job's
@@ -427,8 +459,9 @@ void Supervisor::Restart(int index, int status, const std::string& why) {
   std::fprintf(stderr,
                "gradmesh run: rank %d %s%s%s; starting it again (%d restart%s "
                "left)\n",
-               copy.rank, Describe(status).c_str(), why.empty() ? "" : " ",
-               why.c_str(), restarts_left_, restarts_left_ == 1 ? "" : "s");
+               copy.rank, HowEnded(index, status).c_str(),
+               why.empty() ? "" : " ", why.c_str(), restarts_left_,
+               restarts_left_ == 1 ? "" : "s");
   const absl::Status started =
       Spawn(program_, args_, environments_[index], &copy);
   if (!started.ok()) {

@@ -31,6 +31,7 @@ struct Copy {
   int rank = 0;      // in the job
   pid_t pid = -1;    // also its process group; -1 before start and once reaped
   pid_t group = -1;  // its process group, kept once reaped
+  bool stopped = false;  // killed by the launcher, its worker gone
   Stream out;
   Stream err;
 };
@@ -45,9 +46,11 @@ struct Copy {
 // A copy that fails after its worker is gone (`worker_gone(index)`, within
 // kWorkerGoneGrace of the copy's end) has its worker started again first
 // (`restart_worker(index)`, a new incarnation), then itself, as one restart
-// under the same rule; with no restart left (or when the worker does not
-// start) it is lost, not failed: the others go on without it, unless none
-// is left here (on several nodes: unless the job goes on without this node,
+// under the same rule. While a restart is left, a copy whose worker is seen
+// gone while it runs is killed within a tick (100 ms) for that restart. With
+// no restart left (or when the worker does not start) the copy is lost, not
+// failed: the others go on without it, unless none is left here (on several
+// nodes: unless the job goes on without this node,
 // NodeLink::nodes_may_be_lost), or fewer than `min_copies` are left in the
 // job (on several nodes node 0 counts copies and nodes: NodeLink::Lost),
 // which stops it with status 1.
@@ -93,6 +96,17 @@ class Supervisor {
   void PollOnce();
   void ReadSignals();
   void Reap();
+  // Copy `copy` ended with wait status `status` (`known`: else reaped
+  // elsewhere): a success ends the job for every copy; a failure waits for
+  // Decide.
+  void Ended(supervisor_internal::Copy& copy, bool known, int status);
+  // A copy whose worker is gone while it runs would fail only at its next
+  // call to the worker, which a long evaluation can delay: while a restart
+  // is left it is killed now, and Decide starts its worker and it again.
+  // With none left it runs on (it may not need its worker any more).
+  void StopCopiesOfGoneWorkers();
+  // How copy `index` ended, with wait status `status`, for messages.
+  std::string HowEnded(int index, int status) const;
   // Lost or failed, for each undecided copy whose worker is gone or whose
   // grace is over (`at_end`: waits for that).
   void Decide(bool at_end);
