@@ -11,8 +11,8 @@ Runs client/python/examples/fashion_mnist.py --elastic on 4 workers
 trainer killed (SIGKILL) at the start of epoch 2 and started again by
 `gradmesh run --max-restarts=1`; and with rank 1's worker killed (SIGKILL)
 at the start of epoch 2 and started again by `gradmesh run
---max-restarts=1` once its trainer has failed. The trainer is held stopped
-for --restart-after seconds first, so that the restart comes as late as a
+--max-restarts=1`, then its trainer. The launcher is held stopped for
+--restart-after seconds first, so that the restart comes as late as a
 pod's would: past the heartbeat timeout, after the worker was evicted. Each
 run must finish every epoch on its own, with all 4 ranks, with bitwise identical parameters on every rank; the table gives the
 final test accuracy against the undisturbed run's and the wall time.
@@ -124,7 +124,7 @@ def run(args, scenario):
         sys.stdout.write(f"  {scenario}: {line}")
         if "epoch 2/" in line and not fault.is_set():
             fault.set()
-            inject(scenario, job, args)
+            inject(scenario, job, args, process.pid)
     code = process.wait()
     seconds = time.monotonic() - start
     with open(os.path.join(args.out, f"{scenario}.log"), "w") as f:
@@ -146,8 +146,9 @@ def run(args, scenario):
             "resets": sum("gradmesh.elastic: reset" in l for l in log)}
 
 
-def inject(scenario, job, args):
-    """The scenario's fault; what comes after it runs in the background."""
+def inject(scenario, job, args, launcher):
+    """The scenario's fault; what comes after it runs in the background.
+    `launcher`: the pid of `gradmesh run`."""
     if scenario == "stop":
         stop_for(trainer(job, 2)[0], args.stop_seconds, "stop: rank 2")
     elif scenario == "crash":
@@ -159,7 +160,7 @@ def inject(scenario, job, args):
         worker = worker_pid(env)
         if pid is None or worker is None:
             sys.exit("worker: rank 1's trainer or worker not found")
-        stop_for(pid, args.restart_after, "worker: rank 1's trainer")
+        stop_for(launcher, args.restart_after, "worker: gradmesh run")
         os.kill(worker, signal.SIGKILL)
         print(f"  worker: rank 1's worker (pid {worker}) killed", flush=True)
 

@@ -2,7 +2,6 @@
 // whose worker is gone ends in, with and without restarts.
 #include "tools/gradmesh/supervisor.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -109,16 +108,43 @@ TEST_F(SupervisorTest, ACopyWhoseWorkerIsGoneWhileItRunsIsStartedAgainAtOnce) {
 // longer need its worker, and ends as it will.
 TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneRunsOn) {
   int restarts = 0;
-  Decided();
   Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone(), nullptr,
                         {.max_restarts = 0}, [&](int) {
                           ++restarts;
                           return absl::OkStatus();
                         });
-  EXPECT_EQ(RunTwo(supervisor, /*then=*/"sleep 1; exit 0"), 0);
+  EXPECT_EQ(RunTwo(supervisor,
+                   /*then=*/"sleep 1; touch \"$D/decided\"; exit 0"),
+            0);
   EXPECT_EQ(restarts, 0);
   EXPECT_TRUE(supervisor.lost().empty());
   EXPECT_FALSE(supervisor.failed());
+}
+
+// Both workers gone at once with one restart left: one copy is stopped and
+// started again, the other runs on (stopping it too would leave it lost).
+TEST_F(SupervisorTest, CopiesAreStoppedOnlyForTheRestartsLeft) {
+  std::vector<int> restarted;
+  Supervisor supervisor(
+      signals_.fd(), {0, 1}, [](int) { return true; }, nullptr,
+      {.max_restarts = 1},
+      [&](int index) {
+        restarted.push_back(index);
+        return absl::OkStatus();
+      });
+  supervisor.StartAll(
+      "/bin/sh",
+      {"/bin/sh", "-c",
+       "if [ -f \"$D/started-$R\" ]; then touch \"$D/again-$R\"; exit 0; fi; "
+       "touch \"$D/started-$R\"; sleep 3; exit 0"},
+      {{"PATH=/usr/bin:/bin", "R=0", "D=" + dir_},
+       {"PATH=/usr/bin:/bin", "R=1", "D=" + dir_}});
+  supervisor.Wait();
+  EXPECT_EQ(supervisor.exit_code(), 0);
+  EXPECT_EQ(restarted, std::vector<int>{0});
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/again-0"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/again-1"));
+  EXPECT_TRUE(supervisor.lost().empty());
 }
 
 TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneIsLost) {
@@ -241,8 +267,9 @@ TEST_F(SupervisorTest, ANodesLastCopyIsLostWhenTheJobMayGoOnWithoutIt) {
 }
 
 TEST_F(SupervisorTest, TheLastCopyWhoseWorkerDoesNotStartAgainFailsTheJob) {
-  // Rank 1 alone, its worker gone while it runs: killed to start both again,
-  // and with no other copy left it cannot be lost.
+  // Rank 1 alone, its worker gone while it runs: stopped to start both
+  // again, and with no other copy left it cannot be lost; the job fails with
+  // status 1 (not the signal's).
   Supervisor supervisor(
       signals_.fd(), {1}, [](int) { return true; }, nullptr,
       {.max_restarts = 1},
@@ -251,7 +278,10 @@ TEST_F(SupervisorTest, TheLastCopyWhoseWorkerDoesNotStartAgainFailsTheJob) {
                       {{"PATH=/usr/bin:/bin"}});
   supervisor.Wait();
   EXPECT_TRUE(supervisor.failed());
-  EXPECT_EQ(supervisor.exit_code(), 128 + SIGKILL);
+  EXPECT_EQ(supervisor.exit_code(), 1);
+  EXPECT_NE(supervisor.failure().find("stopped by gradmesh run"),
+            std::string::npos)
+      << supervisor.failure();
 }
 
 }  // namespace

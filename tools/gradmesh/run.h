@@ -39,8 +39,9 @@
 // new process's registration as a new member's); one that fails after its
 // worker died has the worker started again first (same node id, so the
 // same rank: a new incarnation that rejoins the group), as one restart, and
-// one whose worker dies while it runs is killed at once for that restart
-// (not left until its next call to the worker fails). With
+// one whose worker dies while it runs is stopped at once for that restart
+// (SIGTERM, SIGKILL 5 s later; not left until its next call to the worker
+// fails). With
 // no restart left (or when the worker does not start again) such a copy is
 // lost: the others go on without it, and its end does not count as a
 // failure, unless it was this node's last copy (and the job needs every

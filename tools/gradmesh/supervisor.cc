@@ -34,6 +34,8 @@ constexpr absl::Duration kTick = absl::Milliseconds(100);
 // refuse connections a moment before it can be reaped) before it counts as
 // failed.
 constexpr absl::Duration kWorkerGoneGrace = absl::Seconds(3);
+// How long a copy stopped for its gone worker has after SIGTERM.
+constexpr absl::Duration kStopGrace = absl::Seconds(5);
 
 void WriteAll(int fd, absl::string_view data) {
   while (!data.empty()) {
@@ -165,6 +167,7 @@ absl::Status Spawn(const std::string& program, std::vector<std::string> args,
   copy->pid = pid;
   copy->group = pid;
   copy->stopped = false;
+  copy->kill_at = absl::InfiniteFuture();
   copy->out = {.fd = out[0], .target = STDOUT_FILENO, .prefix = prefix};
   copy->err = {.fd = err[0], .target = STDERR_FILENO, .prefix = prefix};
   return absl::OkStatus();
@@ -329,29 +332,44 @@ void Supervisor::Ended(Copy& copy, bool known, int status) {
                         .until = absl::Now() + kWorkerGoneGrace});
 }
 
+bool Supervisor::StoppedHere(int index, int status) const {
+  return copies_[index].stopped && WIFSIGNALED(status) &&
+         (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGKILL);
+}
+
 std::string Supervisor::HowEnded(int index, int status) const {
-  return copies_[index].stopped ? "was stopped by gradmesh run"
-                                : Describe(status);
+  return StoppedHere(index, status) ? "was stopped by gradmesh run"
+                                    : Describe(status);
 }
 
 void Supervisor::StopCopiesOfGoneWorkers() {
   if (restart_worker_ == nullptr) return;
+  // The restarts that copies already ended or being stopped may take.
+  int pending = static_cast<int>(undecided_.size());
+  for (const Copy& copy : copies_) pending += copy.pid > 0 && copy.stopped;
   for (Copy& copy : copies_) {
-    if (copy.pid <= 0 || !Restartable() || !worker_gone_(copy.index)) {
+    if (copy.pid <= 0) continue;
+    if (copy.stopped) {  // SIGTERM sent; Reap collects it
+      if (absl::Now() >= copy.kill_at) {
+        kill(-copy.group, SIGKILL);
+        copy.kill_at = absl::InfiniteFuture();
+      }
       continue;
     }
+    if (restarts_left_ <= pending || !Restartable() ||
+        !worker_gone_(copy.index)) {
+      continue;
+    }
+    ReadSignals();  // a Ctrl-C that ended the worker too stops the job
+    if (!Restartable()) return;
     std::fprintf(stderr,
                  "gradmesh run: the worker of rank %d is gone while rank %d "
                  "runs; stopping rank %d to start both again\n",
                  copy.rank, copy.rank, copy.rank);
-    kill(-copy.group, SIGKILL);
+    kill(-copy.group, SIGTERM);
     copy.stopped = true;
-    int status = 0;
-    pid_t reaped;
-    do {
-      reaped = waitpid(copy.pid, &status, 0);
-    } while (reaped < 0 && errno == EINTR);
-    Ended(copy, reaped > 0, status);  // decided as a failed copy: restarted
+    copy.kill_at = absl::Now() + kStopGrace;
+    ++pending;
   }
 }
 
@@ -369,7 +387,7 @@ void Supervisor::Decide(bool at_end) {
     } else if (absl::Now() >= u.until ||
                (!MayLose() && (gone || !Restartable()))) {
       Fail(absl::StrCat("rank ", rank, " ", HowEnded(u.index, u.status)),
-           ExitCode(u.status));
+           StoppedHere(u.index, u.status) ? 1 : ExitCode(u.status));
     } else if (at_end) {
       absl::SleepFor(kTick);
       PollLink();

@@ -31,7 +31,8 @@ struct Copy {
   int rank = 0;      // in the job
   pid_t pid = -1;    // also its process group; -1 before start and once reaped
   pid_t group = -1;  // its process group, kept once reaped
-  bool stopped = false;  // killed by the launcher, its worker gone
+  bool stopped = false;  // by the launcher, its worker gone (SIGTERM sent)
+  absl::Time kill_at = absl::InfiniteFuture();  // SIGKILL then, if stopped
   Stream out;
   Stream err;
 };
@@ -47,7 +48,8 @@ struct Copy {
 // kWorkerGoneGrace of the copy's end) has its worker started again first
 // (`restart_worker(index)`, a new incarnation), then itself, as one restart
 // under the same rule. While a restart is left, a copy whose worker is seen
-// gone while it runs is killed within a tick (100 ms) for that restart. With
+// gone while it runs is stopped (SIGTERM, then SIGKILL 5 s later) for that
+// restart. With
 // no restart left (or when the worker does not start) the copy is lost, not
 // failed: the others go on without it, unless none is left here (on several
 // nodes: unless the job goes on without this node,
@@ -102,9 +104,14 @@ class Supervisor {
   void Ended(supervisor_internal::Copy& copy, bool known, int status);
   // A copy whose worker is gone while it runs would fail only at its next
   // call to the worker, which a long evaluation can delay: while a restart
-  // is left it is killed now, and Decide starts its worker and it again.
-  // With none left it runs on (it may not need its worker any more).
+  // is left for it (beyond those the copies already ended may take) it gets
+  // SIGTERM now (SIGKILL kStopGrace later), and once reaped Decide starts
+  // its worker and it again. With none left it runs on (it may not need its
+  // worker any more).
   void StopCopiesOfGoneWorkers();
+  // Whether copy `index`, ended with wait status `status`, ended of
+  // StopCopiesOfGoneWorkers' signals.
+  bool StoppedHere(int index, int status) const;
   // How copy `index` ended, with wait status `status`, for messages.
   std::string HowEnded(int index, int status) const;
   // Lost or failed, for each undecided copy whose worker is gone or whose
