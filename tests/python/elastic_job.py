@@ -20,7 +20,7 @@ registers (here before the 10 s step-join timeout; after it, at the new
 process's first call), the others reset, and the new process takes a
 survivor's state. Or rank 1 kills its own worker (kill -9, mode "worker",
 once) and then sleeps for a minute (a long evaluation, no call to its
-worker): `gradmesh run` sees the worker gone, kills the process, starts the
+worker): `gradmesh run` sees the worker gone, stops the process, starts the
 worker again (a new incarnation under the same node id, so the same rank)
 and then the process, which must start within 40 s of the kill and goes on
 as in "crash". Or rank 2, on node 1 of two nodes (mode "host", from

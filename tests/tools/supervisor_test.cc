@@ -63,7 +63,14 @@ class SupervisorTest : public ::testing::Test {
   // Lets rank 0 end without rank 1 started again (once decided lost).
   void Decided() { std::ofstream(dir_ + "/decided"); }
   bool StartedAgain() const { return std::filesystem::exists(dir_ + "/again"); }
-  // The stand-in for the workers: rank 1's is gone once rank 1 failed.
+  // Stand-ins for the workers: a copy's is gone once the copy wrote
+  // "started-R" (R its rank, and index).
+  std::function<bool(int)> Started() const {
+    return [dir = dir_](int index) {
+      return std::filesystem::exists(absl::StrCat(dir, "/started-", index));
+    };
+  }
+  // Rank 1's is gone once rank 1 failed.
   std::function<bool(int)> Rank1Gone() const {
     return [failed = dir_ + "/failed"](int index) {
       return index == 1 && std::filesystem::exists(failed);
@@ -125,13 +132,11 @@ TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneRunsOn) {
 // started again, the other runs on (stopping it too would leave it lost).
 TEST_F(SupervisorTest, CopiesAreStoppedOnlyForTheRestartsLeft) {
   std::vector<int> restarted;
-  Supervisor supervisor(
-      signals_.fd(), {0, 1}, [](int) { return true; }, nullptr,
-      {.max_restarts = 1},
-      [&](int index) {
-        restarted.push_back(index);
-        return absl::OkStatus();
-      });
+  Supervisor supervisor(signals_.fd(), {0, 1}, Started(), nullptr,
+                        {.max_restarts = 1}, [&](int index) {
+                          restarted.push_back(index);
+                          return absl::OkStatus();
+                        });
   supervisor.StartAll(
       "/bin/sh",
       {"/bin/sh", "-c",
@@ -145,6 +150,45 @@ TEST_F(SupervisorTest, CopiesAreStoppedOnlyForTheRestartsLeft) {
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/again-0"));
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/again-1"));
   EXPECT_TRUE(supervisor.lost().empty());
+}
+
+// A copy stopped for its gone worker that ignores SIGTERM gets SIGKILL after
+// the grace (5 s), and one that exits 0 on SIGTERM (a checkpoint saved)
+// has not finished the job: both are started again.
+TEST_F(SupervisorTest, ACopyStoppedForItsWorkerIsStartedAgainHoweverItEnds) {
+  for (const std::string on_term : {"''", "'exit 0'"}) {
+    SCOPED_TRACE(on_term);
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directory(dir_);
+    std::vector<int> restarted;
+    Supervisor supervisor(signals_.fd(), {0, 1}, Started(), nullptr,
+                          {.max_restarts = 1}, [&](int index) {
+                            restarted.push_back(index);
+                            return absl::OkStatus();
+                          });
+    const absl::Time start = absl::Now();
+    supervisor.StartAll(
+        "/bin/sh",
+        {"/bin/sh", "-c",
+         "if [ \"$R\" = 0 ]; then "
+         "  for i in $(seq 200); do [ -f \"$D/again\" ] && exit 0; "
+         "  sleep 0.1; done; exit 0; "
+         "fi; "
+         "if [ -f \"$D/started-1\" ]; then touch \"$D/again\"; exit 0; fi; "
+         "trap " +
+             on_term +
+             " TERM; touch \"$D/started-1\"; "
+             "sleep 60 & wait; exit 0"},
+        {{"PATH=/usr/bin:/bin", "R=0", "D=" + dir_},
+         {"PATH=/usr/bin:/bin", "R=1", "D=" + dir_}});
+    supervisor.Wait();
+    EXPECT_EQ(supervisor.exit_code(), 0);
+    EXPECT_EQ(restarted, std::vector<int>{1});
+    EXPECT_TRUE(StartedAgain());
+    if (on_term == "''") {  // SIGKILL only after the grace
+      EXPECT_GE(absl::Now() - start, absl::Seconds(5));
+    }
+  }
 }
 
 TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneIsLost) {

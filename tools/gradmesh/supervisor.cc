@@ -322,24 +322,22 @@ void Supervisor::Reap() {
 
 void Supervisor::Ended(Copy& copy, bool known, int status) {
   copy.pid = -1;
-  if (known && status == 0) {
+  // A copy stopped for its gone worker did not finish, whatever its status
+  // (a trainer may save a checkpoint on SIGTERM and exit 0).
+  const bool finished = known && status == 0 && !copy.stopped;
+  if (finished) {
     finished_ = true;
     if (link_ != nullptr) link_->Ended();
   }
-  if (!known || stopping_ || status == 0) return;
+  if (!known || stopping_ || finished) return;
   undecided_.push_back({.index = copy.index,
                         .status = status,
                         .until = absl::Now() + kWorkerGoneGrace});
 }
 
-bool Supervisor::StoppedHere(int index, int status) const {
-  return copies_[index].stopped && WIFSIGNALED(status) &&
-         (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGKILL);
-}
-
 std::string Supervisor::HowEnded(int index, int status) const {
-  return StoppedHere(index, status) ? "was stopped by gradmesh run"
-                                    : Describe(status);
+  return copies_[index].stopped ? "was stopped by gradmesh run"
+                                : Describe(status);
 }
 
 void Supervisor::StopCopiesOfGoneWorkers() {
@@ -351,6 +349,10 @@ void Supervisor::StopCopiesOfGoneWorkers() {
     if (copy.pid <= 0) continue;
     if (copy.stopped) {  // SIGTERM sent; Reap collects it
       if (absl::Now() >= copy.kill_at) {
+        std::fprintf(stderr,
+                     "gradmesh run: rank %d did not stop within %s; sent "
+                     "SIGKILL\n",
+                     copy.rank, absl::FormatDuration(kStopGrace).c_str());
         kill(-copy.group, SIGKILL);
         copy.kill_at = absl::InfiniteFuture();
       }
@@ -387,7 +389,7 @@ void Supervisor::Decide(bool at_end) {
     } else if (absl::Now() >= u.until ||
                (!MayLose() && (gone || !Restartable()))) {
       Fail(absl::StrCat("rank ", rank, " ", HowEnded(u.index, u.status)),
-           StoppedHere(u.index, u.status) ? 1 : ExitCode(u.status));
+           copies_[u.index].stopped ? 1 : ExitCode(u.status));
     } else if (at_end) {
       absl::SleepFor(kTick);
       PollLink();

@@ -99,7 +99,8 @@ class Supervisor {
   void ReadSignals();
   void Reap();
   // Copy `copy` ended with wait status `status` (`known`: else reaped
-  // elsewhere): a success ends the job for every copy; a failure waits for
+  // elsewhere): a success ends the job for every copy (not one stopped for
+  // its worker: that is a failure whatever its status); a failure waits for
   // Decide.
   void Ended(supervisor_internal::Copy& copy, bool known, int status);
   // A copy whose worker is gone while it runs would fail only at its next
@@ -109,10 +110,9 @@ class Supervisor {
   // its worker and it again. With none left it runs on (it may not need its
   // worker any more).
   void StopCopiesOfGoneWorkers();
-  // Whether copy `index`, ended with wait status `status`, ended of
-  // StopCopiesOfGoneWorkers' signals.
-  bool StoppedHere(int index, int status) const;
-  // How copy `index` ended, with wait status `status`, for messages.
+  // How copy `index` ended, with wait status `status`, for messages (a
+  // copy stopped by StopCopiesOfGoneWorkers says so, even one that ended on
+  // its own in the same tick).
   std::string HowEnded(int index, int status) const;
   // Lost or failed, for each undecided copy whose worker is gone or whose
   // grace is over (`at_end`: waits for that).
