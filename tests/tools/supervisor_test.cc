@@ -63,6 +63,13 @@ class SupervisorTest : public ::testing::Test {
   // Lets rank 0 end without rank 1 started again (once decided lost).
   void Decided() { std::ofstream(dir_ + "/decided"); }
   bool StartedAgain() const { return std::filesystem::exists(dir_ + "/again"); }
+  // A stand-in for a worker's restart: records the index and succeeds.
+  static std::function<absl::Status(int)> Record(std::vector<int>* restarted) {
+    return [restarted](int index) {
+      restarted->push_back(index);
+      return absl::OkStatus();
+    };
+  }
   // Stand-ins for the workers: a copy's is gone once the copy wrote
   // "started-R" (R its rank, and index).
   std::function<bool(int)> Started() const {
@@ -84,10 +91,7 @@ class SupervisorTest : public ::testing::Test {
 TEST_F(SupervisorTest, AGoneWorkerIsStartedAgainThenItsCopy) {
   std::vector<int> restarted;
   Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone(), nullptr,
-                        {.max_restarts = 1}, [&](int index) {
-                          restarted.push_back(index);
-                          return absl::OkStatus();
-                        });
+                        {.max_restarts = 1}, Record(&restarted));
   EXPECT_EQ(RunTwo(supervisor), 0);
   EXPECT_EQ(restarted, std::vector<int>{1});
   EXPECT_TRUE(StartedAgain());
@@ -101,10 +105,7 @@ TEST_F(SupervisorTest, AGoneWorkerIsStartedAgainThenItsCopy) {
 TEST_F(SupervisorTest, ACopyWhoseWorkerIsGoneWhileItRunsIsStartedAgainAtOnce) {
   std::vector<int> restarted;
   Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone(), nullptr,
-                        {.max_restarts = 1}, [&](int index) {
-                          restarted.push_back(index);
-                          return absl::OkStatus();
-                        });
+                        {.max_restarts = 1}, Record(&restarted));
   EXPECT_EQ(RunTwo(supervisor, /*then=*/"sleep 60; exit 0"), 0);
   EXPECT_EQ(restarted, std::vector<int>{1});
   EXPECT_TRUE(StartedAgain());  // else rank 0 ends first: no restart
@@ -114,16 +115,13 @@ TEST_F(SupervisorTest, ACopyWhoseWorkerIsGoneWhileItRunsIsStartedAgainAtOnce) {
 // With no restart left, a copy whose worker is gone runs on: it may no
 // longer need its worker, and ends as it will.
 TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneRunsOn) {
-  int restarts = 0;
+  std::vector<int> restarted;
   Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone(), nullptr,
-                        {.max_restarts = 0}, [&](int) {
-                          ++restarts;
-                          return absl::OkStatus();
-                        });
+                        {.max_restarts = 0}, Record(&restarted));
   EXPECT_EQ(RunTwo(supervisor,
                    /*then=*/"sleep 1; touch \"$D/decided\"; exit 0"),
             0);
-  EXPECT_EQ(restarts, 0);
+  EXPECT_TRUE(restarted.empty());
   EXPECT_TRUE(supervisor.lost().empty());
   EXPECT_FALSE(supervisor.failed());
 }
@@ -133,10 +131,7 @@ TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneRunsOn) {
 TEST_F(SupervisorTest, CopiesAreStoppedOnlyForTheRestartsLeft) {
   std::vector<int> restarted;
   Supervisor supervisor(signals_.fd(), {0, 1}, Started(), nullptr,
-                        {.max_restarts = 1}, [&](int index) {
-                          restarted.push_back(index);
-                          return absl::OkStatus();
-                        });
+                        {.max_restarts = 1}, Record(&restarted));
   supervisor.StartAll(
       "/bin/sh",
       {"/bin/sh", "-c",
@@ -162,10 +157,7 @@ TEST_F(SupervisorTest, ACopyStoppedForItsWorkerIsStartedAgainHoweverItEnds) {
     std::filesystem::create_directory(dir_);
     std::vector<int> restarted;
     Supervisor supervisor(signals_.fd(), {0, 1}, Started(), nullptr,
-                          {.max_restarts = 1}, [&](int index) {
-                            restarted.push_back(index);
-                            return absl::OkStatus();
-                          });
+                          {.max_restarts = 1}, Record(&restarted));
     const absl::Time start = absl::Now();
     supervisor.StartAll(
         "/bin/sh",
@@ -192,15 +184,12 @@ TEST_F(SupervisorTest, ACopyStoppedForItsWorkerIsStartedAgainHoweverItEnds) {
 }
 
 TEST_F(SupervisorTest, WithNoRestartLeftACopyWhoseWorkerIsGoneIsLost) {
-  int restarts = 0;
+  std::vector<int> restarted;
   Decided();
   Supervisor supervisor(signals_.fd(), {0, 1}, Rank1Gone(), nullptr,
-                        {.max_restarts = 0}, [&](int) {
-                          ++restarts;
-                          return absl::OkStatus();
-                        });
+                        {.max_restarts = 0}, Record(&restarted));
   EXPECT_EQ(RunTwo(supervisor), 0);
-  EXPECT_EQ(restarts, 0);
+  EXPECT_TRUE(restarted.empty());
   EXPECT_FALSE(StartedAgain());
   EXPECT_EQ(supervisor.lost(), std::vector<int>{1});
 }
