@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -258,6 +259,8 @@ TEST_F(StepProtocolTest, WorkersInDoubtPassOnTheMembersNamedGone) {
   newer->view.member_ids = {"m0", "m1"};
   std::unique_ptr<StepProtocol> m0, m1;
   absl::Notification m1_asking, m1_bound, m1_done;
+  // The questions to peers go out in parallel: each is told once.
+  std::once_flag asking_once, bound_once;
   StepPeers m0_peers = InDoubtPeers({});
   m0_peers.current = [newer] { return newer; };
   m0_peers.ask_outcome = [&](const std::string& address, const OutcomeKey& key,
@@ -269,14 +272,14 @@ TEST_F(StepProtocolTest, WorkersInDoubtPassOnTheMembersNamedGone) {
     }
     m1_asking.WaitForNotification();
     const Outcome theirs = m1->Decide(key, true, gone);
-    if (!m1_bound.HasBeenNotified()) m1_bound.Notify();
+    std::call_once(bound_once, [&] { m1_bound.Notify(); });
     return theirs;
   };
   StepPeers m1_peers = InDoubtPeers({});
   m1_peers.ask_outcome = [&](const std::string& address, const OutcomeKey& key,
                              const std::vector<std::string>& gone,
                              absl::Time) -> absl::StatusOr<Outcome> {
-    if (!m1_asking.HasBeenNotified()) m1_asking.Notify();
+    std::call_once(asking_once, [&] { m1_asking.Notify(); });
     m1_bound.WaitForNotification();
     if (address == "a2") return Outcome::kCommitted;
     return m0->Decide(key, true, gone);
