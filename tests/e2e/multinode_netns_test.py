@@ -20,6 +20,9 @@ Checks that
     lost) leaves the job: node 0's processes (under gradmesh.torch.elastic)
     train on to the end with identical parameters, and node 0 exits 0,
     saying that node 1 is lost;
+  - with --nnodes=1:2, node 0 starts the job alone after the last call, and
+    node 1, started once node 0 trains, joins the running job: all four
+    processes (under gradmesh.torch.elastic) end with the same parameters;
   - node 0 alone names the node that never came, within the start timeout,
     and another node alone says that node 0 never answered.
 Exits 0 when all hold, 1 with the reason otherwise, 77 (skipped) when not
@@ -139,6 +142,31 @@ def a_host_lost(args, hosts):
           f"{time.monotonic() - start:.0f} s)", results)
 
 
+def a_node_comes_late(args, hosts):
+    """--nnodes=1:2: node 0 starts alone; node 1 joins once it trains."""
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as marks:
+        extra, job = ["--last_call_s=1"], ["late", marks]
+        zero = launch(args, hosts, 0, nodes="1:2", port=7860, extra=extra,
+                      job_args=job, job=ELASTIC_JOB)
+        deadline = time.monotonic() + 90
+        while (not os.listdir(marks) and zero.poll() is None and
+               time.monotonic() < deadline):
+            time.sleep(0.1)
+        started_alone = bool(os.listdir(marks)) and zero.poll() is None
+        later = launch(args, hosts, 1, nodes="1:2", port=7860, extra=extra,
+                       job_args=job, job=ELASTIC_JOB)
+        results = finish([zero, later], 180)
+    check(started_alone, "node 0 trains alone (--nnodes=1:2)", results)
+    identical = [line for _, out in results for line in out.splitlines()
+                 if "identical on 4 ranks" in line]
+    check(all(code == 0 for code, _ in results) and len(identical) == 4 and
+          "node 1 joined the running job" in results[0][1],
+          f"node 1, started once node 0 trains, joins the running job: four "
+          f"processes end identical (in {time.monotonic() - start:.0f} s)",
+          results)
+
+
 def alone(args, hosts, node, port, says, what):
     """Node `node` launched alone fails within the start timeout with an
     error that `says` so."""
@@ -167,6 +195,7 @@ def main():
         one_failure_ends_both(args, hosts)
         too_few_end_both(args, hosts)
         a_host_lost(args, hosts)
+        a_node_comes_late(args, hosts)
         alone(args, hosts, 0, 7820, "node 1 of 2 did not join",
               "node 0 alone fails naming node 1")
         alone(args, hosts, 1, 7830, "node 0's launcher did not answer",

@@ -6,6 +6,8 @@
         -- python3 tests/python/elastic_job.py crash|worker DIR
     gradmesh run --nnodes=2 --nproc_per_node=2 --min-nodes=1 ... \\
         -- python3 tests/python/elastic_job.py host DIR
+    gradmesh run --nnodes=1:2 --nproc_per_node=2 ... \\
+        -- python3 tests/python/elastic_job.py late DIR
 
 A small regression trained with SGD and momentum under
 gradmesh.torch.elastic.run, while the others still train (each batch takes
@@ -25,11 +27,16 @@ worker again (a new incarnation under the same node id, so the same rank)
 and then the process, which must start within 40 s of the kill and goes on
 as in "crash". Or rank 2, on node 1 of two nodes (mode "host", from
 tests/e2e/multinode_netns_test.py), creates DIR/ready-JOB and the test
-kills node 1's launcher: node 0's two processes go on without node 1.
+kills node 1's launcher: node 0's two processes go on without node 1. Or
+node 0 starts alone (mode "late", from the same test), rank 0 creates
+DIR/ready-JOB in epoch 1, and the test starts node 1, which joins the
+running job; node 0's processes train slowly (LATE_BATCH_S a batch) until
+the group has 4 members, reset, and all four go on together.
 Training goes on to EPOCHS epochs. At the end, every process checks that
-the parameters are identical on all ranks (3, or 2 in mode "host") and that
-the loss on a fixed batch went down 10x, and the survivors that they were
-reset (not in mode "host": the steps go on with the members left).
+the parameters are identical on all ranks (3; 2 in mode "host", 4 in mode
+"late") and that the loss on a fixed batch went down 10x, and the survivors
+that they were reset (not in mode "host": the steps go on with the members
+left).
 """
 
 import os
@@ -52,6 +59,8 @@ STOP_S = 5
 BATCH_S = 0.25  # the survivors still train when rank 2 resumes
 EVALUATION_S = 60  # mode "worker": rank 1's pause after killing its worker
 RESTART_S = 40  # within which the launcher starts rank 1 again
+LATE_BATCH_S = 1.0  # mode "late": node 0's batches until node 1 is in
+RANKS = {"host": 2, "late": 4}  # at the end (else 3)
 
 
 def batch(epoch, index, rank):
@@ -109,10 +118,11 @@ def main(mode, record_dir=None):
                         kill_own_worker()
                         time.sleep(EVALUATION_S)  # killed meanwhile
                         sys.exit("still running a minute after the kill")
-                    if mode == "host" and gradmesh.rank() == 2:
+                    if (mode, gradmesh.rank()) in (("host", 2), ("late", 0)):
                         open(os.path.join(record_dir, f"ready-{job}"),
                              "w").close()
-                time.sleep(BATCH_S)
+                late = mode == "late" and gradmesh.size() < 4 and epoch >= 1
+                time.sleep(LATE_BATCH_S if late else BATCH_S)
                 x, y = batch(epoch, index, gradmesh.rank())
                 optimizer.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x), y)
@@ -126,15 +136,18 @@ def main(mode, record_dir=None):
     train()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     every = gradmesh.allgather(flat.numpy().reshape(1, -1), name="check")
-    # Every rank is back (none was lost with its worker), or node 1's gone.
-    ranks = 2 if mode == "host" else 3
+    # Every rank is back (none was lost with its worker), node 1's gone
+    # ("host"), or node 1 came ("late").
+    ranks = RANKS.get(mode, 3)
     assert len(every) == ranks, f"{len(every)} ranks at the end, not {ranks}"
     assert np.array_equal(every, np.repeat(every[:1], len(every), 0)), \
         "the ranks' parameters differ"
     last = torch.nn.functional.mse_loss(model(x_test), y_test).item()
     assert last < 0.1 * first, (first, last)
     faulty = 2 if mode == "stop" else 1
-    if mode != "host" and (gradmesh.rank() != faulty or mode == "stop"):
+    survivor = (gradmesh.rank() < 2 if mode == "late" else
+                gradmesh.rank() != faulty or mode == "stop")
+    if mode != "host" and survivor:
         assert resets, "never reset"
     print(f"rank {gradmesh.rank()}: {len(resets)} resets, {len(losses)} "
           f"steps here, test loss {first:.3f} -> {last:.4f}, identical on "

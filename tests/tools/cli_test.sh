@@ -217,5 +217,16 @@ if [[ -n "$example" ]]; then
   [[ $rc -eq 3 ]] || fail "run: a failing command gave $rc: $(cat "$work/run2.err")"
   rc=0; "$gradmesh" run --workers=2 >/dev/null 2>&1 || rc=$?
   [[ $rc -eq 2 ]] || fail "run without a command exited $rc"
+  # --nnodes as torchrun's: N or MIN:MAX; a wrong one is named, nothing runs.
+  for bad in "3:2" "0:2" "2:" ":2" "1:2:3" "x"; do
+    rc=0; err=$("$gradmesh" run --nnodes="$bad" --coordinator=127.0.0.1:7 \
+        -- true 2>&1) || rc=$?
+    [[ $rc -eq 2 ]] && grep -q "is not N or MIN:MAX" <<<"$err" ||
+        fail "run --nnodes=$bad: exit $rc, '$err'"
+  done
+  rc=0; err=$("$gradmesh" run --nnodes=1:3 --min-nodes=2 \
+      --coordinator=127.0.0.1:7 -- true 2>&1) || rc=$?
+  [[ $rc -eq 2 ]] && grep -q "disagree" <<<"$err" ||
+      fail "run --nnodes=1:3 --min-nodes=2: exit $rc, '$err'"
 fi
 echo "cli_test: all checks passed"

@@ -25,10 +25,12 @@ using Link = std::unique_ptr<NodeLink>;
 
 // Node 0's link on `port`, waiting for the nodes of `shape`.
 absl::StatusOr<Link> Serve(int port, const NodeLink::Shape& shape,
-                           absl::Time deadline) {
+                           absl::Time deadline,
+                           absl::Duration last_call = absl::Seconds(5)) {
   absl::StatusOr<Link> link = NodeLink::Listen(port);
   if (!link.ok()) return link.status();
-  if (absl::Status joined = (*link)->AwaitNodes(shape, "the-job", deadline);
+  if (absl::Status joined =
+          (*link)->AwaitNodes(shape, "the-job", deadline, last_call);
       !joined.ok()) {
     return joined;
   }
@@ -65,6 +67,21 @@ std::vector<Link> Connect(int port, int nodes, int min_copies = 0,
     links.push_back(joined.ok() ? *std::move(joined) : nullptr);
   }
   return links;
+}
+
+// Node `node` joining a running job: node 0 admits it in Poll, which
+// reports no stop meanwhile.
+absl::StatusOr<Link> JoinLate(NodeLink& zero, int port, int node,
+                              const NodeLink::Shape& shape,
+                              absl::Duration within = absl::Seconds(5)) {
+  auto joined = std::async(std::launch::async, [&] {
+    return NodeLink::Join("127.0.0.1", port, node, shape, absl::Now() + within);
+  });
+  while (joined.wait_for(std::chrono::milliseconds(10)) !=
+         std::future_status::ready) {
+    EXPECT_EQ(zero.Poll(), std::nullopt);
+  }
+  return joined.get();
 }
 
 // Polls `link` until it reports a stop (or 5 s pass).
@@ -408,6 +425,169 @@ TEST(NodeLinkTest, ACopyThatEndedWellIsKnownOnEveryNode) {
   }
   EXPECT_TRUE(links[0]->ended());
   EXPECT_TRUE(links[1]->ended());
+}
+
+// --nnodes=2:3: node 0 and node 1 start the job once the last call has
+// passed without node 2; both expect the 4 workers of 2 nodes.
+TEST(NodeLinkTest, TheJobStartsWithTheMinimumAfterTheLastCall) {
+  const int port = FreePort();
+  const NodeLink::Shape shape = Nodes(3, 0, /*min_nodes=*/2);
+  const absl::Time start = absl::Now();
+  auto one = std::async(std::launch::async, [&] {
+    return NodeLink::Join("127.0.0.1", port, 1, shape,
+                          start + absl::Seconds(10));
+  });
+  const absl::StatusOr<Link> zero =
+      Serve(port, shape, start + absl::Seconds(10), absl::Milliseconds(500));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(500));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  const absl::StatusOr<Link> joined = one.get();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ((*zero)->members(), 4);
+  EXPECT_EQ((*joined)->members(), 4);
+}
+
+// Fewer nodes than --min-nodes by the deadline: the missing are named.
+TEST(NodeLinkTest, FewerNodesThanTheMinimumByTheDeadlineAreNamed) {
+  const absl::StatusOr<Link> zero =
+      Serve(FreePort(), Nodes(3, 0, /*min_nodes=*/2),
+            absl::Now() + absl::Milliseconds(300), absl::Milliseconds(100));
+  ASSERT_TRUE(absl::IsDeadlineExceeded(zero.status())) << zero.status();
+  EXPECT_NE(zero.status().message().find("node 1, 2 of 3 did not join"),
+            std::string::npos)
+      << zero.status();
+  EXPECT_NE(zero.status().message().find("starts with 2 nodes"),
+            std::string::npos)
+      << zero.status();
+}
+
+// --nnodes=1:2: node 0 starts alone; node 1 joins the running job and
+// expects the workers of both; its failure is then the job's.
+TEST(NodeLinkTest, ANodeThatComesLaterJoinsTheRunningJob) {
+  const int port = FreePort();
+  const NodeLink::Shape shape = Nodes(2, 0, /*min_nodes=*/1);
+  absl::StatusOr<Link> zero = Serve(port, shape, absl::Now() + absl::Seconds(5),
+                                    absl::Milliseconds(100));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ((*zero)->members(), 2);
+  absl::StatusOr<Link> one = JoinLate(**zero, port, 1, shape);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ((*one)->job(), "the-job");
+  EXPECT_EQ((*one)->members(), 4);
+  (*one)->Failed(3);  // it is in the job: its failure is everyone's
+  const std::optional<NodeLink::Stop> stop = AwaitStop(**zero);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_EQ(stop->code, 3);
+}
+
+// With --min-nodes=2 of 3, node 1's host is lost and comes back (its
+// launcher started again): it is in the job again, so that node 2's loss
+// then leaves 2 nodes, enough to go on.
+TEST(NodeLinkTest, ALostNodeWhoseLauncherStartsAgainIsBackInTheJob) {
+  const int port = FreePort();
+  std::vector<Link> links = Connect(port, 3, 0, /*min_nodes=*/2);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  links[1].reset();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(links[0]->Poll(), std::nullopt);  // lost: 2 of 3 left
+  absl::StatusOr<Link> again =
+      JoinLate(*links[0], port, 1, Nodes(3, 0, /*min_nodes=*/2));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->members(), 6);
+  links[1] = *std::move(again);
+  links[2].reset();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(links[0]->Poll(), std::nullopt);
+  links.pop_back();
+  for (int code : FinishAll(links, 0)) EXPECT_EQ(code, 0);
+}
+
+// A node whose rank is in the job, or that comes once a copy ended well,
+// is refused; the job goes on.
+TEST(NodeLinkTest, NoNodeJoinsTwiceOrAJobThatIsOver) {
+  const int port = FreePort();
+  const NodeLink::Shape shape = Nodes(3, 0, /*min_nodes=*/2);
+  std::vector<Link> links = Connect(port, 3, 0, /*min_nodes=*/2);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  absl::StatusOr<Link> twice =
+      JoinLate(*links[0], port, 2, shape, absl::Milliseconds(1500));
+  EXPECT_TRUE(absl::IsFailedPrecondition(twice.status())) << twice.status();
+  EXPECT_NE(twice.status().message().find("in the job still"),
+            std::string::npos)
+      << twice.status();
+  links[2].reset();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(links[0]->Poll(), std::nullopt);  // node 2 is lost
+  links[1]->Ended();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!links[0]->ended() && absl::Now() < deadline) {
+    EXPECT_EQ(links[0]->Poll(), std::nullopt);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::StatusOr<Link> late = JoinLate(*links[0], port, 2, shape);
+  EXPECT_TRUE(absl::IsFailedPrecondition(late.status())) << late.status();
+  links.pop_back();
+  for (int code : FinishAll(links, 0)) EXPECT_EQ(code, 0);
+}
+
+// A node that comes after a failure is refused.
+TEST(NodeLinkTest, NoNodeJoinsAJobThatFailed) {
+  const int port = FreePort();
+  const NodeLink::Shape shape = Nodes(2, 0, /*min_nodes=*/1);
+  absl::StatusOr<Link> zero = Serve(port, shape, absl::Now() + absl::Seconds(5),
+                                    absl::Milliseconds(100));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  (*zero)->Failed(3);
+  absl::StatusOr<Link> late = JoinLate(**zero, port, 1, shape);
+  EXPECT_TRUE(absl::IsFailedPrecondition(late.status())) << late.status();
+}
+
+// A node that joins after copies were lost expects only the workers left:
+// node 0's 2 less the one lost, and its own 2.
+TEST(NodeLinkTest, ALateNodeExpectsOnlyTheWorkersLeft) {
+  const int port = FreePort();
+  const NodeLink::Shape shape = Nodes(2, 0, /*min_nodes=*/1);
+  absl::StatusOr<Link> zero = Serve(port, shape, absl::Now() + absl::Seconds(5),
+                                    absl::Milliseconds(100));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  (*zero)->Lost(1);
+  absl::StatusOr<Link> one = JoinLate(**zero, port, 1, shape);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ((*one)->members(), 3);
+}
+
+// A launcher started again while node 0 still links its old one (not yet
+// noticed gone) is told "busy" and gets in once the old link ends.
+TEST(NodeLinkTest, ANodeStartedAgainBeforeItsOldLinkEndedGetsIn) {
+  const int port = FreePort();
+  const NodeLink::Shape shape = Nodes(3, 0, /*min_nodes=*/2);
+  std::vector<Link> links = Connect(port, 3, 0, /*min_nodes=*/2);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  auto again = std::async(std::launch::async, [&] {
+    return NodeLink::Join("127.0.0.1", port, 1, shape,
+                          absl::Now() + absl::Seconds(10));
+  });
+  const absl::Time old_ends = absl::Now() + absl::Milliseconds(1500);
+  while (again.wait_for(std::chrono::milliseconds(10)) !=
+         std::future_status::ready) {
+    if (links[1] && absl::Now() >= old_ends) links[1].reset();
+    EXPECT_EQ(links[0]->Poll(), std::nullopt);
+  }
+  EXPECT_EQ(links[1], nullptr);  // it got in only after the old one ended
+  absl::StatusOr<Link> joined = again.get();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ((*joined)->members(), 6);
+}
+
+// Without a minimum of nodes (--nnodes=N), nothing joins after the start.
+TEST(NodeLinkTest, EveryNodeNeededMeansNoneJoinsLater) {
+  const int port = FreePort();
+  std::vector<Link> links = Connect(port, 2);
+  ASSERT_TRUE(links[0] && links[1]);
+  const absl::StatusOr<Link> late = NodeLink::Join(
+      "127.0.0.1", port, 1, Nodes(2), absl::Now() + absl::Milliseconds(500));
+  EXPECT_TRUE(absl::IsUnavailable(late.status())) << late.status();
 }
 
 TEST(NodeLinkTest, CodesOutOfRangeAndStrayWordsFail) {

@@ -233,7 +233,8 @@ std::pair<std::unique_ptr<NodeLink>, std::unique_ptr<NodeLink>> TwoNodes(
   auto joining = std::async(std::launch::async, [&] {
     return NodeLink::Join("127.0.0.1", port, 1, shape, deadline);
   });
-  EXPECT_TRUE((*zero)->AwaitNodes(shape, "job", deadline).ok());
+  EXPECT_TRUE(
+      (*zero)->AwaitNodes(shape, "job", deadline, absl::Seconds(10)).ok());
   absl::StatusOr<std::unique_ptr<NodeLink>> one = joining.get();
   EXPECT_TRUE(one.ok()) << one.status();
   if (!one.ok()) return {};

@@ -283,7 +283,8 @@ absl::StatusOr<gradmesh::Plan> LocalCluster::GetPlan(int worker) {
   return p.client->GetPlan();
 }
 
-absl::Status LocalCluster::WaitForView(int members, absl::Duration timeout) {
+absl::Status LocalCluster::WaitForView(int members, absl::Duration timeout,
+                                       bool or_more) {
   const absl::Time deadline = absl::Now() + timeout;
   std::string last;
   while (true) {
@@ -292,8 +293,10 @@ absl::Status LocalCluster::WaitForView(int members, absl::Duration timeout) {
     for (int w = 0; w < size() && agreed; ++w) {
       if (workers_[w].pid <= 0) continue;
       absl::StatusOr<gradmesh::Plan> plan = GetPlan(w);
-      agreed = plan.ok() && plan->world_size == members && plan->rank >= 0 &&
-               (epoch == 0 || plan->epoch == epoch);
+      agreed = plan.ok() &&
+               (plan->world_size == members ||
+                (or_more && plan->world_size > members)) &&
+               plan->rank >= 0 && (epoch == 0 || plan->epoch == epoch);
       if (!agreed) {
         last = plan.ok() ? absl::StrCat(workers_[w].name, " is in epoch ",
                                         plan->epoch, " of ", plan->world_size,
@@ -306,9 +309,9 @@ absl::Status LocalCluster::WaitForView(int members, absl::Duration timeout) {
     }
     if (agreed) return absl::OkStatus();
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the workers did not form a view of ", members,
-                       " members in time (", last, ")"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the workers did not form a view of ", members,
+          or_more ? " or more" : "", " members in time (", last, ")"));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }

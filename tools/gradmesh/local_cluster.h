@@ -82,8 +82,10 @@ class LocalCluster {
       const LocalClusterOptions& options);
   ~LocalCluster();  // Stop()
 
-  // Waits until every live worker is in one view of `members` members.
-  absl::Status WaitForView(int members, absl::Duration timeout);
+  // Waits until every live worker is in one view of `members` members (or
+  // more, with `or_more`).
+  absl::Status WaitForView(int members, absl::Duration timeout,
+                           bool or_more = false);
 
   int size() const { return static_cast<int>(workers_.size()); }
   // The worker's current plan (through its SDK socket).

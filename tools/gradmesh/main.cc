@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -23,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/cli.h"
 #include "common/grpc/health_server.h"
 #include "common/grpc/tls_flags.h"
@@ -131,9 +133,11 @@ ABSL_FLAG(std::string, service, "",
           "is ready (a worker: a member of the current view)");
 ABSL_FLAG(int, probe_timeout_ms, 3000,
           "health: how long to wait for the answer");
-ABSL_FLAG(int, nnodes, 1,
+ABSL_FLAG(std::string, nnodes, "1",
           "run: the nodes of the job, each running `gradmesh run` with its "
-          "--node_rank (as torchrun's --nnodes)");
+          "--node_rank, as torchrun's --nnodes: N, or MIN:MAX (as N=MAX with "
+          "--min-nodes=MIN: the job starts with MIN nodes or more, and nodes "
+          "that come later join it)");
 ABSL_FLAG(int, node_rank, 0, "run: this node's rank, 0..nnodes-1");
 ABSL_FLAG(int, nproc_per_node, 0,
           "run: workers and copies on this node (0: --workers)");
@@ -172,8 +176,15 @@ ABSL_FLAG(int, min_nodes, 0,
           "workers, or whose launcher node 0 no longer reaches (its host "
           "died), leaves the job instead of failing it, and the others go on "
           "(train under gradmesh.torch.elastic); below this many nodes the "
-          "job stops on every node with status 1. Every node must start the "
-          "job (torchrun's --nnodes=MIN:MAX starts with MIN)");
+          "job stops on every node with status 1. The job starts once this "
+          "many nodes joined and --last_call_s passed with no more joining "
+          "(or every node joined); the others, and a lost node whose "
+          "launcher is started again, join the running job (torchrun's "
+          "--nnodes=MIN:MAX)");
+ABSL_FLAG(int, last_call_s, 10,
+          "run with --min-nodes below --nnodes: how long node 0 waits for "
+          "more nodes once --min-nodes joined, before the job starts (as "
+          "torchrun's last_call_timeout)");
 ABSL_FLAG(double, step_join_timeout_s, 10,
           "local, run: a worker whose trainer has not joined a step its "
           "peers started for this long steps out of the group, and the others "
@@ -494,6 +505,28 @@ int Local(int argc, char** argv) {
 }
 
 // The launcher's options from the flags; InvalidArgument naming a bad one.
+// --nnodes: "N" or "MIN:MAX", as torchrun's.
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+};
+
+absl::StatusOr<NodeRange> ParseNodes(const std::string& text) {
+  const std::pair<std::string, std::string> parts =
+      absl::StrSplit(text, absl::MaxSplits(':', 1));
+  NodeRange range;
+  const bool read =
+      absl::SimpleAtoi(parts.first, &range.min) &&
+      absl::SimpleAtoi(parts.second.empty() ? parts.first : parts.second,
+                       &range.max);
+  if (!read || range.min < 1 || range.min > range.max ||
+      (text.find(':') != std::string::npos && parts.second.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nnodes=", text, " is not N or MIN:MAX (1 <= MIN <= MAX)"));
+  }
+  return range;
+}
+
 absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
   gradmesh::tools::RunOptions options;
   GM_ASSIGN_OR_RETURN(options.cluster,
@@ -506,7 +539,9 @@ absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
         absl::StrCat("--workers (--nproc_per_node)=", options.cluster.workers,
                      " is not positive"));
   }
-  options.nodes = absl::GetFlag(FLAGS_nnodes);
+  GM_ASSIGN_OR_RETURN(const NodeRange nodes,
+                      ParseNodes(absl::GetFlag(FLAGS_nnodes)));
+  options.nodes = nodes.max;
   options.node_rank = absl::GetFlag(FLAGS_node_rank);
   if (options.nodes < 1 || options.node_rank < 0 ||
       options.node_rank >= options.nodes) {
@@ -551,6 +586,18 @@ absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
         absl::StrCat("--min-nodes=", options.min_nodes, " is not in 0..",
                      options.nodes, " (--nnodes)"));
   }
+  if (nodes.min != nodes.max) {
+    if (options.min_nodes != 0 && options.min_nodes != nodes.min) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--nnodes=", nodes.min, ":", nodes.max,
+          " and --min-nodes=", options.min_nodes, " disagree: give one"));
+    }
+    options.min_nodes = nodes.min;
+  }
+  if (absl::GetFlag(FLAGS_last_call_s) < 0) {
+    return absl::InvalidArgumentError("--last_call_s is negative");
+  }
+  options.last_call = absl::Seconds(absl::GetFlag(FLAGS_last_call_s));
   return options;
 }
 
@@ -582,13 +629,15 @@ int Run(int argc, char** argv) {
           "node 0 starts the coordinator, every node G workers and G\n"
           "copies (ranks I*G..I*G+G-1); a failure anywhere stops every\n"
           "node's copies, and every launcher exits with its status.\n"
-          "With --min-nodes=K, a node that is lost (its processes lost\n"
-          "with their workers, or its host gone) leaves the job while K\n"
-          "nodes are left.",
+          "With --nnodes=MIN:MAX (or --min-nodes=MIN), the job starts\n"
+          "once MIN nodes joined and --last-call-s passed; nodes that\n"
+          "come later join it while it runs, and a node that is lost\n"
+          "(its processes lost with their workers, or its host gone)\n"
+          "leaves it while MIN nodes are left.",
           Plus(kClusterFlags,
                {"job", "nnodes", "node_rank", "nproc_per_node", "coordinator",
                 "host", "master_port", "start_timeout_s", "max_restarts",
-                "min_np", "min_nodes"})));
+                "min_np", "min_nodes", "last_call_s"})));
   if (positional.size() > 1) {
     std::fprintf(stderr,
                  "gradmesh run: unexpected argument '%s' (the command goes "

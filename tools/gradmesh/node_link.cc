@@ -28,6 +28,12 @@ namespace {
 constexpr absl::Duration kTick = absl::Milliseconds(100);
 constexpr size_t kMaxLine = 4096;    // a longer line breaks the link
 constexpr size_t kMaxJoining = 256;  // connections not yet a node
+// A connection that says no hello within this is refused.
+constexpr absl::Duration kHelloWait = absl::Seconds(5);
+// A node told "busy" tries again after this.
+constexpr absl::Duration kBusyWait = absl::Seconds(1);
+// The hello's last number: nodes of other versions are refused.
+constexpr int kLinkVersion = 2;
 
 absl::Status Errno(absl::string_view what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -80,9 +86,20 @@ int MinNodes(const NodeLink::Shape& shape) {
   return shape.min_nodes > 0 ? shape.min_nodes : shape.nodes;
 }
 
+// Whether `present` nodes are enough to start the job, and to go on with.
+bool Enough(const NodeLink::Shape& shape, int present) {
+  return present >= MinNodes(shape) &&
+         present * shape.per_node >= shape.min_copies;
+}
+
 // The numbers of node `node`'s hello: what every node must agree on.
 std::vector<int> Hello(int node, const NodeLink::Shape& shape) {
-  return {node, shape.nodes, shape.per_node, shape.min_copies, MinNodes(shape)};
+  return {node,
+          shape.nodes,
+          shape.per_node,
+          shape.min_copies,
+          MinNodes(shape),
+          kLinkVersion};
 }
 
 // A hello's numbers as the flags that give them.
@@ -127,6 +144,9 @@ absl::StatusOr<int> ConnectTcp(const std::string& host, int port) {
 
 NodeLink::~NodeLink() {
   for (Peer& peer : peers_) {
+    if (peer.fd >= 0) close(peer.fd);
+  }
+  for (Peer& peer : joining_) {
     if (peer.fd >= 0) close(peer.fd);
   }
   if (listener_ >= 0) close(listener_);
@@ -189,92 +209,221 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Listen(int port) {
   return link;
 }
 
-absl::Status NodeLink::Admit(std::vector<Peer>& joining,
-                             std::vector<bool>& joined, const Shape& shape) {
-  for (Peer& p : joining) {
-    const std::vector<std::string> lines = Read(p);
-    if (p.fd < 0 && p.node >= 0) joined[p.node] = false;  // left again
-    if (lines.empty() || p.node >= 0 || p.fd < 0) continue;
-    const auto hello = Parse(lines.front());
-    if (hello && hello->first == "node" && hello->second.size() != 5) {
-      Send(p, "stop 1");
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a node joined with \"", lines.front().substr(0, 80),
-          "\": it runs another version of gradmesh; every node must run the "
-          "same"));
+NodeLink::Peer NodeLink::Absent(int node) const {
+  return {
+      .node = node, .done = true, .reported = true, .lost = shape_.per_node};
+}
+
+int NodeLink::Present() const {
+  return 1 + static_cast<int>(std::count_if(
+                 peers_.begin(), peers_.end(),
+                 [](const Peer& p) { return p.fd >= 0 && !p.done; }));
+}
+
+int NodeLink::Members() const {
+  int members = shape_.per_node - lost_here_;
+  for (const Peer& p : peers_) {
+    if (p.fd >= 0 && !p.done) members += shape_.per_node - p.lost;
+  }
+  return members;
+}
+
+std::string NodeLink::JobLine() const {
+  return absl::StrCat("job ", Members(), " ", job_);
+}
+
+void NodeLink::Accept() {
+  for (int fd;
+       joining_.size() < kMaxJoining &&
+       (fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
+    Prepare(fd);
+    joining_.push_back({.fd = fd, .since = absl::Now()});
+  }
+}
+
+void NodeLink::Refuse(Peer& peer) {
+  Send(peer, "stop 1");
+  if (peer.fd >= 0) close(peer.fd);
+  peer.fd = -1;
+}
+
+absl::StatusOr<int> NodeLink::NodeOf(const std::string& line) const {
+  const auto hello = Parse(line);
+  if (!hello || hello->first != "node") return -1;  // a stranger
+  if (hello->second.size() != Hello(0, shape_).size() ||
+      hello->second.back() != kLinkVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a node joined with \"", line.substr(0, 80),
+        "\": it runs another version of gradmesh; every node must run the "
+        "same"));
+  }
+  const int node = hello->second.front();
+  if (node < 1 || node >= shape_.nodes) return -1;
+  if (hello->second != Hello(node, shape_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", node, " runs with ", Flags(hello->second), ", node 0 with ",
+        Flags(Hello(node, shape_)), ": every node must give the same"));
+  }
+  return node;
+}
+
+absl::Status NodeLink::Admit() {
+  absl::Status status;
+  const absl::Time now = absl::Now();
+  for (Peer& p : joining_) {
+    std::vector<std::string> lines = Read(p);
+    if (lines.empty() && p.fd >= 0 && now - p.since > kHelloWait) Refuse(p);
+    if (lines.empty() || p.fd < 0 || !status.ok()) continue;
+    const absl::StatusOr<int> node = NodeOf(lines.front());
+    if (!node.ok()) {
+      Refuse(p);
+      if (!started_) status = node.status();
+      if (started_) {
+        std::fprintf(stderr, "gradmesh run: %s; the job goes on without it\n",
+                     std::string(node.status().message()).c_str());
+      }
+      continue;
     }
-    const int node = hello && hello->first == "node" ? hello->second[0] : -1;
-    if (node < 1 || node >= shape.nodes || joined[node]) {
-      Send(p, "stop 1");  // a stranger, or a node twice
-      close(p.fd);
+    if (*node < 0 || (started_ && (ended_ || verdict_.has_value()))) {
+      Refuse(p);  // a stranger, or the job is over
+      continue;
+    }
+    Peer& place = peers_[*node - 1];
+    if (place.fd >= 0 && !started_) {
+      Refuse(p);  // a node twice
+      continue;
+    }
+    if (place.fd >= 0) {  // the old launcher may be gone, unnoticed yet
+      Send(p, "busy");
+      if (p.fd >= 0) close(p.fd);
       p.fd = -1;
       continue;
     }
-    if (hello->second != Hello(node, shape)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "node ", node, " runs with ", Flags(hello->second), ", node 0 with ",
-          Flags(Hello(node, shape)), ": every node must give the same"));
+    place = {.fd = std::exchange(p.fd, -1),
+             .node = *node,
+             .pending = std::move(p.pending),
+             .queued = {lines.begin() + 1, lines.end()}};
+    if (started_) {
+      Send(place, JobLine());
+      std::fprintf(stderr,
+                   "gradmesh run: node %d joined the running job (%d of %d "
+                   "nodes in it)\n",
+                   *node, Present(), shape_.nodes);
     }
-    p.node = node;
-    joined[node] = true;
   }
-  std::erase_if(joining, [](const Peer& p) { return p.fd < 0; });
-  return absl::OkStatus();
+  std::erase_if(joining_, [](const Peer& p) { return p.fd < 0; });
+  return status;
+}
+
+void NodeLink::ForgetLeavers() {
+  for (Peer& p : peers_) {
+    p.queued = Read(p);
+    if (p.fd < 0 && !p.done) p = Absent(p.node);  // left before the start
+  }
 }
 
 absl::Status NodeLink::AwaitNodes(const Shape& shape, const std::string& job,
-                                  absl::Time deadline, int signal_fd) {
+                                  absl::Time deadline, absl::Duration last_call,
+                                  int signal_fd) {
   job_ = job;
   shape_ = shape;
-  std::vector<Peer> joining;
-  std::vector<bool> joined(shape.nodes, false);
-  joined[0] = true;
+  for (int n = 1; n < shape.nodes; ++n) peers_.push_back(Absent(n));
   absl::Status status;
-  while (status.ok() &&
-         std::count(joined.begin(), joined.end(), true) < shape.nodes) {
-    if (absl::Now() >= deadline) {
+  int present = 1;
+  std::optional<absl::Time> last_call_from;  // enough in, the last joined
+  while (status.ok() && present < shape.nodes) {
+    const absl::Time now = absl::Now();
+    if (!Enough(shape, present)) {
+      last_call_from.reset();
+    } else if (!last_call_from) {
+      last_call_from = now;
+    }
+    if (last_call_from &&
+        (now >= *last_call_from + last_call || now >= deadline)) {
+      break;  // the job starts with the nodes in it
+    }
+    if (now >= deadline) {
       std::vector<int> missing;
-      for (int n = 1; n < shape.nodes; ++n) {
-        if (!joined[n]) missing.push_back(n);
+      for (const Peer& p : peers_) {
+        if (p.fd < 0) missing.push_back(p.node);
       }
       status = absl::DeadlineExceededError(absl::StrCat(
           "node ", absl::StrJoin(missing, ", "), " of ", shape.nodes,
           " did not join in time (its `gradmesh run --node_rank=...` never "
-          "reached this node's launcher)"));
+          "reached this node's launcher)",
+          MinNodes(shape) < shape.nodes
+              ? absl::StrCat("; the job starts with ", MinNodes(shape),
+                             " nodes (--min-nodes)")
+              : ""));
       break;
     }
     std::vector<int> fds = {listener_, signal_fd};
-    for (const Peer& p : joining) fds.push_back(p.fd);
+    for (const Peer& p : joining_) fds.push_back(p.fd);
+    for (const Peer& p : peers_) fds.push_back(p.fd);
     PollInput(fds, kTick);
     if (Signalled(signal_fd)) {
       status = absl::CancelledError("interrupted while the nodes joined");
       break;
     }
-    for (int fd;
-         joining.size() < kMaxJoining &&
-         (fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
-      Prepare(fd);
-      joining.push_back({.fd = fd});
+    Accept();
+    ForgetLeavers();
+    status = Admit();
+    const int joined = Present();
+    if (joined > present && Enough(shape, joined)) {
+      last_call_from = absl::Now();  // the last call starts again
     }
-    status = Admit(joining, joined, shape);
+    present = joined;
   }
-  close(listener_);
-  listener_ = -1;
-  for (Peer& p : joining) {
-    if (status.ok() && p.node >= 0) {
-      peers_.push_back(std::move(p));
-      continue;
-    }
-    Send(p, "stop 1");  // not a node of this job, or the job gave up
-    if (p.fd >= 0) close(p.fd);
+  if (!status.ok()) {  // not a node of this job, or the job gave up
+    for (Peer& p : joining_) Refuse(p);
+    for (Peer& p : peers_) Refuse(p);
+    joining_.clear();
+    close(listener_);
+    listener_ = -1;
+    return status;
   }
-  for (Peer& p : peers_) Send(p, absl::StrCat("job ", job));
-  return status;
+  started_ = true;
+  members_ = Members();
+  const std::string line = JobLine();
+  for (Peer& p : peers_) Send(p, line);
+  if (!nodes_may_be_lost()) {  // no node joins later
+    for (Peer& p : joining_) Refuse(p);
+    joining_.clear();
+    close(listener_);
+    listener_ = -1;
+  } else if (present < shape.nodes) {
+    std::fprintf(stderr,
+                 "gradmesh run: the job starts with %d of %d nodes; the "
+                 "others may join while it runs\n",
+                 present, shape.nodes);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
     const std::string& host, int port, int node, const Shape& shape,
     absl::Time deadline, int signal_fd) {
+  while (true) {
+    bool busy = false;
+    absl::StatusOr<std::unique_ptr<NodeLink>> link =
+        JoinOnce(host, port, node, shape, deadline, signal_fd, &busy);
+    if (!busy) return link;
+    if (absl::Now() + kBusyWait >= deadline) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node 0's launcher has node ", node,
+          " in the job still (another launcher runs with this --node_rank, "
+          "or node 0 has not noticed the old one gone)"));
+    }
+    PollInput({signal_fd}, kBusyWait);
+    if (Signalled(signal_fd)) {
+      return absl::CancelledError("interrupted while joining node 0");
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::JoinOnce(
+    const std::string& host, int port, int node, const Shape& shape,
+    absl::Time deadline, int signal_fd, bool* busy) {
   std::unique_ptr<NodeLink> link(new NodeLink());
   absl::StatusOr<int> fd = ConnectTcp(host, port);
   while (!fd.ok() && absl::IsUnavailable(fd.status()) &&
@@ -301,16 +450,27 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
       return absl::CancelledError("interrupted while joining node 0");
     }
     std::vector<std::string> lines = link->Read(zero);
+    if (!lines.empty() && lines.front() == "busy") {
+      *busy = true;
+      return absl::UnavailableError("busy");
+    }
     if (!lines.empty()) {
       if (!absl::StartsWith(lines.front(), "job ")) {
         return absl::FailedPreconditionError(absl::StrCat(
             "node 0's launcher refused node ", node,
             " (another node has that rank, the nodes disagree on --nnodes, "
             "--nproc_per_node, --min-np or --min-nodes or run other versions "
-            "of gradmesh, "
-            "or the job gave up: see node 0)"));
+            "of gradmesh, or the job is over or gave up: see node 0)"));
       }
-      link->job_ = lines.front().substr(4);
+      const std::pair<std::string, std::string> job =
+          absl::StrSplit(lines.front().substr(4), absl::MaxSplits(' ', 1));
+      if (!absl::SimpleAtoi(job.first, &link->members_) || link->members_ < 1 ||
+          link->members_ > shape.nodes * shape.per_node || job.second.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "node 0's launcher sent \"", lines.front().substr(0, 80),
+            "\": it runs another version of gradmesh"));
+      }
+      link->job_ = job.second;
       zero.queued.assign(lines.begin() + 1, lines.end());
       return link;
     }
@@ -453,6 +613,11 @@ std::optional<NodeLink::Stop> NodeLink::Poll() {
       if (!verdict_) verdict_ = stop.code;
       if (!first) first = stop;
     }
+  }
+  // Nodes that join the running job, once the links that ended are known.
+  if (listener_ >= 0) {
+    Accept();
+    Admit().IgnoreError();  // after the start: never an error
   }
   if (!first || stopped_) return std::nullopt;
   stopped_ = true;

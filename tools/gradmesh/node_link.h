@@ -4,10 +4,21 @@
 //
 // Node 0's launcher serves the link (Listen, then AwaitNodes); every other
 // node's joins it (Join) and learns the job's name. Lines, both ways:
-//   node -> 0:  "node I N G M K" on joining: its rank, --nnodes, copies,
-//                            --min-np and --min-nodes
-//   0 -> node:  "job NAME"   once every node joined, all with the same N, G,
-//                            M, K
+//   node -> 0:  "node I N G M K V" on joining: its rank, --nnodes, copies,
+//                            --min-np, --min-nodes and the link's version
+//   0 -> node:  "job W NAME" once the job starts (every node joined, or K
+//                            of them and the last call passed), all with
+//                            the same N, G, M, K, V; W: the workers to
+//                            expect in the job's view (the copies not lost
+//                            of the nodes in the job, this one's included).
+//                            While nodes may be lost (K < N), a node that
+//                            joins later (one that came late, or a lost
+//                            one whose old launcher is gone) gets it at
+//                            node 0's next Poll, as torchrun's
+//                            --nnodes=MIN:MAX admits it
+//   0 -> node:  "busy"       after the start: its rank is still linked (node
+//                            0 has not yet noticed the old launcher gone):
+//                            the node tries again until its deadline
 //   node -> 0:  "lost L"     L of its copies are lost (with their workers)
 //   both ways:  "ended 0"    a copy exited 0: the job is over for it, so no
 //                            node starts a failed copy again (node 0 passes
@@ -20,7 +31,8 @@
 // A link to node 0 that breaks fails the other nodes (exit status 1). A
 // link to another node that breaks counts, on node 0, as that node failing,
 // unless K < N: then its copies count as lost (its host is gone), and the
-// job goes on while M copies and K nodes are left. A node whose copies are
+// job goes on while M copies and K nodes are left (a node not in the job,
+// never joined or lost, counts as lost). A node whose copies are
 // all lost (node 0 too) counts as lost; its launcher stays linked until
 // the job ends, and exits with the job's status. TCP keepalive notices a
 // host that went silent within about 30 s. A failure's
@@ -74,15 +86,21 @@ class NodeLink {
   // is taken, e.g. by another job's launcher).
   static absl::StatusOr<std::unique_ptr<NodeLink>> Listen(int port);
   // Node 0: waits until nodes 1..nodes-1 have joined with `shape`, then
-  // gives them `job`. DeadlineExceeded naming the nodes that did not join
-  // by `deadline`; InvalidArgument for a node of another shape; Cancelled on
-  // a termination signal on `signal_fd` (-1: none). On an error the nodes
-  // that joined are told to stop.
+  // gives them `job`. With Shape::min_nodes < nodes, the job starts once
+  // that many nodes (and Shape::min_copies copies) are in and `last_call`
+  // passed since the last one joined, or at `deadline`: the others may
+  // join while it runs (Poll admits them; a node of another shape is then
+  // refused, and the job goes on). DeadlineExceeded naming the nodes
+  // that did not join by `deadline` when too few did; InvalidArgument for a
+  // node of another shape; Cancelled on a termination signal on `signal_fd`
+  // (-1: none). On an error the nodes that joined are told to stop.
   absl::Status AwaitNodes(const Shape& shape, const std::string& job,
-                          absl::Time deadline, int signal_fd = -1);
+                          absl::Time deadline, absl::Duration last_call,
+                          int signal_fd = -1);
   // Node `node` (> 0): connects to node 0 at host:port (trying again until
-  // `deadline`) and waits for the job's name. FailedPrecondition when node
-  // 0 refuses it; Cancelled on a termination signal on `signal_fd`.
+  // `deadline`, also while node 0 answers "busy") and waits for the job's
+  // name. FailedPrecondition when node 0 refuses it; Cancelled on a
+  // termination signal on `signal_fd`.
   static absl::StatusOr<std::unique_ptr<NodeLink>> Join(const std::string& host,
                                                         int port, int node,
                                                         const Shape& shape,
@@ -94,13 +112,17 @@ class NodeLink {
   NodeLink& operator=(const NodeLink&) = delete;
 
   const std::string& job() const { return job_; }
+  // The workers to expect in the job's view when this node entered it
+  // (node 0: when the job started), its own included.
+  int members() const { return members_; }
   // Whether the job goes on without a node (Shape::min_nodes < nodes), so
   // that a node may lose its last copy without failing the job.
   bool nodes_may_be_lost() const;
 
   // Reads what arrived, without blocking: another node's failure once
   // known (reported once). On node 0 a failing node's stop goes on to the
-  // others.
+  // others, and a node that joins the running job is admitted (unless the
+  // job is over: a copy ended well, or a failure).
   std::optional<Stop> Poll();
   // `count` of this node's copies are lost, in all (gone with their workers,
   // for good). Node 0 adds up every node's: once fewer than
@@ -136,6 +158,7 @@ class NodeLink {
     bool done = false;
     bool reported = false;  // its link's end, reported as a failure
     int lost = 0;           // its copies lost (node 0's count)
+    absl::Time since;       // joining: when it connected
   };
 
   NodeLink() = default;
@@ -143,10 +166,31 @@ class NodeLink {
   // is -1 once its connection ended.
   std::vector<std::string> Read(Peer& peer);
   void Send(Peer& peer, const std::string& line);
-  // Node 0: reads the joining connections' hellos into `joined`; an error
-  // for a node of another shape.
-  absl::Status Admit(std::vector<Peer>& joining, std::vector<bool>& joined,
-                     const Shape& shape);
+  // Node 0: node `node`'s place in peers_ while it is not in the job: lost.
+  Peer Absent(int node) const;
+  // Node 0: the nodes in the job now, node 0 included, and their copies not
+  // lost.
+  int Present() const;
+  int Members() const;
+  // One try of Join; *busy when node 0 answered "busy".
+  static absl::StatusOr<std::unique_ptr<NodeLink>> JoinOnce(
+      const std::string& host, int port, int node, const Shape& shape,
+      absl::Time deadline, int signal_fd, bool* busy);
+  // Node 0: the node a hello names (-1: a stranger's line, or a rank out of
+  // range); InvalidArgument for another version or shape.
+  absl::StatusOr<int> NodeOf(const std::string& line) const;
+  // Node 0: takes the connections waiting on the listener into joining_.
+  void Accept();
+  // Node 0: reads the joining connections' hellos; a node that may join
+  // takes its place in peers_ (after the start: told the job at once). An
+  // error for a node of another shape or version before the start; after
+  // it, such a node is refused and the job goes on.
+  absl::Status Admit();
+  // Node 0: before the start, a node whose connection ended is absent again.
+  void ForgetLeavers();
+  // Refuses the joining connection `peer` ("stop 1") and closes it.
+  void Refuse(Peer& peer);
+  std::string JobLine() const;
   // Handles one line from `peer`; a failure to pass on is returned.
   std::optional<Stop> Handle(Peer& peer, const std::string& line);
   // `peer`'s link broke before it was done: its failure, or on node 0
@@ -160,10 +204,14 @@ class NodeLink {
   bool AllDone() const;
 
   bool serving_ = false;  // node 0
+  bool started_ = false;  // node 0: the job started (AwaitNodes returned)
   Shape shape_;           // the job's
-  int listener_ = -1;     // node 0, until every node joined
+  int listener_ = -1;     // node 0, while a node may still join
   std::string job_;
-  std::vector<Peer> peers_;       // node 0: the others; else: node 0
+  int members_ = 0;
+  std::vector<Peer> joining_;     // node 0: connections not yet a node
+  std::vector<Peer> peers_;       // node 0: nodes 1.., one place each (fd -1
+                                  // while not in the job); else: node 0
   std::optional<int> verdict_;    // the first failure's status, once known
   std::optional<int> end_;        // node 0's "end", once received
   bool stopped_ = false;          // a stop was reported by Poll

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -259,8 +260,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> StartCluster(
 
 // Waits for the job's first full view of `members`.
 absl::Status AwaitView(LocalCluster& cluster, int members,
-                       absl::Duration timeout) {
-  const absl::Status view = cluster.WaitForView(members, timeout);
+                       absl::Duration timeout, bool or_more = false) {
+  const absl::Status view = cluster.WaitForView(members, timeout, or_more);
   if (view.ok()) return view;
   cluster.KeepWorkDir();
   return absl::Status(view.code(), absl::StrCat(view.message(), "; logs in ",
@@ -382,13 +383,22 @@ absl::StatusOr<std::unique_ptr<NodeLink>> LinkUp(
   GM_ASSIGN_OR_RETURN(auto link, NodeLink::Listen(port + 1));
   cluster_options.start_coordinator = !Answers(host, port);
   GM_ASSIGN_OR_RETURN(*cluster, StartCluster(cluster_options));
-  std::fprintf(stderr, "gradmesh run: waiting for %d more nodes on port %d\n",
-               options.nodes - 1, port + 1);
+  if (options.min_nodes > 0 && options.min_nodes < options.nodes) {
+    std::fprintf(stderr,
+                 "gradmesh run: waiting for up to %d more nodes on port %d "
+                 "(the job starts with %d or more, %d s after the last)\n",
+                 options.nodes - 1, port + 1, options.min_nodes,
+                 static_cast<int>(absl::ToInt64Seconds(options.last_call)));
+  } else {
+    std::fprintf(stderr, "gradmesh run: waiting for %d more nodes on port %d\n",
+                 options.nodes - 1, port + 1);
+  }
   const std::string job = options.job.empty()
                               ? absl::StrCat("run-", options.coordinator, "-",
                                              absl::ToUnixSeconds(absl::Now()))
                               : options.job;
-  if (absl::Status joined = link->AwaitNodes(shape, job, deadline, signal_fd);
+  if (absl::Status joined =
+          link->AwaitNodes(shape, job, deadline, options.last_call, signal_fd);
       !joined.ok()) {
     (*cluster)->KeepWorkDir();
     return absl::Status(
@@ -398,9 +408,35 @@ absl::StatusOr<std::unique_ptr<NodeLink>> LinkUp(
   return link;
 }
 
+// The first view this node's copies start in: every node's workers as node
+// 0 counted them (NodeLink::members). While nodes may be lost, more are
+// welcome (a node joining meanwhile), the wait has its own start timeout
+// (the last call may have used the link's), and a node that joined but
+// whose workers never came does not stop the job: after the timeout, any
+// view with this node's workers will do.
+absl::Status AwaitFirstView(const RunOptions& options, const NodeLink& link,
+                            LocalCluster& cluster, absl::Time deadline) {
+  if (!link.nodes_may_be_lost()) {
+    return AwaitView(cluster, link.members(), deadline - absl::Now());
+  }
+  if (cluster
+          .WaitForView(link.members(), options.start_timeout,
+                       /*or_more=*/true)
+          .ok()) {
+    return absl::OkStatus();
+  }
+  std::fprintf(stderr,
+               "gradmesh run: the workers did not form a view of %d or more "
+               "members in time; starting with the view this node's are in\n",
+               link.members());
+  return AwaitView(cluster, cluster.size(), absl::Seconds(1),
+                   /*or_more=*/true);
+}
+
 // Node `node_rank` of several: its workers join the coordinator at
 // options.coordinator (node 0 starts it), the launchers link up, and each
-// copy's rank is its worker's in the job's first full view.
+// copy's rank is its worker's in the first view with every node in the job
+// when this one entered it (or more: a node may join meanwhile).
 absl::Status RunOnNodes(const RunOptions& options, const std::string& program,
                         int signal_fd, int* code) {
   const absl::Time deadline = absl::Now() + options.start_timeout;
@@ -422,14 +458,21 @@ absl::Status RunOnNodes(const RunOptions& options, const std::string& program,
                       LinkUp(options, host, port, cluster_options, deadline,
                              signal_fd, &cluster));
   const int local = cluster->size();
-  const int members = options.nodes * local;
-  GM_RETURN_IF_ERROR(AwaitView(*cluster, members, deadline - absl::Now()));
+  GM_RETURN_IF_ERROR(AwaitFirstView(options, *link, *cluster, deadline));
+  // The job may have ended or failed meanwhile (a node that came late).
+  const std::optional<NodeLink::Stop> stop = link->Poll();
+  if (stop || link->ended()) {
+    std::fprintf(stderr, "gradmesh run: %s; no process starts here\n",
+                 stop ? stop->why.c_str() : "the job is over");
+    *code = link->Finish(stop ? stop->code : 0, signal_fd);
+    return absl::OkStatus();
+  }
   std::vector<Placement> placements;
   for (int w = 0; w < local; ++w) {
     GM_ASSIGN_OR_RETURN(const gradmesh::Plan plan, cluster->GetPlan(w));
     placements.push_back({.rank = plan.rank,
                           .local_rank = w,
-                          .world_size = members,
+                          .world_size = plan.world_size,
                           .local_world_size = local,
                           .master_addr = host,
                           .master_port = options.master_port != 0

@@ -4,7 +4,8 @@
 // environment that points the SDK at worker r. On several nodes
 // (RunOptions::nodes), each node's launcher starts its P workers and copies,
 // node 0 the coordinator too; ranks go by node (node i's copies have ranks
-// iP..iP+P-1), and the launchers end the job alike (NodeLink): one failed
+// iP..iP+P-1 when every node is in the job; the nodes in it, in order,
+// otherwise), and the launchers end the job alike (NodeLink): one failed
 // copy anywhere stops every node's, and every launcher exits with the first
 // failure's status (a copy lost with its worker, below, is lost only while
 // its node has another copy left, or while min_nodes lets the job go on
@@ -15,7 +16,9 @@
 //   GRADMESH_RANK         r (its worker's rank: node ids sort in launch
 //                         order, node by node)
 //   GRADMESH_LOCAL_RANK   its worker's index on this node
-//   GRADMESH_WORLD_SIZE   P (every node's together)
+//   GRADMESH_WORLD_SIZE   P (every node's together, in the view that the
+//                         copies start in: a node that joins a running job
+//                         counts the nodes in it then)
 //   GRADMESH_TLS_CA, GRADMESH_TLS_CERT, GRADMESH_TLS_KEY
 //                         the cluster's TLS files (absolute), when it has them
 //   RANK, LOCAL_RANK,     the same numbers (LOCAL_WORLD_SIZE: this node's
@@ -88,11 +91,17 @@ struct RunOptions {
   // every node with status 1 at once (Horovod's --min-np waits first).
   int min_np = 0;
   // The fewest nodes the job goes on with (0: all of them, as torchrun's
-  // --nnodes=N). Below `nodes`, a node whose copies are all lost with their
-  // workers, or whose launcher node 0 no longer reaches (its host died),
-  // leaves the job instead of failing it; below this many nodes left the
-  // job stops on every node with status 1. Every node must start the job.
+  // --nnodes=N). Below `nodes`, as torchrun's --nnodes=MIN:MAX, the job
+  // starts once this many nodes joined and `last_call` passed with no more
+  // joining (or all `nodes` joined, or at the start timeout); a node that
+  // joins later, or one lost that comes back (its launcher started again),
+  // enters the running job: its workers join the group as new members
+  // (train under gradmesh.torch.elastic). A node whose copies are all lost
+  // with their workers, or whose launcher node 0 no longer reaches (its
+  // host died), leaves the job instead of failing it; below this many
+  // nodes left the job stops on every node with status 1.
   int min_nodes = 0;
+  absl::Duration last_call = absl::Seconds(10);
 };
 
 // Runs the command as described above, printing progress to stderr, and
