@@ -527,24 +527,14 @@ absl::StatusOr<NodeRange> ParseNodes(const std::string& text) {
   return range;
 }
 
-absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
-  gradmesh::tools::RunOptions options;
-  GM_ASSIGN_OR_RETURN(options.cluster,
-                      ClusterOptionsFromFlags(/*exact_below=*/""));
-  if (const int g = absl::GetFlag(FLAGS_nproc_per_node); g != 0) {
-    options.cluster.workers = g;
-  }
-  if (options.cluster.workers < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--workers (--nproc_per_node)=", options.cluster.workers,
-                     " is not positive"));
-  }
+// The flags of a job on several nodes, into `options` (whose
+// cluster.workers is set).
+absl::Status NodeFlagsInto(gradmesh::tools::RunOptions& options) {
   GM_ASSIGN_OR_RETURN(const NodeRange nodes,
                       ParseNodes(absl::GetFlag(FLAGS_nnodes)));
   options.nodes = nodes.max;
   options.node_rank = absl::GetFlag(FLAGS_node_rank);
-  if (options.nodes < 1 || options.node_rank < 0 ||
-      options.node_rank >= options.nodes) {
+  if (options.node_rank < 0 || options.node_rank >= options.nodes) {
     return absl::InvalidArgumentError(
         absl::StrCat("--node_rank=", options.node_rank, " is not in 0..",
                      options.nodes - 1, " (--nnodes=", options.nodes, ")"));
@@ -564,22 +554,6 @@ absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--master_port=", options.master_port, " is not a port"));
   }
-  if (absl::GetFlag(FLAGS_start_timeout_s) <= 0) {
-    return absl::InvalidArgumentError("--start_timeout_s must be positive");
-  }
-  options.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
-  options.job = absl::GetFlag(FLAGS_job);
-  options.max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  if (options.max_restarts < 0) {
-    return absl::InvalidArgumentError("--max_restarts is negative");
-  }
-  options.min_np = absl::GetFlag(FLAGS_min_np);
-  const int copies = options.nodes * options.cluster.workers;
-  if (options.min_np < 0 || options.min_np > copies) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--min-np=", options.min_np, " is not in 0..", copies,
-                     " (the job's processes: --nnodes x --nproc_per_node)"));
-  }
   options.min_nodes = absl::GetFlag(FLAGS_min_nodes);
   if (options.min_nodes < 0 || options.min_nodes > options.nodes) {
     return absl::InvalidArgumentError(
@@ -598,6 +572,38 @@ absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
     return absl::InvalidArgumentError("--last_call_s is negative");
   }
   options.last_call = absl::Seconds(absl::GetFlag(FLAGS_last_call_s));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<gradmesh::tools::RunOptions> RunOptionsFromFlags() {
+  gradmesh::tools::RunOptions options;
+  GM_ASSIGN_OR_RETURN(options.cluster,
+                      ClusterOptionsFromFlags(/*exact_below=*/""));
+  if (const int g = absl::GetFlag(FLAGS_nproc_per_node); g != 0) {
+    options.cluster.workers = g;
+  }
+  if (options.cluster.workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers (--nproc_per_node)=", options.cluster.workers,
+                     " is not positive"));
+  }
+  GM_RETURN_IF_ERROR(NodeFlagsInto(options));
+  if (absl::GetFlag(FLAGS_start_timeout_s) <= 0) {
+    return absl::InvalidArgumentError("--start_timeout_s must be positive");
+  }
+  options.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
+  options.job = absl::GetFlag(FLAGS_job);
+  options.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (options.max_restarts < 0) {
+    return absl::InvalidArgumentError("--max_restarts is negative");
+  }
+  options.min_np = absl::GetFlag(FLAGS_min_np);
+  const int copies = options.nodes * options.cluster.workers;
+  if (options.min_np < 0 || options.min_np > copies) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min-np=", options.min_np, " is not in 0..", copies,
+                     " (the job's processes: --nnodes x --nproc_per_node)"));
+  }
   return options;
 }
 

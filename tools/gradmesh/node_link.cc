@@ -343,18 +343,7 @@ absl::Status NodeLink::AwaitNodes(const Shape& shape, const std::string& job,
       break;  // the job starts with the nodes in it
     }
     if (now >= deadline) {
-      std::vector<int> missing;
-      for (const Peer& p : peers_) {
-        if (p.fd < 0) missing.push_back(p.node);
-      }
-      status = absl::DeadlineExceededError(absl::StrCat(
-          "node ", absl::StrJoin(missing, ", "), " of ", shape.nodes,
-          " did not join in time (its `gradmesh run --node_rank=...` never "
-          "reached this node's launcher)",
-          MinNodes(shape) < shape.nodes
-              ? absl::StrCat("; the job starts with ", MinNodes(shape),
-                             " nodes (--min-nodes)")
-              : ""));
+      status = Missing();
       break;
     }
     std::vector<int> fds = {listener_, signal_fd};
@@ -375,29 +364,49 @@ absl::Status NodeLink::AwaitNodes(const Shape& shape, const std::string& job,
     present = joined;
   }
   if (!status.ok()) {  // not a node of this job, or the job gave up
-    for (Peer& p : joining_) Refuse(p);
     for (Peer& p : peers_) Refuse(p);
-    joining_.clear();
-    close(listener_);
-    listener_ = -1;
+    StopListening();
     return status;
   }
+  Start();
+  return absl::OkStatus();
+}
+
+absl::Status NodeLink::Missing() const {
+  std::vector<int> missing;
+  for (const Peer& p : peers_) {
+    if (p.fd < 0) missing.push_back(p.node);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "node ", absl::StrJoin(missing, ", "), " of ", shape_.nodes,
+      " did not join in time (its `gradmesh run --node_rank=...` never "
+      "reached this node's launcher)",
+      MinNodes(shape_) < shape_.nodes
+          ? absl::StrCat("; the job starts with ", MinNodes(shape_),
+                         " nodes (--min-nodes)")
+          : ""));
+}
+
+void NodeLink::StopListening() {
+  for (Peer& p : joining_) Refuse(p);
+  joining_.clear();
+  close(listener_);
+  listener_ = -1;
+}
+
+void NodeLink::Start() {
   started_ = true;
   members_ = Members();
   const std::string line = JobLine();
   for (Peer& p : peers_) Send(p, line);
-  if (!nodes_may_be_lost()) {  // no node joins later
-    for (Peer& p : joining_) Refuse(p);
-    joining_.clear();
-    close(listener_);
-    listener_ = -1;
-  } else if (present < shape.nodes) {
+  if (!nodes_may_be_lost()) {
+    StopListening();  // no node joins later
+  } else if (Present() < shape_.nodes) {
     std::fprintf(stderr,
                  "gradmesh run: the job starts with %d of %d nodes; the "
                  "others may join while it runs\n",
-                 present, shape.nodes);
+                 Present(), shape_.nodes);
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Join(
@@ -462,15 +471,9 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::JoinOnce(
             "--nproc_per_node, --min-np or --min-nodes or run other versions "
             "of gradmesh, or the job is over or gave up: see node 0)"));
       }
-      const std::pair<std::string, std::string> job =
-          absl::StrSplit(lines.front().substr(4), absl::MaxSplits(' ', 1));
-      if (!absl::SimpleAtoi(job.first, &link->members_) || link->members_ < 1 ||
-          link->members_ > shape.nodes * shape.per_node || job.second.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "node 0's launcher sent \"", lines.front().substr(0, 80),
-            "\": it runs another version of gradmesh"));
+      if (absl::Status taken = link->TakeJob(lines.front()); !taken.ok()) {
+        return taken;
       }
-      link->job_ = job.second;
       zero.queued.assign(lines.begin() + 1, lines.end());
       return link;
     }
@@ -481,6 +484,19 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::JoinOnce(
   return absl::DeadlineExceededError(
       "node 0's launcher did not start the job in time (not every node "
       "joined)");
+}
+
+absl::Status NodeLink::TakeJob(const std::string& line) {
+  const std::pair<std::string, std::string> job =
+      absl::StrSplit(line.substr(4), absl::MaxSplits(' ', 1));
+  if (!absl::SimpleAtoi(job.first, &members_) || members_ < 1 ||
+      members_ > shape_.nodes * shape_.per_node || job.second.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node 0's launcher sent \"", line.substr(0, 80),
+                     "\": it runs another version of gradmesh"));
+  }
+  job_ = job.second;
+  return absl::OkStatus();
 }
 
 std::optional<NodeLink::Stop> NodeLink::Handle(Peer& peer,

@@ -188,6 +188,14 @@ class NodeLink {
   absl::Status Admit();
   // Node 0: before the start, a node whose connection ended is absent again.
   void ForgetLeavers();
+  // Node 0: DeadlineExceeded naming the nodes that did not join.
+  absl::Status Missing() const;
+  // Node 0: refuses the joining connections and closes the listener.
+  void StopListening();
+  // Node 0: the job starts with the nodes in it; they are told.
+  void Start();
+  // Another node: the job's name and members from node 0's "job W NAME".
+  absl::Status TakeJob(const std::string& line);
   // Refuses the joining connection `peer` ("stop 1") and closes it.
   void Refuse(Peer& peer);
   std::string JobLine() const;
