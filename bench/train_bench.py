@@ -82,6 +82,8 @@ def parse_args():
     p.add_argument("--target", type=float, default=85.0,
                    help="test accuracy (%%) whose time to reach is reported")
     p.add_argument("--evals-per-epoch", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1,
+                   help="the initial parameters and the shards' order")
     p.add_argument("--timeout", type=float, default=1800,
                    help="seconds one run may take before it is killed")
     args = p.parse_args()
@@ -131,7 +133,8 @@ class Bench:
                f"--train-limit={self.args.train_limit}",
                f"--test-limit={self.args.test_limit}",
                f"--evals-per-epoch={self.args.evals_per_epoch}",
-               f"--num-buckets={self.args.num_buckets}", f"--out={out}"]
+               f"--num-buckets={self.args.num_buckets}",
+               f"--seed={self.args.seed}", f"--out={out}"]
         if self.args.first_bucket_mb is not None:
             job.append(f"--first-bucket-mb={self.args.first_bucket_mb}")
         plan = [f"--algo={self.args.algo}", f"--density={self.args.density}",

@@ -462,21 +462,35 @@ TEST(NodeLinkTest, FewerNodesThanTheMinimumByTheDeadlineAreNamed) {
       << zero.status();
 }
 
+// Node 0 of --nnodes=1:2 (--min-nodes=1), started alone after a short last
+// call.
+class NodeLinkAloneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<Link> zero = Serve(
+        port_, shape_, absl::Now() + absl::Seconds(5), absl::Milliseconds(100));
+    ASSERT_TRUE(zero.ok()) << zero.status();
+    zero_ = *std::move(zero);
+  }
+  absl::StatusOr<Link> JoinNodeOne() {
+    return JoinLate(*zero_, port_, 1, shape_);
+  }
+
+  const int port_ = FreePort();
+  const NodeLink::Shape shape_ = Nodes(2, 0, /*min_nodes=*/1);
+  Link zero_;
+};
+
 // --nnodes=1:2: node 0 starts alone; node 1 joins the running job and
 // expects the workers of both; its failure is then the job's.
-TEST(NodeLinkTest, ANodeThatComesLaterJoinsTheRunningJob) {
-  const int port = FreePort();
-  const NodeLink::Shape shape = Nodes(2, 0, /*min_nodes=*/1);
-  absl::StatusOr<Link> zero = Serve(port, shape, absl::Now() + absl::Seconds(5),
-                                    absl::Milliseconds(100));
-  ASSERT_TRUE(zero.ok()) << zero.status();
-  EXPECT_EQ((*zero)->members(), 2);
-  absl::StatusOr<Link> one = JoinLate(**zero, port, 1, shape);
+TEST_F(NodeLinkAloneTest, ANodeThatComesLaterJoinsTheRunningJob) {
+  EXPECT_EQ(zero_->members(), 2);
+  absl::StatusOr<Link> one = JoinNodeOne();
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ((*one)->job(), "the-job");
   EXPECT_EQ((*one)->members(), 4);
   (*one)->Failed(3);  // it is in the job: its failure is everyone's
-  const std::optional<NodeLink::Stop> stop = AwaitStop(**zero);
+  const std::optional<NodeLink::Stop> stop = AwaitStop(*zero_);
   ASSERT_TRUE(stop.has_value());
   EXPECT_EQ(stop->code, 3);
 }
@@ -532,27 +546,17 @@ TEST(NodeLinkTest, NoNodeJoinsTwiceOrAJobThatIsOver) {
 }
 
 // A node that comes after a failure is refused.
-TEST(NodeLinkTest, NoNodeJoinsAJobThatFailed) {
-  const int port = FreePort();
-  const NodeLink::Shape shape = Nodes(2, 0, /*min_nodes=*/1);
-  absl::StatusOr<Link> zero = Serve(port, shape, absl::Now() + absl::Seconds(5),
-                                    absl::Milliseconds(100));
-  ASSERT_TRUE(zero.ok()) << zero.status();
-  (*zero)->Failed(3);
-  absl::StatusOr<Link> late = JoinLate(**zero, port, 1, shape);
+TEST_F(NodeLinkAloneTest, NoNodeJoinsAJobThatFailed) {
+  zero_->Failed(3);
+  absl::StatusOr<Link> late = JoinNodeOne();
   EXPECT_TRUE(absl::IsFailedPrecondition(late.status())) << late.status();
 }
 
 // A node that joins after copies were lost expects only the workers left:
 // node 0's 2 less the one lost, and its own 2.
-TEST(NodeLinkTest, ALateNodeExpectsOnlyTheWorkersLeft) {
-  const int port = FreePort();
-  const NodeLink::Shape shape = Nodes(2, 0, /*min_nodes=*/1);
-  absl::StatusOr<Link> zero = Serve(port, shape, absl::Now() + absl::Seconds(5),
-                                    absl::Milliseconds(100));
-  ASSERT_TRUE(zero.ok()) << zero.status();
-  (*zero)->Lost(1);
-  absl::StatusOr<Link> one = JoinLate(**zero, port, 1, shape);
+TEST_F(NodeLinkAloneTest, ALateNodeExpectsOnlyTheWorkersLeft) {
+  zero_->Lost(1);
+  absl::StatusOr<Link> one = JoinNodeOne();
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ((*one)->members(), 3);
 }
