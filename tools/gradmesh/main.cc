@@ -182,9 +182,10 @@ ABSL_FLAG(int, min_nodes, 0,
           "launcher is started again, join the running job (torchrun's "
           "--nnodes=MIN:MAX)");
 ABSL_FLAG(int, last_call_s, 10,
-          "run with --min-nodes below --nnodes: how long node 0 waits for "
-          "more nodes once --min-nodes joined, before the job starts (as "
-          "torchrun's last_call_timeout)");
+          "run with --min-nodes below --nnodes: once --min-nodes nodes "
+          "joined, node 0 starts the job when this long passed with no other "
+          "joining (as torchrun's last_call_timeout), or at "
+          "--start-timeout-s");
 ABSL_FLAG(double, step_join_timeout_s, 10,
           "local, run: a worker whose trainer has not joined a step its "
           "peers started for this long steps out of the group, and the others "
