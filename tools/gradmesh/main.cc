@@ -510,18 +510,19 @@ int Local(int argc, char** argv) {
 struct NodeRange {
   int min = 1;
   int max = 1;
+  bool ranged = false;  // given as MIN:MAX
 };
 
 absl::StatusOr<NodeRange> ParseNodes(const std::string& text) {
   const std::pair<std::string, std::string> parts =
       absl::StrSplit(text, absl::MaxSplits(':', 1));
-  NodeRange range;
+  NodeRange range = {.ranged = text.find(':') != std::string::npos};
   const bool read =
       absl::SimpleAtoi(parts.first, &range.min) &&
       absl::SimpleAtoi(parts.second.empty() ? parts.first : parts.second,
                        &range.max);
   if (!read || range.min < 1 || range.min > range.max ||
-      (text.find(':') != std::string::npos && parts.second.empty())) {
+      (range.ranged && parts.second.empty())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--nnodes=", text, " is not N or MIN:MAX (1 <= MIN <= MAX)"));
   }
@@ -561,7 +562,7 @@ absl::Status NodeFlagsInto(gradmesh::tools::RunOptions& options) {
         absl::StrCat("--min-nodes=", options.min_nodes, " is not in 0..",
                      options.nodes, " (--nnodes)"));
   }
-  if (nodes.min != nodes.max) {
+  if (nodes.ranged) {
     if (options.min_nodes != 0 && options.min_nodes != nodes.min) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--nnodes=", nodes.min, ":", nodes.max,

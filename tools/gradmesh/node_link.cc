@@ -289,7 +289,7 @@ absl::Status NodeLink::Admit() {
       continue;
     }
     Peer& place = peers_[*node - 1];
-    if (place.fd >= 0 && !started_) {
+    if (place.fd >= 0 && !started_ && !nodes_may_be_lost()) {
       Refuse(p);  // a node twice
       continue;
     }
@@ -383,7 +383,11 @@ absl::Status NodeLink::Missing() const {
       "reached this node's launcher)",
       MinNodes(shape_) < shape_.nodes
           ? absl::StrCat("; the job starts with ", MinNodes(shape_),
-                         " nodes (--min-nodes)")
+                         " nodes (--min-nodes)",
+                         shape_.min_copies > 0
+                             ? absl::StrCat(" and ", shape_.min_copies,
+                                            " processes (--min-np)")
+                             : "")
           : ""));
 }
 
@@ -489,7 +493,7 @@ absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::JoinOnce(
 absl::Status NodeLink::TakeJob(const std::string& line) {
   const std::pair<std::string, std::string> job =
       absl::StrSplit(line.substr(4), absl::MaxSplits(' ', 1));
-  if (!absl::SimpleAtoi(job.first, &members_) || members_ < 1 ||
+  if (!absl::SimpleAtoi(job.first, &members_) || members_ < shape_.per_node ||
       members_ > shape_.nodes * shape_.per_node || job.second.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("node 0's launcher sent \"", line.substr(0, 80),

@@ -7,18 +7,23 @@
 //   node -> 0:  "node I N G M K V" on joining: its rank, --nnodes, copies,
 //                            --min-np, --min-nodes and the link's version
 //   0 -> node:  "job W NAME" once the job starts (every node joined, or K
-//                            of them and the last call passed), all with
+//                            of them with M copies and the last call
+//                            passed, or at the deadline), all with
 //                            the same N, G, M, K, V; W: the workers to
 //                            expect in the job's view (the copies not lost
 //                            of the nodes in the job, this one's included).
 //                            While nodes may be lost (K < N), a node that
 //                            joins later (one that came late, or a lost
 //                            one whose old launcher is gone) gets it at
-//                            node 0's next Poll, as torchrun's
+//                            node 0's next Poll (not while node 0 waits for
+//                            its first view), as torchrun's
 //                            --nnodes=MIN:MAX admits it
-//   0 -> node:  "busy"       after the start: its rank is still linked (node
-//                            0 has not yet noticed the old launcher gone):
-//                            the node tries again until its deadline
+//   0 -> node:  "busy"       K < N: its rank is still linked (node 0 has not
+//                            yet noticed the old launcher gone, about 30 s
+//                            for a host that died; or the old launcher
+//                            lives, e.g. with all its copies lost, until
+//                            the job ends): the node tries again each
+//                            second until its deadline
 //   node -> 0:  "lost L"     L of its copies are lost (with their workers)
 //   both ways:  "ended 0"    a copy exited 0: the job is over for it, so no
 //                            node starts a failed copy again (node 0 passes

@@ -433,6 +433,29 @@ absl::Status AwaitFirstView(const RunOptions& options, const NodeLink& link,
                    /*or_more=*/true);
 }
 
+// This node's workers' plans, all of one view (views change while nodes
+// join: each copy's rank and world size must come from the same one).
+absl::StatusOr<std::vector<gradmesh::Plan>> OneViewsPlans(
+    LocalCluster& cluster) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (true) {
+    std::vector<gradmesh::Plan> plans;
+    for (int w = 0; w < cluster.size(); ++w) {
+      GM_ASSIGN_OR_RETURN(plans.emplace_back(), cluster.GetPlan(w));
+    }
+    if (std::all_of(plans.begin(), plans.end(), [&](const auto& plan) {
+          return plan.epoch == plans.front().epoch;
+        })) {
+      return plans;
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          "this node's workers did not settle in one view");
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
 // Node `node_rank` of several: its workers join the coordinator at
 // options.coordinator (node 0 starts it), the launchers link up, and each
 // copy's rank is its worker's in the first view with every node in the job
@@ -462,14 +485,21 @@ absl::Status RunOnNodes(const RunOptions& options, const std::string& program,
   // The job may have ended or failed meanwhile (a node that came late).
   const std::optional<NodeLink::Stop> stop = link->Poll();
   if (stop || link->ended()) {
-    std::fprintf(stderr, "gradmesh run: %s; no process starts here\n",
-                 stop ? stop->why.c_str() : "the job is over");
+    std::string why = stop ? stop->why : "the job is over";
+    if (stop) {
+      cluster->KeepWorkDir();
+      absl::StrAppend(&why, " (logs in ", cluster->work_dir(), ")");
+    }
+    std::fprintf(stderr, "gradmesh run: no process starts here: %s\n",
+                 why.c_str());
     *code = link->Finish(stop ? stop->code : 0, signal_fd);
     return absl::OkStatus();
   }
+  GM_ASSIGN_OR_RETURN(const std::vector<gradmesh::Plan> plans,
+                      OneViewsPlans(*cluster));
   std::vector<Placement> placements;
   for (int w = 0; w < local; ++w) {
-    GM_ASSIGN_OR_RETURN(const gradmesh::Plan plan, cluster->GetPlan(w));
+    const gradmesh::Plan& plan = plans[w];
     placements.push_back({.rank = plan.rank,
                           .local_rank = w,
                           .world_size = plan.world_size,

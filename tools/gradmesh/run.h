@@ -18,7 +18,10 @@
 //   GRADMESH_LOCAL_RANK   its worker's index on this node
 //   GRADMESH_WORLD_SIZE   P (every node's together, in the view that the
 //                         copies start in: a node that joins a running job
-//                         counts the nodes in it then)
+//                         counts the nodes in it then, and its ranks may
+//                         repeat others' of an earlier view: under
+//                         gradmesh.torch.elastic, gradmesh.rank() is the
+//                         one that holds)
 //   GRADMESH_TLS_CA, GRADMESH_TLS_CERT, GRADMESH_TLS_KEY
 //                         the cluster's TLS files (absolute), when it has them
 //   RANK, LOCAL_RANK,     the same numbers (LOCAL_WORLD_SIZE: this node's
@@ -72,7 +75,9 @@ struct RunOptions {
   std::vector<std::string> command;  // the program (found on PATH unless it
                                      // has a '/') and its arguments
   // How long the started workers may take to form their first full view
-  // (with several nodes: every node's).
+  // (with several nodes: every node's). With min_nodes below nodes, the
+  // nodes may take this long to join (and the last call after), and the
+  // view this long again.
   absl::Duration start_timeout = absl::Seconds(30);
   // A job on several nodes, as torchrun's --nnodes: this launcher is node
   // `node_rank` of `nodes`, with cluster.workers workers and copies here.
