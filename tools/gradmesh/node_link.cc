@@ -277,8 +277,9 @@ absl::Status NodeLink::Admit() {
     const absl::StatusOr<int> node = NodeOf(lines.front());
     if (!node.ok()) {
       Refuse(p);
-      if (!started_) status = node.status();
-      if (started_) {
+      if (!started_) {
+        status = node.status();  // the start fails
+      } else {
         std::fprintf(stderr, "gradmesh run: %s; the job goes on without it\n",
                      std::string(node.status().message()).c_str());
       }
