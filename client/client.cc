@@ -325,6 +325,7 @@ absl::StatusOr<Plan> Client::GetPlan() {
               .autotuning = p.autotuning(),
               .exact_below = p.exact_below(),
               .dense_sizes = {p.dense_sizes().begin(), p.dense_sizes().end()},
+              .warmup_steps = p.warmup_steps(),
               .fusion = p.fusion().empty() ? "per_tensor" : p.fusion(),
               .note = p.note()};
 }

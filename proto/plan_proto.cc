@@ -17,6 +17,7 @@ void PlanToProto(const collectives::Plan& plan, v1::Plan* out) {
   out->set_exact_below(plan.exact_below);
   out->mutable_dense_sizes()->Assign(plan.dense_sizes.begin(),
                                      plan.dense_sizes.end());
+  out->set_warmup_steps(plan.warmup_steps);
   out->set_fusion(plan.fusion);
   out->set_chunk_bytes(plan.chunk_bytes);
   out->set_autotuning(plan.autotuning);
@@ -40,6 +41,7 @@ collectives::Plan PlanFromProto(const v1::Plan& plan) {
       .seed = plan.seed() != 0 ? plan.seed() : defaults.seed,
       .exact_below = plan.exact_below(),
       .dense_sizes = {plan.dense_sizes().begin(), plan.dense_sizes().end()},
+      .warmup_steps = plan.warmup_steps(),
       .fusion = plan.fusion().empty() ? defaults.fusion : plan.fusion(),
       .chunk_bytes = plan.chunk_bytes(),
       .autotuning = plan.autotuning(),

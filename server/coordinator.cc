@@ -35,6 +35,7 @@ Plan PlanOfConfig(const PlanConfig& config) {
               .oktopk_tau_prime = config.oktopk_tau_prime,
               .seed = config.seed,
               .exact_below = config.exact_below,
+              .warmup_steps = config.warmup_steps,
               .fusion = config.fusion,
               .chunk_bytes = config.chunk_bytes};
 }
@@ -346,8 +347,8 @@ bool Coordinator::PlanFits(const Plan& plan, int world_size) const {
       plan.oktopk_tau != base.oktopk_tau ||
       plan.oktopk_tau_prime != base.oktopk_tau_prime ||
       plan.seed != base.seed || plan.exact_below != base.exact_below ||
-      plan.fusion != base.fusion || plan.chunk_bytes != base.chunk_bytes ||
-      plan.autotuning) {
+      plan.warmup_steps != base.warmup_steps || plan.fusion != base.fusion ||
+      plan.chunk_bytes != base.chunk_bytes || plan.autotuning) {
     return false;
   }
   if (Tunes(world_size)) {
@@ -470,6 +471,8 @@ absl::Status Coordinator::Report(const IterationReport& report) {
                         .seconds = report.seconds});
     if (samples_.size() > kMaxLinkSamples) samples_.pop_front();
   }
+  // The warm-up's steps are summed exactly: they time no plan.
+  if (report.operation < config_.warmup_steps) return absl::OkStatus();
   if (!plan_.autotuning) {
     if (watch_ == nullptr) return absl::OkStatus();
     if (std::optional<std::string> why = watch_->Add(

@@ -98,6 +98,9 @@ struct PlanConfig {
   // Buckets of fewer values are summed exactly: metrics, biases and norms
   // (64 KiB of fp32, as BytePS's smallest compressed tensor).
   uint64_t exact_below = 16384;
+  // Steps below this of every bucket are summed exactly (Plan::warmup_steps);
+  // the autotune and the retune watch leave their reports out.
+  uint64_t warmup_steps = 0;
   std::string fusion = "per_tensor";  // collectives::Plan::fusion
   uint64_t chunk_bytes = 1 << 20;     // > 0
   int teams = 0;                      // SparDL's d: 0 = autotune, else fixed

@@ -45,6 +45,10 @@ ABSL_FLAG(std::string, fusion, "per_tensor",
 ABSL_FLAG(uint64_t, exact_below, gradmesh::server::PlanConfig().exact_below,
           "buckets of fewer values are summed exactly (dense), so that "
           "metrics, biases and norms are not sparsified; 0: none");
+ABSL_FLAG(uint64_t, warmup_steps, 0,
+          "the first this many steps of every bucket are summed exactly (a "
+          "warm-up: top-k costs the most accuracy in the first steps); the "
+          "autotune times the steps after them");
 ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20,
           "largest frame on peer streams (at most 3 MiB)");
 ABSL_FLAG(int, autotune_window, 5,
@@ -111,6 +115,7 @@ int main(int argc, char** argv) {
                .oktopk_tau_prime = absl::GetFlag(FLAGS_oktopk_tau_prime),
                .seed = absl::GetFlag(FLAGS_seed),
                .exact_below = absl::GetFlag(FLAGS_exact_below),
+               .warmup_steps = absl::GetFlag(FLAGS_warmup_steps),
                .fusion = absl::GetFlag(FLAGS_fusion),
                .chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes),
                .teams = absl::GetFlag(FLAGS_teams),

@@ -130,6 +130,7 @@ void BindTypes(py::module_& m) {
       .def_readonly("autotuning", &Plan::autotuning)
       .def_readonly("exact_below", &Plan::exact_below)
       .def_readonly("dense_sizes", &Plan::dense_sizes)
+      .def_readonly("warmup_steps", &Plan::warmup_steps)
       .def_readonly("fusion", &Plan::fusion)
       .def_readonly("note", &Plan::note);
 }

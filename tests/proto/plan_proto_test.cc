@@ -22,6 +22,7 @@ TEST(PlanProtoTest, EveryFieldSurvivesTheRoundTrip) {
                                .seed = 1234,
                                .exact_below = 99,
                                .dense_sizes = {20000, 70000},
+                               .warmup_steps = 50,
                                .fusion = "after_fusion",
                                .chunk_bytes = 65536,
                                .autotuning = true,
@@ -40,6 +41,7 @@ TEST(PlanProtoTest, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(back.seed, plan.seed);
   EXPECT_EQ(back.exact_below, plan.exact_below);
   EXPECT_EQ(back.dense_sizes, plan.dense_sizes);
+  EXPECT_EQ(back.warmup_steps, plan.warmup_steps);
   EXPECT_EQ(back.fusion, plan.fusion);
   EXPECT_EQ(back.chunk_bytes, plan.chunk_bytes);
   EXPECT_EQ(back.autotuning, plan.autotuning);
@@ -59,6 +61,7 @@ TEST(PlanProtoTest, FieldsAnOlderCoordinatorLeavesUnsetAreTheDefaults) {
   EXPECT_EQ(back.exact_below, 0u);
   EXPECT_EQ(back.fusion, "per_tensor");
   EXPECT_TRUE(back.dense_sizes.empty());
+  EXPECT_EQ(back.warmup_steps, 0u);
 }
 
 TEST(PlanProtoTest, DenseSizesArriveAscending) {

@@ -666,3 +666,31 @@ def test_adam_directions_of_one_process_are_adam(kind):
         correction.step(inner.step, exact=set())
         plain.step()
     assert_same(model, reference)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_the_warmup_is_the_exact_sum_and_each_step_is_as_expected(kind):
+    """The plan's warm-up (`--warmup_steps`): its steps are the one-process
+    optimizer on the mean gradient, and the optimizer expects each sum's
+    kind before handing the gradient over (exact in the warm-up, the plan's
+    after), which the momentum correction depends on."""
+    warmup = gradmesh.plan().warmup_steps
+    if warmup == 0:
+        pytest.skip("the plan has no warm-up (run with --warmup_steps)")
+    model, reference = Net(), Net()
+    optimizer = corrected(model, kind)
+    plain = (torch.optim.SGD(reference.parameters(), lr=LR, momentum=0.9)
+             if kind == "sgd" else
+             torch.optim.Adam(reference.parameters(), lr=0.01))
+    buckets = optimizer._gradmesh_buckets
+    for step in range(warmup + 2):
+        expected = [optimizer._gradmesh_exact(b) for b in buckets]
+        train(model, optimizer, [step])
+        assert [b.last_algorithm == "dense" for b in buckets] == expected
+        if step < warmup:
+            assert all(expected)
+            mean_gradient(reference, step)
+            plain.step()
+            assert_same(model, reference)
+    assert not all(expected)  # the plan's sparse sums after the warm-up
+    finish(optimizer, model)

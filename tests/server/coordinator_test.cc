@@ -231,6 +231,7 @@ TEST(CoordinatorTest, EveryPlanFieldOfTheConfigIsPublished) {
                            .oktopk_tau_prime = 3,
                            .seed = 99,
                            .exact_below = 77,
+                           .warmup_steps = 9,
                            .fusion = "after_fusion",
                            .chunk_bytes = 4096,
                            .teams = 1},
@@ -247,6 +248,7 @@ TEST(CoordinatorTest, EveryPlanFieldOfTheConfigIsPublished) {
   EXPECT_EQ(plan.oktopk_tau_prime, 3);
   EXPECT_EQ(plan.seed, 99u);
   EXPECT_EQ(plan.exact_below, 77u);
+  EXPECT_EQ(plan.warmup_steps, 9u);
   EXPECT_EQ(plan.fusion, "after_fusion");
   EXPECT_EQ(plan.chunk_bytes, 4096u);
 }
@@ -425,6 +427,13 @@ TEST(CoordinatorTest, AdoptedPlansStayOnlyWhereTheConfigRunsThem) {
     ASSERT_TRUE(view.ok());
     EXPECT_EQ(view->epoch, known.epoch + 1);
     EXPECT_EQ(view->plan.exact_below, 7u);
+  }
+  {  // and the warm-up
+    Coordinator after({.warmup_steps = 5, .autotune_window = 1}, kTimeout);
+    absl::StatusOr<View> view = after.Join(Node("a"), kT0, &known);
+    ASSERT_TRUE(view.ok());
+    EXPECT_EQ(view->epoch, known.epoch + 1);
+    EXPECT_EQ(view->plan.warmup_steps, 5u);
   }
   known.plan.autotuning = true;
   Coordinator after({.autotune_window = 1}, kTimeout);
@@ -915,6 +924,30 @@ TEST(AutotuneTest, TriesEachDivisorOnceAndKeepsTheFastest) {
   // Reports after the round change nothing.
   RunTrial(coordinator, kWindow, 1.0);
   EXPECT_EQ(coordinator.view().epoch, start + 3);
+}
+
+// The warm-up's steps are summed exactly, so they time no trial: the round
+// counts from the first step after them, and the plan carries the warm-up.
+TEST(AutotuneTest, TheWarmUpsStepsTimeNoTrial) {
+  constexpr int kWindow = 2;
+  Coordinator coordinator({.warmup_steps = 10, .autotune_window = kWindow},
+                          kTimeout);
+  JoinAll(coordinator, {"a", "b", "c", "d"});
+  const uint64_t epoch = coordinator.view().epoch;
+  EXPECT_EQ(coordinator.view().plan.warmup_steps, 10u);
+  for (uint64_t step = 0; step < 10; ++step) {
+    ReportOperation(coordinator, step, 1.0);
+  }
+  EXPECT_EQ(coordinator.view().epoch, epoch);
+  EXPECT_EQ(coordinator.trials()[0].iterations, 0);
+  for (uint64_t step = 10; step <= 10 + kWindow; ++step) {
+    ReportOperation(coordinator, step, 2e-3);
+  }
+  const View next = coordinator.view();
+  EXPECT_EQ(next.epoch, epoch + 1);
+  EXPECT_EQ(next.start_step, 10 + kWindow + PlanConfig().switch_lead_steps);
+  EXPECT_EQ(next.plan.warmup_steps, 10u);
+  EXPECT_DOUBLE_EQ(coordinator.trials()[0].mean_seconds, 2e-3);
 }
 
 // Membership views apply at once; a plan change of the same members starts

@@ -75,6 +75,10 @@ ABSL_FLAG(std::string, exact_below, "",
           "metrics, biases and norms are not sparsified; 0: none; empty: "
           "the coordinator's (16384) for run, 0 for local (its one bucket "
           "runs --algo)");
+ABSL_FLAG(uint64_t, warmup_steps, 0,
+          "local, run: the first this many steps of every bucket are summed "
+          "exactly (a warm-up: top-k costs the most accuracy in the first "
+          "steps); the autotune times the steps after them");
 ABSL_FLAG(std::string, fusion, "per_tensor",
           "local, run: how top-k selections treat a bucket's tensors: "
           "per_tensor (each its quota, unless the bucket was registered "
@@ -283,7 +287,8 @@ const std::vector<std::string> kClusterFlags = {
     "bin_dir",        "work_dir",      "chunk_bytes",   "autotune_window",
     "timeout_s",      "topk",          "tls_ca",        "tls_cert",
     "tls_key",        "sparse_margin", "teams_margin",  "step_join_timeout_s",
-    "link_timeout_s", "quarantine_s",  "retune_factor", "retune_steps"};
+    "link_timeout_s", "quarantine_s",  "retune_factor", "retune_steps",
+    "warmup_steps"};
 
 std::vector<std::string> Plus(std::vector<std::string> flags,
                               std::initializer_list<const char*> more) {
@@ -432,6 +437,7 @@ absl::StatusOr<gradmesh::tools::LocalClusterOptions> ClusterOptionsFromFlags(
       {"teams_margin", absl::StrCat(absl::GetFlag(FLAGS_teams_margin))},
       {"retune_factor", absl::StrCat(absl::GetFlag(FLAGS_retune_factor))},
       {"retune_steps", absl::StrCat(absl::GetFlag(FLAGS_retune_steps))},
+      {"warmup_steps", absl::StrCat(absl::GetFlag(FLAGS_warmup_steps))},
       {"heartbeat_timeout_ms", "2000"}};
   if (!exact_flag.empty()) {
     cluster.coordinator_flags.push_back({"exact_below", exact_flag});

@@ -39,6 +39,10 @@ struct Plan {
   // Buckets of exactly these sizes (values, ascending) are summed exactly
   // too: the coordinator's `auto` found the dense ring faster for them.
   std::vector<uint64_t> dense_sizes;
+  // Steps 0 to warmup_steps - 1 of every bucket are summed exactly too: a
+  // warm-up, as Deep Gradient Compression's, since top-k costs the most
+  // accuracy in the first steps, while the parameters move the most.
+  uint64_t warmup_steps = 0;
   // How selections treat a bucket's tensors (SAFusion): "per_tensor" (each
   // tensor its quota, as the SDK registers buckets by default) or
   // "after_fusion" (every bucket one vector, whatever its registration).

@@ -184,11 +184,12 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
                           .period_seconds = period_seconds,
                           .step = call.step,
                           .values = bucket.layout.n}};
-  // Small buckets, those registered exact and those the plan's `auto` found
-  // faster dense are summed exactly.
+  // Small buckets, those registered exact, those the plan's `auto` found
+  // faster dense and the warm-up's steps are summed exactly.
   const collectives::Plan& plan = g.view.plan;
   const bool exact =
       bucket.exact || bucket.layout.n < plan.exact_below ||
+      call.step < plan.warmup_steps ||
       std::binary_search(plan.dense_sizes.begin(), plan.dense_sizes.end(),
                          bucket.layout.n);
   if (exact) state.out.plan.algorithm = std::string(engine::kExactAlgorithm);

@@ -70,7 +70,8 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
   absl::Span<float> residual = absl::MakeSpan(buffer->residual);
   auto run = [&]() -> absl::StatusOr<sparse::SparseBlock> {
     if (buffer->collective == nullptr ||
-        buffer->collective_epoch != group.options.epoch) {
+        buffer->collective_epoch != group.options.epoch ||
+        buffer->collective_algorithm != group.options.algorithm.algorithm) {
       buffer->collective.reset();
       collectives::AlgorithmOptions options = group.options.algorithm;
       options.tensor_starts.assign(request.tensor_starts.begin(),
@@ -85,6 +86,7 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
       }
       buffer->collective = *std::move(collective);
       buffer->collective_epoch = group.options.epoch;
+      buffer->collective_algorithm = group.options.algorithm.algorithm;
     }
     const collectives::OpContext context{
         .transport = group.transport,

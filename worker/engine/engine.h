@@ -149,7 +149,10 @@ class Engine {
     const uint64_t n;
     absl::Mutex mu;  // held for a whole operation
     std::unique_ptr<collectives::Collective> collective ABSL_GUARDED_BY(mu);
+    // The collective is made again for another epoch, or another algorithm
+    // (a plan's warm-up sums a bucket exactly, then by the plan).
     uint64_t collective_epoch ABSL_GUARDED_BY(mu) = 0;
+    std::string collective_algorithm ABSL_GUARDED_BY(mu);
     std::vector<float> residual ABSL_GUARDED_BY(mu);
   };
 

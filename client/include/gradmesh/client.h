@@ -169,6 +169,8 @@ struct Plan {
   // Buckets of exactly these sizes are summed exactly too: `--algo=auto`
   // found the dense ring faster for them.
   std::vector<uint64_t> dense_sizes;
+  // Steps 0 to warmup_steps - 1 of every bucket are summed exactly too.
+  uint64_t warmup_steps = 0;
   // per_tensor (a bucket's selections give each tensor its quota, unless it
   // was registered after_fusion) or after_fusion (every bucket one vector).
   std::string fusion;

@@ -22,6 +22,7 @@ namespace gradmesh::daemon {
 namespace {
 
 using ::gradmesh::testing::RandomVector;
+using ::testing::Each;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 
@@ -314,6 +315,45 @@ TEST(DataPlaneTest, SumsIdenticallyAndConservesMass) {
     }
     EXPECT_GT(blocks[0].size(), 0u);
     EXPECT_TRUE(balance.Holds(blocks[0], residuals));
+  }
+}
+
+// The plan's warm-up: a sparse plan's first warmup_steps steps are summed
+// exactly (every value, no residual), the step after by the plan, with mass
+// conserved throughout.
+TEST(DataPlaneTest, TheWarmUpsStepsAreSummedExactly) {
+  constexpr uint64_t kN = 400;
+  Workers w(
+      4,
+      {.algorithm = "spardl", .density = 0.05, .teams = 2, .warmup_steps = 2});
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
+  std::vector<std::vector<float>> residuals(4, std::vector<float>(kN, 0));
+  for (uint64_t step = 0; step < 3; ++step) {
+    std::vector<std::vector<float>> inputs;
+    for (int r = 0; r < 4; ++r) {
+      inputs.push_back(RandomVector(kN, 10 * step + r));
+      std::memcpy(Values(segments[r], kN).data(), inputs[r].data(), kN * 4);
+    }
+    const testing::MassBalance balance(inputs, residuals);
+    auto results = AllReduceAll(w, {.name = {"job", "b"},
+                                    .step = step,
+                                    .sparse = true,
+                                    .return_residual = true});
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(results[r].ok()) << results[r].status();
+      EXPECT_EQ(results[r]->exact, step < 2) << step;
+      residuals[r] = Residual(segments[r], kN);
+    }
+    const sparse::SparseBlock sum =
+        Sparse(segments[0], kN, results[0]->nonzeros);
+    EXPECT_TRUE(balance.Holds(sum, residuals)) << step;
+    if (step < 2) {
+      EXPECT_EQ(sum.size(), kN) << step;
+      EXPECT_THAT(residuals[0], Each(0.0f)) << step;
+    } else {
+      EXPECT_LT(sum.size(), kN);
+    }
   }
 }
 

@@ -68,10 +68,12 @@ class _Bucket:
             offset = self.set.offset(i)
             self.slots.append(values[offset:offset + p.numel()].view_as(p))
         self.step = 0
-        plan = gradmesh.plan()  # the algorithm expected of the first sum
+        plan = gradmesh.plan()  # the algorithm expected of the first sums
         dense = (self.set.size < plan.exact_below
                  or self.set.size in plan.dense_sizes)
-        self.last_algorithm = "dense" if dense else plan.algorithm
+        self.planned_algorithm = "dense" if dense else plan.algorithm
+        self.warmup_steps = plan.warmup_steps  # its first steps are exact
+        self.last_algorithm = self.planned_algorithm
         self.hooked = 0  # parameters with a gradient hook
         self.clear()
 
@@ -274,8 +276,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _gradmesh_exact(bucket):
-        """Whether `bucket` is expected to be summed exactly: as its last
-        sum was (the plan at registration for the first)."""
+        """Whether `bucket` is expected to be summed exactly: in the plan's
+        warm-up, yes; else as its last sum was (the plan at registration for
+        the first, and for the first after the warm-up)."""
+        if bucket.step < bucket.warmup_steps:
+            return True
+        if bucket.step == bucket.warmup_steps:
+            return bucket.planned_algorithm == "dense"
         return bucket.last_algorithm == "dense"
 
     def _gradmesh_group(self, p):
