@@ -71,6 +71,8 @@ def parse_args():
     p.add_argument("--teams", default="",
                    help="gradmesh's SparDL d (default: the launcher's, "
                    "autotuned)")
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="gradmesh's plan: the first steps summed exactly")
     p.add_argument("--num-buckets", type=int, default=0,
                    help="gradmesh's buckets (0: by size, as DDP)")
     p.add_argument("--first-bucket-mb", type=float, default=None,
@@ -141,6 +143,8 @@ class Bench:
                 "--timeout-s=120"]
         if self.args.teams:
             plan.append(f"--teams={self.args.teams}")
+        if self.args.warmup_steps:
+            plan.append(f"--warmup-steps={self.args.warmup_steps}")
         if link == "loopback":
             return [[self.gradmesh, "run", f"--workers={self.args.workers}",
                      *plan, *job]]
