@@ -31,6 +31,7 @@ root. Removes what it creates (namespaces gmn*, bridge gmnbr0).
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -167,6 +168,34 @@ def a_node_comes_late(args, hosts):
           results)
 
 
+def a_signal_while_starting(args, hosts):
+    """SIGTERM to node 0 while the first view waits for node 1's workers
+    (which never reach the coordinator): both launchers stop at once."""
+    with tempfile.TemporaryDirectory() as bin_dir:
+        build = os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(args.gradmesh))))
+        os.symlink(os.path.join(build, "server", "gradmesh-coordinator"),
+                   os.path.join(bin_dir, "gradmesh-coordinator"))
+        worker = os.path.join(bin_dir, "gradmesh-worker")
+        with open(worker, "w") as f:  # the real one, sent nowhere
+            f.write("#!/bin/bash\nexec "
+                    f"{build}/worker/daemon/gradmesh-worker "
+                    '"${@/#--coordinator=*/--coordinator=127.0.0.1:9}"\n')
+        os.chmod(worker, 0o755)
+        later = launch(args, hosts, 1, port=7870,
+                       extra=[f"--bin_dir={bin_dir}"])
+        zero = launch(args, hosts, 0, port=7870)
+        time.sleep(5)  # linked; node 0 waits for a view of 4
+        start = time.monotonic()
+        zero.send_signal(signal.SIGTERM)
+        results = finish([zero, later], 60)
+        elapsed = time.monotonic() - start
+    check(results[0][0] == 130 and results[1][0] != 0 and elapsed < 10 and
+          "interrupted while starting" in results[0][1],
+          f"SIGTERM to node 0 while it waits for node 1's workers stops both "
+          f"launchers in {elapsed:.1f} s", results)
+
+
 def alone(args, hosts, node, port, says, what):
     """Node `node` launched alone fails within the start timeout with an
     error that `says` so."""
@@ -196,6 +225,7 @@ def main():
         too_few_end_both(args, hosts)
         a_host_lost(args, hosts)
         a_node_comes_late(args, hosts)
+        a_signal_while_starting(args, hosts)
         alone(args, hosts, 0, 7820, "node 1 of 2 did not join",
               "node 0 alone fails naming node 1")
         alone(args, hosts, 1, 7830, "node 0's launcher did not answer",

@@ -15,8 +15,7 @@
 //                            While nodes may be lost (K < N), a node that
 //                            joins later (one that came late, or a lost
 //                            one whose old launcher is gone) gets it at
-//                            node 0's next Poll (not while node 0 waits for
-//                            its first view), as torchrun's
+//                            node 0's next Poll, as torchrun's
 //                            --nnodes=MIN:MAX admits it
 //   0 -> node:  "busy"       K < N: its rank is still linked (node 0 has not
 //                            yet noticed the old launcher gone, about 30 s

@@ -408,29 +408,59 @@ absl::StatusOr<std::unique_ptr<NodeLink>> LinkUp(
   return link;
 }
 
-// The first view this node's copies start in: every node's workers as node
-// 0 counted them (NodeLink::members). While nodes may be lost, more are
-// welcome (a node joining meanwhile), the wait has its own start timeout
-// (the last call may have used the link's), and a node that joined but
-// whose workers never came does not stop the job: after the timeout, any
-// view with this node's workers will do.
-absl::Status AwaitFirstView(const RunOptions& options, const NodeLink& link,
-                            LocalCluster& cluster, absl::Time deadline) {
-  if (!link.nodes_may_be_lost()) {
-    return AwaitView(cluster, link.members(), deadline - absl::Now());
+// Why no copy starts on this node, if so: a termination signal, another
+// node's failure, or the job already over (a node that came late).
+std::optional<NodeLink::Stop> StopBeforeTheCopies(NodeLink& link,
+                                                  int signal_fd) {
+  if (SignalPending(signal_fd)) {
+    return NodeLink::Stop{.why = "interrupted while starting", .code = 130};
   }
-  if (cluster
-          .WaitForView(link.members(), options.start_timeout,
-                       /*or_more=*/true)
-          .ok()) {
-    return absl::OkStatus();
+  if (std::optional<NodeLink::Stop> stop = link.Poll()) return stop;
+  if (link.ended()) return NodeLink::Stop{.why = "the job is over", .code = 0};
+  return std::nullopt;
+}
+
+// The first view this node's copies start in: every node's workers as node
+// 0 counted them (NodeLink::members, read again as nodes join). While nodes
+// may be lost, more are welcome (a node joining meanwhile), the wait has its
+// own start timeout (the last call may have used the link's), and a node
+// that joined but whose workers never came does not stop the job: after the
+// timeout, any view with this node's workers will do. The link and signals
+// are answered every kFirstViewSlice meanwhile: returns why no copy starts,
+// if so (StopBeforeTheCopies), or nullopt once the view is there.
+constexpr absl::Duration kFirstViewSlice = absl::Milliseconds(250);
+absl::StatusOr<std::optional<NodeLink::Stop>> AwaitFirstView(
+    const RunOptions& options, NodeLink& link, LocalCluster& cluster,
+    absl::Time deadline, int signal_fd) {
+  const bool may_lose = link.nodes_may_be_lost();
+  const absl::Time until =
+      may_lose ? absl::Now() + options.start_timeout : deadline;
+  bool viewed = false;
+  while (true) {
+    if (std::optional<NodeLink::Stop> stop =
+            StopBeforeTheCopies(link, signal_fd)) {
+      return stop;
+    }
+    if (viewed) return std::nullopt;
+    const absl::Duration left = until - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    viewed = cluster
+                 .WaitForView(link.members(), std::min(left, kFirstViewSlice),
+                              /*or_more=*/may_lose)
+                 .ok();
+  }
+  if (!may_lose) {  // the error, with the logs kept
+    GM_RETURN_IF_ERROR(
+        AwaitView(cluster, link.members(), absl::ZeroDuration()));
+    return std::nullopt;
   }
   std::fprintf(stderr,
                "gradmesh run: the workers did not form a view of %d or more "
                "members in time; starting with the view this node's are in\n",
                link.members());
-  return AwaitView(cluster, cluster.size(), absl::Seconds(1),
-                   /*or_more=*/true);
+  GM_RETURN_IF_ERROR(AwaitView(cluster, cluster.size(), absl::Seconds(1),
+                               /*or_more=*/true));
+  return std::nullopt;
 }
 
 // This node's workers' plans, all of one view (views change while nodes
@@ -481,18 +511,18 @@ absl::Status RunOnNodes(const RunOptions& options, const std::string& program,
                       LinkUp(options, host, port, cluster_options, deadline,
                              signal_fd, &cluster));
   const int local = cluster->size();
-  GM_RETURN_IF_ERROR(AwaitFirstView(options, *link, *cluster, deadline));
-  // The job may have ended or failed meanwhile (a node that came late).
-  const std::optional<NodeLink::Stop> stop = link->Poll();
-  if (stop || link->ended()) {
-    std::string why = stop ? stop->why : "the job is over";
-    if (stop) {
+  GM_ASSIGN_OR_RETURN(
+      const std::optional<NodeLink::Stop> stop,
+      AwaitFirstView(options, *link, *cluster, deadline, signal_fd));
+  if (stop) {
+    std::string why = stop->why;
+    if (stop->code != 0) {
       cluster->KeepWorkDir();
       absl::StrAppend(&why, " (logs in ", cluster->work_dir(), ")");
     }
     std::fprintf(stderr, "gradmesh run: no process starts here: %s\n",
                  why.c_str());
-    *code = link->Finish(stop ? stop->code : 0, signal_fd);
+    *code = link->Finish(stop->code, signal_fd);
     return absl::OkStatus();
   }
   GM_ASSIGN_OR_RETURN(const std::vector<gradmesh::Plan> plans,
