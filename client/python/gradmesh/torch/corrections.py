@@ -100,7 +100,8 @@ class AdamCorrection:
     rate (AdamW's decoupled weight decay first, as torch does). A bucket
     summed exactly hands over the gradient and the wrapped optimizer steps
     on the sum: plain Adam. What a bucket hands over follows the algorithm
-    of its previous sum (the same on every process); how the sum is applied
+    of its previous sum (in the plan's warm-up, exact; the first after it,
+    the plan's; the same on every process); how the sum is applied
     follows this one's, so the processes stay identical, and only the step
     after a plan changes between exact and sparse applies values of the
     other kind."""

@@ -69,13 +69,16 @@ class _Bucket:
             self.slots.append(values[offset:offset + p.numel()].view_as(p))
         self.step = 0
         plan = gradmesh.plan()  # the algorithm expected of the first sums
-        dense = (self.set.size < plan.exact_below
-                 or self.set.size in plan.dense_sizes)
-        self.planned_algorithm = "dense" if dense else plan.algorithm
         self.warmup_steps = plan.warmup_steps  # its first steps are exact
-        self.last_algorithm = self.planned_algorithm
+        self.last_algorithm = self.planned_algorithm(plan)
         self.hooked = 0  # parameters with a gradient hook
         self.clear()
+
+    def planned_algorithm(self, plan):
+        """The algorithm `plan` sums this bucket with, after any warm-up."""
+        dense = (self.set.size < plan.exact_below
+                 or self.set.size in plan.dense_sizes)
+        return "dense" if dense else plan.algorithm
 
     def clear(self):
         self.passes = {}  # parameter index -> backward passes this step
@@ -277,12 +280,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     @staticmethod
     def _gradmesh_exact(bucket):
         """Whether `bucket` is expected to be summed exactly: in the plan's
-        warm-up, yes; else as its last sum was (the plan at registration for
-        the first, and for the first after the warm-up)."""
+        warm-up, yes; else as its last sum was (the plan now for the first
+        sum, and for the first after the warm-up)."""
         if bucket.step < bucket.warmup_steps:
             return True
-        if bucket.step == bucket.warmup_steps:
-            return bucket.planned_algorithm == "dense"
+        if bucket.step == bucket.warmup_steps > 0:
+            return bucket.planned_algorithm(gradmesh.plan()) == "dense"
         return bucket.last_algorithm == "dense"
 
     def _gradmesh_group(self, p):
