@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -185,11 +186,32 @@ def a_signal_while_starting(args, hosts):
         later = launch(args, hosts, 1, port=7870,
                        extra=[f"--bin_dir={bin_dir}"])
         zero = launch(args, hosts, 0, port=7870)
-        time.sleep(5)  # linked; node 0 waits for a view of 4
+        # Node 1 starts its workers once node 0 sent it the job: node 0
+        # then waits for a view of 4.
+        lines, linked = [], threading.Event()
+
+        def read_node_1():
+            for line in later.stdout:
+                lines.append(line)
+                if "starting 2 workers" in line:
+                    linked.set()
+
+        reader = threading.Thread(target=read_node_1)
+        reader.start()
+        linked.wait(60)
         start = time.monotonic()
         zero.send_signal(signal.SIGTERM)
-        results = finish([zero, later], 60)
+        results = finish([zero], 60)
+        try:
+            code = later.wait(60)
+        except subprocess.TimeoutExpired:
+            later.kill()
+            code = later.wait()
+            lines.append("(killed: still running at the deadline)")
         elapsed = time.monotonic() - start
+        reader.join()
+        results.append((code, "".join(lines)))
+    check(linked.is_set(), "node 1 links and starts its workers", results)
     check(results[0][0] == 130 and results[1][0] != 0 and elapsed < 10 and
           "interrupted while starting" in results[0][1],
           f"SIGTERM to node 0 while it waits for node 1's workers stops both "

@@ -228,5 +228,18 @@ if [[ -n "$example" ]]; then
       --coordinator=127.0.0.1:7 -- true 2>&1) || rc=$?
   [[ $rc -eq 2 ]] && grep -q "disagree" <<<"$err" ||
       fail "run --nnodes=1:3 --min-nodes=2: exit $rc, '$err'"
+  # SIGTERM while node 0 waits for the other nodes: 130, saying so.
+  "$gradmesh" run --nnodes=2 --node-rank=0 --coordinator=127.0.0.1:17950 \
+      --work-dir="$work/wait" -- true >/dev/null 2>"$work/wait.err" &
+  pid=$!
+  for _ in $(seq 300); do
+    grep -q "more nodes" "$work/wait.err" && break
+    sleep 0.1
+  done
+  kill -TERM "$pid"
+  rc=0; wait "$pid" || rc=$?
+  [[ $rc -eq 130 ]] &&
+      grep -q "interrupted while the nodes joined" "$work/wait.err" ||
+      fail "run stopped while waiting for nodes: exit $rc: $(cat "$work/wait.err")"
 fi
 echo "cli_test: all checks passed"

@@ -421,8 +421,8 @@ std::optional<NodeLink::Stop> StopBeforeTheCopies(NodeLink& link,
 }
 
 // The first view this node's copies start in: every node's workers as node
-// 0 counted them (NodeLink::members, read again as nodes join). While nodes
-// may be lost, more are welcome (a node joining meanwhile), the wait has its
+// 0 counted them (NodeLink::members). While nodes may be lost, more are
+// welcome (a node joining meanwhile), the wait has its
 // own start timeout (the last call may have used the link's), and a node
 // that joined but whose workers never came does not stop the job: after the
 // timeout, any view with this node's workers will do. The link and signals
@@ -568,8 +568,12 @@ int RunCommand(const RunOptions& options) {
   const absl::Status ran = options.nodes > 1
                                ? RunOnNodes(options, *program, signal_fd, &code)
                                : RunHere(options, *program, signal_fd, &code);
-  if (!ran.ok() && SignalPending(signal_fd)) {  // Ctrl-C stops the daemons
-    std::fprintf(stderr, "gradmesh run: interrupted while starting\n");
+  // Ctrl-C stops the daemons. The link's waits read the signal themselves
+  // and end Cancelled.
+  if (!ran.ok() && (absl::IsCancelled(ran) || SignalPending(signal_fd))) {
+    std::fprintf(stderr, "gradmesh run: %s\n",
+                 absl::IsCancelled(ran) ? std::string(ran.message()).c_str()
+                                        : "interrupted while starting");
     code = 130;
   } else if (!ran.ok()) {
     std::fprintf(stderr, "gradmesh run: %s\n",
