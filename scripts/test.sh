@@ -40,8 +40,9 @@ echo "== build (address,undefined sanitizers)"
 # less of CI's time than at -O0; assertions stay on, frames are kept.
 # Warnings are not errors here: GCC's flow warnings give false positives on
 # instrumented code (the main build keeps -Werror).
-# Each test binary is one ctest test here: a sanitized process takes about
-# 0.4 s to start and end, which per GoogleTest case was half the stage.
+# Each test binary is 4 ctest tests here (shards), not one per GoogleTest
+# case: a sanitized process takes about 0.4 s to start and end, which per
+# case was half the stage.
 bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DGRADMESH_WERROR=OFF \
     -DGRADMESH_TEST_PER_CASE=OFF \
