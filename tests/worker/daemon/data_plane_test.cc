@@ -255,6 +255,17 @@ std::vector<absl::StatusOr<ReduceResult>> AllReduceAll(Workers& w,
   return AllReduceAllUntil(w, call, Soon());
 }
 
+// Writes seeded gradients into every worker's bucket; returns them.
+std::vector<std::vector<float>> WriteGradients(
+    std::vector<SharedSegment>& segments, uint64_t n, uint64_t seed) {
+  std::vector<std::vector<float>> gradients;
+  for (size_t r = 0; r < segments.size(); ++r) {
+    gradients.push_back(RandomVector(n, seed + r));
+    std::memcpy(Values(segments[r], n).data(), gradients[r].data(), n * 4);
+  }
+  return gradients;
+}
+
 // Step `step` of `name` from fresh gradients on every rank; checks that the
 // residuals before it held `carried` (zeros if empty): inputs = result +
 // residuals.
@@ -262,13 +273,9 @@ void ExpectConservedStep(Workers& w, std::vector<SharedSegment>& segments,
                          const BucketName& name, uint64_t n, uint64_t step,
                          uint64_t seed,
                          std::vector<std::vector<float>> carried = {}) {
-  std::vector<std::vector<float>> inputs;
-  for (int r = 0; r < w.size(); ++r) {
-    inputs.push_back(RandomVector(n, seed + r));
-    std::memcpy(Values(segments[r], n).data(), inputs[r].data(), n * 4);
-    if (!carried.empty()) {
-      for (uint64_t i = 0; i < n; ++i) inputs[r][i] += carried[r][i];
-    }
+  std::vector<std::vector<float>> inputs = WriteGradients(segments, n, seed);
+  for (size_t r = 0; r < carried.size(); ++r) {
+    for (uint64_t i = 0; i < n; ++i) inputs[r][i] += carried[r][i];
   }
   const testing::MassBalance balance(
       inputs,
@@ -284,6 +291,15 @@ void ExpectConservedStep(Workers& w, std::vector<SharedSegment>& segments,
       balance.Holds(Sparse(segments[0], n, results[0]->nonzeros), residuals));
 }
 
+// Step `step` of bucket job/b on every rank, sparse, residuals returned.
+std::vector<absl::StatusOr<ReduceResult>> SparseStepOfJobB(Workers& w,
+                                                           uint64_t step) {
+  return AllReduceAll(w, {.name = {"job", "b"},
+                          .step = step,
+                          .sparse = true,
+                          .return_residual = true});
+}
+
 // Sparse results identical everywhere and inputs = result + residuals, over
 // three steps, with two tensors fused in one bucket.
 TEST(DataPlaneTest, SumsIdenticallyAndConservesMass) {
@@ -293,16 +309,9 @@ TEST(DataPlaneTest, SumsIdenticallyAndConservesMass) {
   auto segments = w.RegisterAll({"job", "b"}, {{"t1", 300}, {"t2", 200}});
   std::vector<std::vector<float>> residuals(4, std::vector<float>(kN, 0));
   for (uint64_t step = 0; step < 3; ++step) {
-    std::vector<std::vector<float>> inputs;
-    for (int r = 0; r < 4; ++r) {
-      inputs.push_back(RandomVector(kN, 10 * step + r));
-      std::memcpy(Values(segments[r], kN).data(), inputs[r].data(), kN * 4);
-    }
-    const testing::MassBalance balance(inputs, residuals);
-    auto results = AllReduceAll(w, {.name = {"job", "b"},
-                                    .step = step,
-                                    .sparse = true,
-                                    .return_residual = true});
+    const testing::MassBalance balance(WriteGradients(segments, kN, 10 * step),
+                                       residuals);
+    auto results = SparseStepOfJobB(w, step);
     std::vector<sparse::SparseBlock> blocks;
     for (int r = 0; r < 4; ++r) {
       ASSERT_TRUE(results[r].ok()) << results[r].status();
@@ -330,16 +339,9 @@ TEST(DataPlaneTest, TheWarmUpsStepsAreSummedExactly) {
   auto segments = w.RegisterAll({"job", "b"}, {{"t", kN}});
   std::vector<std::vector<float>> residuals(4, std::vector<float>(kN, 0));
   for (uint64_t step = 0; step < 3; ++step) {
-    std::vector<std::vector<float>> inputs;
-    for (int r = 0; r < 4; ++r) {
-      inputs.push_back(RandomVector(kN, 10 * step + r));
-      std::memcpy(Values(segments[r], kN).data(), inputs[r].data(), kN * 4);
-    }
-    const testing::MassBalance balance(inputs, residuals);
-    auto results = AllReduceAll(w, {.name = {"job", "b"},
-                                    .step = step,
-                                    .sparse = true,
-                                    .return_residual = true});
+    const testing::MassBalance balance(WriteGradients(segments, kN, 10 * step),
+                                       residuals);
+    auto results = SparseStepOfJobB(w, step);
     for (int r = 0; r < 4; ++r) {
       ASSERT_TRUE(results[r].ok()) << results[r].status();
       EXPECT_EQ(results[r]->exact, step < 2) << step;
@@ -833,17 +835,6 @@ TEST(DataPlaneTest, AStepRefusedBeforeItsAgreementIsWatched) {
   EXPECT_THAT(*absent, ::testing::HasSubstr("step 1 of bucket 'b'"));
   EXPECT_THAT(*absent, ::testing::HasSubstr("this worker had refused it"));
   peer.join();
-}
-
-// Writes seeded gradients into every worker's bucket; returns them.
-std::vector<std::vector<float>> WriteGradients(
-    std::vector<SharedSegment>& segments, uint64_t n, uint64_t seed) {
-  std::vector<std::vector<float>> gradients;
-  for (size_t r = 0; r < segments.size(); ++r) {
-    gradients.push_back(RandomVector(n, seed + r));
-    std::memcpy(Values(segments[r], n).data(), gradients[r].data(), n * 4);
-  }
-  return gradients;
 }
 
 // A client that gives up after its worker started the step makes every
