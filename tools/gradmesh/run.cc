@@ -422,12 +422,12 @@ std::optional<NodeLink::Stop> StopBeforeTheCopies(NodeLink& link,
 
 // The first view this node's copies start in: every node's workers as node
 // 0 counted them (NodeLink::members). While nodes may be lost, more are
-// welcome (a node joining meanwhile), the wait has its
-// own start timeout (the last call may have used the link's), and a node
-// that joined but whose workers never came does not stop the job: after the
-// timeout, any view with this node's workers will do. The link and signals
-// are answered every kFirstViewSlice meanwhile: returns why no copy starts,
-// if so (StopBeforeTheCopies), or nullopt once the view is there.
+// welcome (a node joining meanwhile), the wait has its own start timeout
+// (the last call may have used the link's), and a node that joined but whose
+// workers never came does not stop the job: after the timeout, any view with
+// this node's workers will do. The link and signals are answered every
+// kFirstViewSlice meanwhile: returns why no copy starts, if so
+// (StopBeforeTheCopies), or nullopt once the view is there.
 constexpr absl::Duration kFirstViewSlice = absl::Milliseconds(250);
 absl::StatusOr<std::optional<NodeLink::Stop>> AwaitFirstView(
     const RunOptions& options, NodeLink& link, LocalCluster& cluster,
