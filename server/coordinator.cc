@@ -471,8 +471,6 @@ absl::Status Coordinator::Report(const IterationReport& report) {
                         .seconds = report.seconds});
     if (samples_.size() > kMaxLinkSamples) samples_.pop_front();
   }
-  // The warm-up's steps are summed exactly: they time no plan.
-  if (report.operation < config_.warmup_steps) return absl::OkStatus();
   if (!plan_.autotuning) {
     if (watch_ == nullptr) return absl::OkStatus();
     if (std::optional<std::string> why = watch_->Add(

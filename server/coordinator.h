@@ -99,7 +99,7 @@ struct PlanConfig {
   // (64 KiB of fp32, as BytePS's smallest compressed tensor).
   uint64_t exact_below = 16384;
   // Steps below this of every bucket are summed exactly (Plan::warmup_steps);
-  // the autotune and the retune watch leave their reports out.
+  // workers report no exact step to the autotune (Daemon::Report).
   uint64_t warmup_steps = 0;
   std::string fusion = "per_tensor";  // collectives::Plan::fusion
   uint64_t chunk_bytes = 1 << 20;     // > 0

@@ -926,30 +926,6 @@ TEST(AutotuneTest, TriesEachDivisorOnceAndKeepsTheFastest) {
   EXPECT_EQ(coordinator.view().epoch, start + 3);
 }
 
-// The warm-up's steps are summed exactly, so they time no trial: the round
-// counts from the first step after them, and the plan carries the warm-up.
-TEST(AutotuneTest, TheWarmUpsStepsTimeNoTrial) {
-  constexpr int kWindow = 2;
-  Coordinator coordinator({.warmup_steps = 10, .autotune_window = kWindow},
-                          kTimeout);
-  JoinAll(coordinator, {"a", "b", "c", "d"});
-  const uint64_t epoch = coordinator.view().epoch;
-  EXPECT_EQ(coordinator.view().plan.warmup_steps, 10u);
-  for (uint64_t step = 0; step < 10; ++step) {
-    ReportOperation(coordinator, step, 1.0);
-  }
-  EXPECT_EQ(coordinator.view().epoch, epoch);
-  EXPECT_EQ(coordinator.trials()[0].iterations, 0);
-  for (uint64_t step = 10; step <= 10 + kWindow; ++step) {
-    ReportOperation(coordinator, step, 2e-3);
-  }
-  const View next = coordinator.view();
-  EXPECT_EQ(next.epoch, epoch + 1);
-  EXPECT_EQ(next.start_step, 10 + kWindow + PlanConfig().switch_lead_steps);
-  EXPECT_EQ(next.plan.warmup_steps, 10u);
-  EXPECT_DOUBLE_EQ(coordinator.trials()[0].mean_seconds, 2e-3);
-}
-
 // Membership views apply at once; a plan change of the same members starts
 // switch_lead_steps past the highest step reported, and the first step each
 // trial completes is its warm-up, whatever its number.
