@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/support/free_port.h"
@@ -145,6 +146,9 @@ TEST(NodeLinkTest, AFailureOnOneNodeStopsTheOthersWithItsStatus) {
     const std::optional<NodeLink::Stop> stop = AwaitStop(*links[n]);
     ASSERT_TRUE(stop.has_value()) << "node " << n;
     EXPECT_EQ(stop->code, 3);
+    EXPECT_NE(stop->why.find("node 2's processes failed (its exit status 3)"),
+              std::string::npos)
+        << stop->why;
   }
   EXPECT_EQ(links[2]->Poll(), std::nullopt);  // its own failure: no stop
   NoSignals signals;
@@ -157,6 +161,27 @@ TEST(NodeLinkTest, AFailureOnOneNodeStopsTheOthersWithItsStatus) {
     }));
   }
   for (auto& end : ends) EXPECT_EQ(end.get(), 3);  // the first failure's
+}
+
+// A launcher stopped by a signal (130), node 0's or another's, is named as
+// interrupted, not as processes that failed: it may have started none.
+TEST(NodeLinkTest, AnInterruptedNodeIsNamedSo) {
+  for (int interrupted : {0, 1}) {
+    std::vector<Link> links = Connect(FreePort(), 3);
+    ASSERT_TRUE(links[0] && links[1] && links[2]);
+    links[interrupted]->Failed(130);
+    for (int n = 0; n < 3; ++n) {  // node 0 first: it tells the others
+      if (n == interrupted) continue;
+      const std::optional<NodeLink::Stop> stop = AwaitStop(*links[n]);
+      ASSERT_TRUE(stop.has_value()) << "node " << n;
+      EXPECT_EQ(stop->code, 130);
+      EXPECT_NE(stop->why.find(
+                    absl::StrCat("node ", interrupted, " was interrupted")),
+                std::string::npos)
+          << stop->why;
+    }
+    for (int code : FinishAll(links, 130)) EXPECT_EQ(code, 130);
+  }
 }
 
 TEST(NodeLinkTest, ALauncherThatDiesCountsAsItsNodeFailing) {

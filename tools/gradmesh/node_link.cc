@@ -82,6 +82,15 @@ std::optional<std::pair<std::string, std::vector<int>>> Parse(
 // A failure's exit status as one: 1..255 (else 1).
 int FailureCode(int code) { return code >= 1 && code <= 255 ? code : 1; }
 
+// Why node `node` stopped the job with the failure `code`: 130 is a
+// termination signal (its launcher's, while starting or running, or the
+// copies').
+std::string NodeFailed(int node, int code) {
+  if (code == 130) return absl::StrCat("node ", node, " was interrupted");
+  return absl::StrCat("node ", node, "'s processes failed (its exit status ",
+                      code, ")");
+}
+
 int MinNodes(const NodeLink::Shape& shape) {
   return shape.min_nodes > 0 ? shape.min_nodes : shape.nodes;
 }
@@ -523,9 +532,7 @@ std::optional<NodeLink::Stop> NodeLink::Handle(Peer& peer,
   if (serving_ && word == "done") {
     peer.done = true;
     if (code == 0) return std::nullopt;
-    return Stop{absl::StrCat("node ", peer.node, "'s processes failed (",
-                             "its exit status ", code, ")"),
-                FailureCode(code)};
+    return Stop{NodeFailed(peer.node, code), FailureCode(code)};
   }
   if (word == "ended" && code == 0) {
     if (serving_) Ended();  // passed on to the others
@@ -649,7 +656,7 @@ std::optional<NodeLink::Stop> NodeLink::Poll() {
 void NodeLink::Failed(int code) {
   code = FailureCode(code);
   if (serving_) {
-    StopOthers({"node 0's processes failed", code}, nullptr);
+    StopOthers({NodeFailed(0, code), code}, nullptr);
     return;
   }
   if (!verdict_) verdict_ = code;
