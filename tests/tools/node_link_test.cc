@@ -1,11 +1,17 @@
 // NodeLink over loopback: the launchers of three nodes, each in a thread.
 #include "tools/gradmesh/node_link.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <optional>
@@ -70,8 +76,6 @@ std::vector<Link> Connect(int port, int nodes, int min_copies = 0,
   return links;
 }
 
-// Node `node` joining a running job: node 0 admits it in Poll, which
-// reports no stop meanwhile.
 // The first line node 0 answers to `hello` on a connection of its own.
 std::string AnswerTo(NodeLink& zero, int port, const std::string& hello) {
   const absl::StatusOr<int> fd = ConnectTcp("127.0.0.1", port);
@@ -94,6 +98,8 @@ std::string AnswerTo(NodeLink& zero, int port, const std::string& hello) {
   return answer;
 }
 
+// Node `node` joining a running job: node 0 admits it in Poll, which
+// reports no stop meanwhile.
 absl::StatusOr<Link> JoinLate(NodeLink& zero, int port, int node,
                               const NodeLink::Shape& shape) {
   auto joined = std::async(std::launch::async, [&] {
@@ -624,6 +630,48 @@ TEST(NodeLinkTest, ANodeStartedAgainBeforeItsOldLinkEndedGetsIn) {
   absl::StatusOr<Link> joined = again.get();
   ASSERT_TRUE(joined.ok()) << joined.status();
   EXPECT_EQ((*joined)->members(), 6);
+}
+
+// This process's socket connected to `port` (the first found), else -1.
+int SocketConnectedTo(int port) {
+  for (int fd = 3; fd < 1024; ++fd) {
+    sockaddr_in peer{};
+    socklen_t size = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &size) == 0 &&
+        peer.sin_family == AF_INET && ntohs(peer.sin_port) == port) {
+      return fd;
+    }
+  }
+  return -1;
+}
+
+// A launcher started again on a host that restarted (its old link vanished
+// without a word) gets in at its next try: node 0 probes the old link when
+// it answers "busy", and the host's reset ends it (keepalive takes 30 s).
+TEST(NodeLinkTest, ANodeWhoseHostRestartedGetsInAtItsNextTry) {
+  const int port = FreePort();
+  const NodeLink::Shape shape = Nodes(2, 0, /*min_nodes=*/1);
+  std::vector<Link> links = Connect(port, 2, 0, /*min_nodes=*/1);
+  ASSERT_TRUE(links[0] && links[1]);
+  const int old = SocketConnectedTo(port);  // node 1's: node 0's is accepted
+  ASSERT_GE(old, 0);
+  const int on = 1;
+  if (setsockopt(old, IPPROTO_TCP, TCP_REPAIR, &on, sizeof(on)) != 0) {
+    GTEST_SKIP() << "TCP_REPAIR needs CAP_NET_ADMIN: " << std::strerror(errno);
+  }
+  links[1].reset();  // closed in repair mode: gone with no FIN and no reset
+  const absl::Time start = absl::Now();
+  auto again = std::async(std::launch::async, [&] {
+    return NodeLink::Join("127.0.0.1", port, 1, shape,
+                          absl::Now() + absl::Seconds(10));
+  });
+  while (again.wait_for(std::chrono::milliseconds(10)) !=
+         std::future_status::ready) {
+    EXPECT_EQ(links[0]->Poll(), std::nullopt);
+  }
+  absl::StatusOr<Link> joined = again.get();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 // Without a minimum of nodes (--nnodes=N), nothing joins after the start.

@@ -304,6 +304,9 @@ absl::Status NodeLink::Admit() {
       continue;
     }
     if (place.fd >= 0) {  // the old launcher may be gone, unnoticed yet
+      // A line a live launcher ignores: a host that restarted answers it
+      // with a reset, which ends the old link before the next try.
+      Send(place, "probe 0");
       Send(p, "busy");
       if (p.fd >= 0) close(p.fd);
       p.fd = -1;

@@ -23,6 +23,9 @@
 //                            lives, e.g. with all its copies lost, until
 //                            the job ends): the node tries again each
 //                            second until its deadline
+//   0 -> node:  "probe 0"    sent on the old link with "busy"; ignored. A
+//                            host that restarted answers it with a reset,
+//                            so its new launcher gets in at the next try
 //   node -> 0:  "lost L"     L of its copies are lost (with their workers)
 //   both ways:  "ended 0"    a copy exited 0: the job is over for it, so no
 //                            node starts a failed copy again (node 0 passes
