@@ -19,7 +19,8 @@ Checks that
   - with --min-nodes=1, node 1's launcher killed mid-training (its host
     lost) leaves the job: node 0's processes (under gradmesh.torch.elastic)
     train on to the end with identical parameters, and node 0 exits 0,
-    saying that node 1 is lost;
+    saying that node 1 is lost; the same with node 1's launcher sent
+    SIGTERM (its host drained), which exits 130;
   - with --nnodes=1:2, node 0 starts the job alone after the last call, and
     node 1, started once node 0 trains, joins the running job: all four
     processes (under gradmesh.torch.elastic) end with the same parameters;
@@ -113,14 +114,16 @@ def too_few_end_both(args, hosts):
           f"{time.monotonic() - start:.0f} s)", results)
 
 
-def a_host_lost(args, hosts):
-    """Node 1's launcher killed once rank 2 is in epoch 1: node 0 goes on."""
+def a_host_lost(args, hosts, drained=False):
+    """Node 1's launcher killed (or, `drained`, sent SIGTERM) once rank 2 is
+    in epoch 1: node 0 goes on."""
     start = time.monotonic()
+    port = 7880 if drained else 7850
     with tempfile.TemporaryDirectory() as marks:
         extra, job = ["--min-nodes=1"], ["host", marks]
-        later = launch(args, hosts, 1, port=7850, extra=extra, job_args=job,
+        later = launch(args, hosts, 1, port=port, extra=extra, job_args=job,
                        job=ELASTIC_JOB)
-        zero = launch(args, hosts, 0, port=7850, extra=extra, job_args=job,
+        zero = launch(args, hosts, 0, port=port, extra=extra, job_args=job,
                       job=ELASTIC_JOB)
         deadline = time.monotonic() + 90
 
@@ -131,15 +134,22 @@ def a_host_lost(args, hosts):
                time.monotonic() < deadline):
             time.sleep(0.1)
         in_training = ready() and later.poll() is None
-        later.kill()  # the launcher: its processes and workers end with it
+        if drained:  # it stops its processes and workers, and leaves
+            later.send_signal(signal.SIGTERM)
+        else:  # its processes and workers end with it
+            later.kill()
         results = finish([zero, later], 180)
-    check(in_training, "node 1 is killed while its processes train", results)
+    how = "sent SIGTERM" if drained else "killed"
+    check(in_training, f"node 1 is {how} while its processes train", results)
     code, out = results[0]
     identical = [line for line in out.splitlines()
                  if "identical on 2 ranks" in line]
+    gone = ("node 1 left (its launcher was stopped)" if drained else
+            "node 1's launcher is gone")
     check(code == 0 and len(identical) == 2 and
-          "node 1's launcher is gone; its 2 processes count as lost" in out,
-          f"with --min-nodes=1, node 1 lost mid-training leaves node 0's "
+          f"{gone}; its 2 processes count as lost" in out and
+          (not drained or results[1][0] == 130),
+          f"with --min-nodes=1, node 1 {how} mid-training leaves node 0's "
           f"processes training to the end, identical (in "
           f"{time.monotonic() - start:.0f} s)", results)
 
@@ -246,6 +256,7 @@ def main():
         one_failure_ends_both(args, hosts)
         too_few_end_both(args, hosts)
         a_host_lost(args, hosts)
+        a_host_lost(args, hosts, drained=True)
         a_node_comes_late(args, hosts)
         a_signal_while_starting(args, hosts)
         alone(args, hosts, 0, 7820, "node 1 of 2 did not join",

@@ -169,13 +169,14 @@ TEST(NodeLinkTest, AFailureOnOneNodeStopsTheOthersWithItsStatus) {
   for (auto& end : ends) EXPECT_EQ(end.get(), 3);  // the first failure's
 }
 
-// A launcher stopped by a signal (130), node 0's or another's, is named as
-// interrupted, not as processes that failed: it may have started none.
+// A launcher stopped by a signal, node 0's or another's where every node
+// is needed, stops the job with 130 and is named as interrupted, not as
+// processes that failed: it may have started none.
 TEST(NodeLinkTest, AnInterruptedNodeIsNamedSo) {
   for (int interrupted : {0, 1}) {
     std::vector<Link> links = Connect(FreePort(), 3);
     ASSERT_TRUE(links[0] && links[1] && links[2]);
-    links[interrupted]->Failed(130);
+    links[interrupted]->Leave();
     for (int n = 0; n < 3; ++n) {  // node 0 first: it tells the others
       if (n == interrupted) continue;
       const std::optional<NodeLink::Stop> stop = AwaitStop(*links[n]);
@@ -188,6 +189,36 @@ TEST(NodeLinkTest, AnInterruptedNodeIsNamedSo) {
     }
     for (int code : FinishAll(links, 130)) EXPECT_EQ(code, 130);
   }
+}
+
+// Where nodes may be lost, a launcher stopped by a signal (a host drained)
+// leaves at once; node 0 counts it lost and the job goes on, until a second
+// one leaves below --min-nodes.
+TEST(NodeLinkTest, AStoppedLauncherLeavesAJobThatMayLoseNodes) {
+  std::vector<Link> links = Connect(FreePort(), 3, 0, /*min_nodes=*/2);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  links[2]->Leave();
+  NoSignals signals;
+  auto left = std::async(std::launch::async,
+                         [&] { return links[2]->Finish(130, signals.fd()); });
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
+  while (absl::Now() < deadline) {
+    EXPECT_EQ(links[0]->Poll(), std::nullopt);
+    EXPECT_EQ(links[1]->Poll(), std::nullopt);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // Node 2 ended without waiting for node 0's verdict.
+  EXPECT_EQ(left.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  links[1]->Leave();
+  const std::optional<NodeLink::Stop> stop = AwaitStop(*links[0]);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_EQ(stop->code, 1);
+  EXPECT_NE(stop->why.find("node 1 left (its launcher was stopped): 1 of the "
+                           "job's 3 nodes are left (2 lost)"),
+            std::string::npos)
+      << stop->why;
+  EXPECT_EQ(links[0]->Finish(0, signals.fd()), 1);
+  EXPECT_EQ(left.get(), 130);
 }
 
 TEST(NodeLinkTest, ALauncherThatDiesCountsAsItsNodeFailing) {

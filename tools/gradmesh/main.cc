@@ -177,8 +177,10 @@ ABSL_FLAG(int, min_nodes, 0,
           "run with --nnodes > 1: the fewest nodes the job goes on with "
           "(0: --nnodes, every node, as torchrun's --nnodes=N). With fewer "
           "than --nnodes, a node whose processes are all lost with their "
-          "workers, or whose launcher node 0 no longer reaches (its host "
-          "died), leaves the job instead of failing it, and the others go on "
+          "workers, whose launcher node 0 no longer reaches (its host "
+          "died), or whose launcher gets SIGTERM or SIGINT (its host drained; "
+          "not node 0's), leaves the job instead of failing it, and the "
+          "others go on "
           "(train under gradmesh.torch.elastic); below this many nodes the "
           "job stops on every node with status 1. The job starts once this "
           "many nodes joined and --last_call_s passed with no more joining "
@@ -646,8 +648,8 @@ int Run(int argc, char** argv) {
           "With --nnodes=MIN:MAX (or --min-nodes=MIN), the job starts\n"
           "once MIN nodes joined and --last-call-s passed; nodes that\n"
           "come later join it while it runs, and a node that is lost\n"
-          "(its processes lost with their workers, or its host gone)\n"
-          "leaves it while MIN nodes are left.",
+          "(its processes lost with their workers, its host gone, or\n"
+          "its launcher sent SIGTERM) leaves it while MIN nodes are left.",
           Plus(kClusterFlags,
                {"job", "nnodes", "node_rank", "nproc_per_node", "coordinator",
                 "host", "master_port", "start_timeout_s", "max_restarts",

@@ -532,6 +532,10 @@ std::optional<NodeLink::Stop> NodeLink::Handle(Peer& peer,
   if (!parsed || parsed->second.size() != 1) return std::nullopt;
   const std::string& word = parsed->first;
   const int code = parsed->second[0];
+  if (serving_ && word == "leaving") {
+    peer.leaving = true;  // Gone says so once the link closes
+    return std::nullopt;
+  }
   if (serving_ && word == "done") {
     peer.done = true;
     if (code == 0) return std::nullopt;
@@ -592,7 +596,9 @@ std::optional<NodeLink::Stop> NodeLink::BelowMinimum() const {
 
 std::optional<NodeLink::Stop> NodeLink::Gone(Peer& peer) {
   const std::string gone =
-      absl::StrCat("node ", peer.node, "'s launcher is gone");
+      peer.leaving
+          ? absl::StrCat("node ", peer.node, " left (its launcher was stopped)")
+          : absl::StrCat("node ", peer.node, "'s launcher is gone");
   if (!serving_ || !nodes_may_be_lost()) return Stop{gone, 1};
   peer.lost = shape_.per_node;  // its host, or its launcher and copies
   std::optional<Stop> stop = BelowMinimum();
@@ -665,6 +671,19 @@ void NodeLink::Failed(int code) {
   if (!verdict_) verdict_ = code;
   if (!peers_.front().done) Send(peers_.front(), absl::StrCat("done ", code));
   peers_.front().done = true;
+}
+
+void NodeLink::Leave() {
+  if (serving_ || !nodes_may_be_lost()) {
+    Failed(130);
+    return;
+  }
+  Peer& zero = peers_.front();
+  if (!verdict_) verdict_ = 130;
+  Send(zero, "leaving 0");
+  if (zero.fd >= 0) close(zero.fd);
+  zero.fd = -1;
+  zero.done = true;
 }
 
 bool NodeLink::AllDone() const {

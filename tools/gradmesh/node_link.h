@@ -31,6 +31,9 @@
 //                            node starts a failed copy again (node 0 passes
 //                            it on)
 //   node -> 0:  "done CODE"  its copies ended (CODE: its exit status)
+//   node -> 0:  "leaving 0"  K < N: its launcher was stopped by a signal
+//                            (a host drained); its link closes next and
+//                            it counts as lost
 //   0 -> node:  "stop CODE WHY"  another node failed, or fewer than M copies
 //                            or K nodes are left in the job: stop, exit
 //                            with CODE
@@ -149,6 +152,12 @@ class NodeLink {
   // the others (node 0: stops them; another node: tells node 0, which stops
   // the rest).
   void Failed(int code);
+  // This node's launcher got a termination signal (its host drained). A node
+  // other than 0, while nodes may be lost (K < N), leaves the job as a lost
+  // one: it tells node 0 and closes its link, and the job goes on while
+  // enough are left (Finish then returns 130 at once). Otherwise the same
+  // as Failed(130): every node stops.
+  void Leave();
   // This node's copies ended with `code` (0 or a failure's status). Waits
   // until every node is done (node 0) or for node 0's verdict, and returns
   // the job's exit status: the first failure's, else 0. A termination
@@ -164,6 +173,7 @@ class NodeLink {
     std::vector<std::string> queued;  // lines read, not yet handled
     bool done = false;
     bool reported = false;  // its link's end, reported as a failure
+    bool leaving = false;   // said "leaving": its launcher was stopped
     int lost = 0;           // its copies lost (node 0's count)
     absl::Time since;       // joining: when it connected
   };

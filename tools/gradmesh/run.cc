@@ -408,11 +408,13 @@ absl::StatusOr<std::unique_ptr<NodeLink>> LinkUp(
   return link;
 }
 
-// Why no copy starts on this node, if so: a termination signal, another
-// node's failure, or the job already over (a node that came late).
+// Why no copy starts on this node, if so: a termination signal (the node
+// leaves the job, NodeLink::Leave), another node's failure, or the job
+// already over (a node that came late).
 std::optional<NodeLink::Stop> StopBeforeTheCopies(NodeLink& link,
                                                   int signal_fd) {
   if (SignalPending(signal_fd)) {
+    link.Leave();
     return NodeLink::Stop{.why = "interrupted while starting", .code = 130};
   }
   if (std::optional<NodeLink::Stop> stop = link.Poll()) return stop;

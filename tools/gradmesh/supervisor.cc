@@ -298,7 +298,7 @@ void Supervisor::ReadSignals() {
     std::fprintf(stderr, "gradmesh run: got %s; stopping the commands\n",
                  info.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
     interrupted_ = true;
-    if (link_ != nullptr) link_->Failed(130);  // every node stops
+    if (link_ != nullptr) link_->Leave();  // this node leaves, or all stop
     StopAll();
   }
 }

@@ -56,7 +56,9 @@ struct Copy {
 // NodeLink::nodes_may_be_lost), or fewer than `min_copies` are left in the
 // job (on several nodes node 0 counts copies and nodes: NodeLink::Lost),
 // which stops it with status 1.
-// Once a copy anywhere in the job exited 0, no copy starts again.
+// Once a copy anywhere in the job exited 0, no copy starts again. A
+// termination signal stops the copies here, and the link leaves the job
+// (NodeLink::Leave: the others go on where nodes may be lost).
 class Supervisor {
  public:
   struct Limits {
