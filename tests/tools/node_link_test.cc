@@ -663,6 +663,29 @@ TEST(NodeLinkTest, ANodeStartedAgainBeforeItsOldLinkEndedGetsIn) {
   EXPECT_EQ((*joined)->members(), 6);
 }
 
+// Before the start, a second launcher with a linked node's rank is answered
+// "busy", and the first one, still waiting for the job, is left alone.
+TEST(NodeLinkTest, ASecondLauncherOfANodeBeforeTheStartLeavesTheFirstAlone) {
+  const int port = FreePort();
+  const NodeLink::Shape shape = Nodes(3, 0, /*min_nodes=*/2);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto zero = std::async(std::launch::async, [&] {
+    return Serve(port, shape, deadline, /*last_call=*/absl::Seconds(2));
+  });
+  auto first = std::async(std::launch::async, [&] {
+    return NodeLink::Join("127.0.0.1", port, 1, shape, deadline);
+  });
+  absl::SleepFor(absl::Seconds(1));  // the first is linked
+  const absl::StatusOr<Link> second = NodeLink::Join(
+      "127.0.0.1", port, 1, shape, absl::Now() + absl::Milliseconds(1500));
+  EXPECT_FALSE(second.ok());  // busy until its deadline
+  const absl::StatusOr<Link> started = zero.get();
+  ASSERT_TRUE(started.ok()) << started.status();
+  const absl::StatusOr<Link> joined = first.get();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ((*joined)->members(), 4);
+}
+
 // This process's socket connected to `port` (the first found), else -1.
 int SocketConnectedTo(int port) {
   for (int fd = 3; fd < 1024; ++fd) {

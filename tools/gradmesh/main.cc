@@ -649,7 +649,8 @@ int Run(int argc, char** argv) {
           "once MIN nodes joined and --last-call-s passed; nodes that\n"
           "come later join it while it runs, and a node that is lost\n"
           "(its processes lost with their workers, its host gone, or\n"
-          "its launcher sent SIGTERM) leaves it while MIN nodes are left.",
+          "its launcher sent SIGTERM, node 0's excepted) leaves it while\n"
+          "MIN nodes are left.",
           Plus(kClusterFlags,
                {"job", "nnodes", "node_rank", "nproc_per_node", "coordinator",
                 "host", "master_port", "start_timeout_s", "max_restarts",

@@ -32,6 +32,9 @@ constexpr size_t kMaxJoining = 256;  // connections not yet a node
 constexpr absl::Duration kHelloWait = absl::Seconds(5);
 // A node told "busy" tries again after this.
 constexpr absl::Duration kBusyWait = absl::Seconds(1);
+// A probed link ends once data on it is unacknowledged this long (a live
+// host acknowledges at once; unacknowledged data holds keepalive back).
+constexpr absl::Duration kProbeWait = absl::Seconds(5);
 // The hello's last number: nodes of other versions are refused.
 constexpr int kLinkVersion = 2;
 
@@ -276,6 +279,15 @@ absl::StatusOr<int> NodeLink::NodeOf(const std::string& line) const {
   return node;
 }
 
+void NodeLink::Probe(Peer& peer) {
+  Send(peer, "probe 0");
+  const int unacked_ms = absl::ToInt64Milliseconds(kProbeWait);
+  if (peer.fd >= 0) {
+    setsockopt(peer.fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &unacked_ms,
+               sizeof(unacked_ms));
+  }
+}
+
 absl::Status NodeLink::Admit() {
   absl::Status status;
   const absl::Time now = absl::Now();
@@ -304,9 +316,7 @@ absl::Status NodeLink::Admit() {
       continue;
     }
     if (place.fd >= 0) {  // the old launcher may be gone, unnoticed yet
-      // A line a live launcher ignores: a host that restarted answers it
-      // with a reset, which ends the old link before the next try.
-      Send(place, "probe 0");
+      if (started_) Probe(place);
       Send(p, "busy");
       if (p.fd >= 0) close(p.fd);
       p.fd = -1;
@@ -681,7 +691,11 @@ void NodeLink::Leave() {
   Peer& zero = peers_.front();
   if (!verdict_) verdict_ = 130;
   Send(zero, "leaving 0");
-  if (zero.fd >= 0) close(zero.fd);
+  Read(zero);  // unread input would make the close a reset
+  if (zero.fd >= 0) {
+    shutdown(zero.fd, SHUT_WR);
+    close(zero.fd);
+  }
   zero.fd = -1;
   zero.done = true;
 }

@@ -23,9 +23,12 @@
 //                            lives, e.g. with all its copies lost, until
 //                            the job ends): the node tries again each
 //                            second until its deadline
-//   0 -> node:  "probe 0"    sent on the old link with "busy"; ignored. A
-//                            host that restarted answers it with a reset,
-//                            so its new launcher gets in at the next try
+//   0 -> node:  "probe 0"    once the job started, sent on the old link
+//                            with "busy"; ignored. A host that restarted
+//                            answers it with a reset, so its new launcher
+//                            gets in at the next try; on a host gone
+//                            silent the link ends 5 s after the first
+//                            probe (unacknowledged)
 //   node -> 0:  "lost L"     L of its copies are lost (with their workers)
 //   both ways:  "ended 0"    a copy exited 0: the job is over for it, so no
 //                            node starts a failed copy again (node 0 passes
@@ -189,6 +192,9 @@ class NodeLink {
   // lost.
   int Present() const;
   int Members() const;
+  // Node 0: "probe 0" on `peer`'s link, which then ends once data on it is
+  // unacknowledged for kProbeWait.
+  void Probe(Peer& peer);
   // One try of Join; *busy when node 0 answered "busy".
   static absl::StatusOr<std::unique_ptr<NodeLink>> JoinOnce(
       const std::string& host, int port, int node, const Shape& shape,

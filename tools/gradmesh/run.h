@@ -102,8 +102,9 @@ struct RunOptions {
   // joins later, or one lost that comes back (its launcher started again),
   // enters the running job: its workers join the group as new members
   // (train under gradmesh.torch.elastic). A node whose copies are all lost
-  // with their workers, or whose launcher node 0 no longer reaches (its
-  // host died), leaves the job instead of failing it; below this many
+  // with their workers, whose launcher node 0 no longer reaches (its host
+  // died), or whose launcher gets a termination signal (not node 0's:
+  // NodeLink::Leave), leaves the job instead of failing it; below this many
   // nodes left the job stops on every node with status 1.
   int min_nodes = 0;
   absl::Duration last_call = absl::Seconds(10);
