@@ -77,6 +77,10 @@ def parse_args():
                    help="gradmesh's buckets (0: by size, as DDP)")
     p.add_argument("--first-bucket-mb", type=float, default=None,
                    help="gradmesh's first bucket by size (1: DDP's)")
+    p.add_argument("--momentum-masking",
+                   action=argparse.BooleanOptionalAction, default=None,
+                   help="gradmesh's optimizer: DGC's momentum factor "
+                   "masking (default: by the plan's density)")
     p.add_argument("--train-limit", type=int, default=0,
                    help="the first N training images only (0: all)")
     p.add_argument("--test-limit", type=int, default=0,
@@ -139,6 +143,9 @@ class Bench:
                f"--seed={self.args.seed}", f"--out={out}"]
         if self.args.first_bucket_mb is not None:
             job.append(f"--first-bucket-mb={self.args.first_bucket_mb}")
+        if self.args.momentum_masking is not None:
+            job.append("--momentum-masking" if self.args.momentum_masking
+                       else "--no-momentum-masking")
         plan = [f"--algo={self.args.algo}", f"--density={self.args.density}",
                 "--timeout-s=120"]
         if self.args.teams:

@@ -99,6 +99,10 @@ def parse_args():
     parser.add_argument("--first-bucket-mb", type=float, default=None,
                         help="gradmesh's first bucket by size (1: DDP's; "
                         "default: the 25 MiB cap)")
+    parser.add_argument("--momentum-masking",
+                        action=argparse.BooleanOptionalAction, default=None,
+                        help="gradmesh: DGC's momentum factor masking "
+                        "(default: by the plan's density)")
     parser.add_argument("--out", default="", help="rank 0's JSON")
     return parser.parse_args()
 
@@ -120,6 +124,7 @@ def wrap(system, model, args):
         return model, gradmesh.torch.DistributedOptimizer(
             sgd, named_parameters=model.named_parameters(),
             momentum_correction=momentum > 0,
+            momentum_masking=args.momentum_masking,
             num_buckets=args.num_buckets or None,
             first_bucket_mb=args.first_bucket_mb)
     if system.startswith("powersgd"):

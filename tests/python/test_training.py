@@ -403,6 +403,9 @@ def test_momentum_correction_is_momentum_where_the_sum_is_exact():
     with pytest.raises(ValueError, match="momentum"):
         wrap(model, torch.optim.RMSprop(model.parameters()),
              momentum_correction=True)
+    with pytest.raises(ValueError, match="momentum_masking"):
+        wrap(model, torch.optim.Adam(model.parameters()),
+             momentum_correction=True, momentum_masking=True)
 
 
 def test_a_parameter_used_in_fewer_passes_is_still_reduced():
@@ -666,6 +669,33 @@ def test_adam_directions_of_one_process_are_adam(kind):
         correction.step(inner.step, exact=set())
         plain.step()
     assert_same(model, reference)
+
+
+@pytest.mark.parametrize("masking", [False, True, None])
+def test_momentum_masking_clears_the_velocity_only_when_asked(masking):
+    """Where a sparse sum has values the velocity is cleared with
+    momentum_masking only (None: at the plan's density up to 2%);
+    elsewhere, and without it, the next direction is m u + g."""
+    model = Net()
+    inner = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    named = list(model.named_parameters())
+    correction = gradmesh.torch.corrections.correction_for(
+        inner, named, True, masking)
+    p, group = named[0][1], inner.param_groups[0]
+    gradient = torch.ones_like(p)
+    slot = gradient.clone()
+    correction.transform(p, group, slot, exact=False)  # u = g
+    summed = torch.zeros_like(p)
+    summed.view(-1)[0] = 1.0  # the sum has a value at 0 only
+    correction.sent(p, summed)
+    slot = gradient.clone()
+    correction.transform(p, group, slot, exact=False)
+    expected = torch.full_like(p, 1.9)
+    if masking is None:
+        masking = gradmesh.plan().density <= 0.02
+    if masking:
+        expected.view(-1)[0] = 1.0  # u was cleared there: u = g
+    assert torch.allclose(slot, expected, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])

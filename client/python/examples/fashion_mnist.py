@@ -59,6 +59,10 @@ def parse_args():
                         action=argparse.BooleanOptionalAction, default=True,
                         help="the optimizer's momentum_correction: DGC's "
                         "for SGD momentum > 0, local moments for Adam")
+    parser.add_argument("--momentum-masking",
+                        action=argparse.BooleanOptionalAction, default=None,
+                        help="with SGD's correction: DGC's momentum factor "
+                        "masking (default: by the plan's density)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--train-limit", type=int, default=0,
                         help="use only the first N training images (0: all)")
@@ -191,7 +195,8 @@ def main():
         named_parameters=model.named_parameters(),
         num_buckets=args.num_buckets, fusion=args.fusion,
         momentum_correction=(args.momentum_correction and (
-            args.optimizer == "adam" or args.momentum > 0)))
+            args.optimizer == "adam" or args.momentum > 0)),
+        momentum_masking=args.momentum_masking)
 
     # The same shards in every run with this seed: rank r takes every
     # size-th image of the epoch's permutation, starting at r.

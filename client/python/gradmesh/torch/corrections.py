@@ -43,15 +43,23 @@ def _refused(slot):
     return True
 
 
+# The highest plan density at which SGD's correction masks by default.
+MASKING_UP_TO = 0.02
+
+
 class MomentumCorrection:
     """Deep Gradient Compression's momentum correction, for SGD with
     momentum: the direction is the local velocity u = m u + (g + wd p); the
-    velocity is cleared where a sparse sum sent values (momentum factor
-    masking); the wrapped SGD steps without momentum and weight decay. In an
-    exact bucket that is plain momentum (the sum of velocities is the
-    velocity of the sum)."""
+    wrapped SGD steps without momentum and weight decay. In an exact bucket
+    that is plain momentum (the sum of velocities is the velocity of the
+    sum). With `masking`, the velocity is cleared where a sparse sum has
+    values (DGC's momentum factor masking); None: where the plan's density
+    is at most MASKING_UP_TO. SparDL's sum holds up to d processes'
+    selections, so masking clears more velocity than a process sent: at 5%
+    it ended 3 points lower, at 1% higher after 5 epochs
+    (docs/benchmarks.md)."""
 
-    def __init__(self, optimizer, named):
+    def __init__(self, optimizer, named, masking=None):
         if any(g["nesterov"] or g["momentum"] <= 0 or g["dampening"]
                for g in optimizer.param_groups):
             raise gradmesh._invalid("momentum_correction for SGD needs "
@@ -59,6 +67,9 @@ class MomentumCorrection:
                                     "Nesterov")
         self._optimizer = optimizer
         self._named = named
+        if masking is None:
+            masking = gradmesh.plan().density <= MASKING_UP_TO
+        self._masking = bool(masking)
         self._velocity = {id(p): torch.zeros_like(p, dtype=torch.float32,
                                                   device="cpu")
                           for _, p in named}
@@ -74,7 +85,8 @@ class MomentumCorrection:
         slot.copy_(u)
 
     def sent(self, p, slot):
-        self._velocity[id(p)].masked_fill_(slot != 0, 0.0)
+        if self._masking:
+            self._velocity[id(p)].masked_fill_(slot != 0, 0.0)
 
     def step(self, inner_step, exact):
         del exact
@@ -165,13 +177,18 @@ class AdamCorrection:
         return out
 
 
-def correction_for(optimizer, named, enabled):
-    """The correction for the wrapped `optimizer` (None when not enabled);
+def correction_for(optimizer, named, enabled, masking=None):
+    """The correction for the wrapped `optimizer` (None when not enabled;
+    `masking`: SGD's momentum factor masking, None: by the plan's density);
     InvalidArgument for an optimizer that has none."""
+    if masking is not None and not (
+            enabled and isinstance(optimizer, torch.optim.SGD)):
+        raise gradmesh._invalid("momentum_masking is for "
+                                "momentum_correction with SGD")
     if not enabled:
         return None
     if isinstance(optimizer, torch.optim.SGD):
-        return MomentumCorrection(optimizer, named)
+        return MomentumCorrection(optimizer, named, masking)
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         return AdamCorrection(optimizer, named)
     raise gradmesh._invalid(

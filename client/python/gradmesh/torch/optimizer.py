@@ -95,7 +95,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     """Methods mixed into a subclass of the wrapped optimizer's class."""
 
     def __init__(self, params, named_parameters, op, buckets, fusion,
-                 backward_passes_per_step, grad_scaler, momentum_correction):
+                 backward_passes_per_step, grad_scaler, correction):
         super(self.__class__, self).__init__(params)
         if int(backward_passes_per_step) < 1:
             raise gradmesh._invalid("backward_passes_per_step must be >= 1")
@@ -115,8 +115,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._gradmesh_scaler = grad_scaler
         self._gradmesh_group_of = (None, {})  # (first group, id -> group)
         named = self._gradmesh_named(named_parameters)
-        self._gradmesh_correction = correction_for(self, named,
-                                                   momentum_correction)
+        self._gradmesh_correction = correction_for(self, named, *correction)
         self._gradmesh_name = (f"{gradmesh._RESERVED}optimizer"
                                f"{next(_instances)}")
         self._gradmesh_runs = _bucket_plan(list(reversed(named)), *buckets)
@@ -670,7 +669,7 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
                          num_buckets=None, fusion="per_tensor",
                          backward_passes_per_step=1, grad_scaler=None,
                          momentum_correction=False, bucket_cap_mb=25.0,
-                         first_bucket_mb=None):
+                         first_bucket_mb=None, momentum_masking=None):
     """Wraps `optimizer` so that step() uses gradients summed across workers.
 
     named_parameters: model.named_parameters() (the names must match on
@@ -691,8 +690,11 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     momentum_correction: momentum before the selection, for a sparse plan
     (gradmesh/torch/corrections.py). With SGD (momentum > 0), Deep Gradient
     Compression's: each process's velocity is summed instead of its
-    gradient, and cleared where values were sent; in exact buckets plain
-    momentum. With Adam or AdamW: in sparse buckets each process's Adam step
+    gradient; in exact buckets plain momentum. momentum_masking: whether
+    the velocity is also cleared where a sparse sum has values (DGC's
+    momentum factor masking); None: where the plan's density is at most 2%
+    (it helped at 1% and cost 3 points at 5%, docs/benchmarks.md).
+    With Adam or AdamW: in sparse buckets each process's Adam step
     direction is summed and applied with the learning rate; in exact ones
     plain Adam. Each bucket is all-reduced as soon as backward has produced
     all of its gradients, while backward goes on. After step(), .last_infos
@@ -713,7 +715,7 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     return cls(optimizer.param_groups, list(named_parameters), op,
                (num_buckets, *caps),
                fusion, backward_passes_per_step, grad_scaler,
-               momentum_correction)
+               (momentum_correction, momentum_masking))
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0):
