@@ -513,8 +513,12 @@ def test_allgather_of_a_name_whose_size_changes():
 
 
 def corrected(model, kind, **kwargs):
+    """SGD's correction ("sgd"; "sgd-masked": momentum_masking=True) or
+    Adam's ("adam")."""
+    if kind == "sgd-masked":
+        kwargs["momentum_masking"] = True
     inner = (torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-             if kind == "sgd" else
+             if kind.startswith("sgd") else
              torch.optim.Adam(model.parameters(), lr=0.01))
     return wrap(model, inner, momentum_correction=True, **kwargs)
 
@@ -526,7 +530,7 @@ def train(model, optimizer, steps):
         optimizer.step()
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "sgd-masked", "adam"])
 def test_a_checkpoint_saved_on_rank_0_resumes_as_if_uninterrupted(kind):
     uninterrupted = Net()
     optimizer = corrected(uninterrupted, kind)
