@@ -20,7 +20,8 @@ Checks that
     lost) leaves the job: node 0's processes (under gradmesh.torch.elastic)
     train on to the end with identical parameters, and node 0 exits 0,
     saying that node 1 is lost; the same with node 1's launcher sent
-    SIGTERM (its host drained), which exits 130;
+    SIGTERM (its host drained), which exits 130, mid-training or while
+    node 0 waits for its workers to start;
   - with --nnodes=1:2, node 0 starts the job alone after the last call, and
     node 1, started once node 0 trains, joins the running job: all four
     processes (under gradmesh.torch.elastic) end with the same parameters;
@@ -179,9 +180,12 @@ def a_node_comes_late(args, hosts):
           results)
 
 
-def a_signal_while_starting(args, hosts):
-    """SIGTERM to node 0 while the first view waits for node 1's workers
-    (which never reach the coordinator): both launchers stop at once."""
+def a_signal_while_starting(args, hosts, node=0):
+    """SIGTERM to node `node` while the first view waits for node 1's
+    workers (which never reach the coordinator). Node 0: both launchers
+    stop at once. Node 1, under --min-nodes=1 (a host drained while the job
+    starts): it leaves, and node 0's processes start at once without it."""
+    drained = node == 1
     with tempfile.TemporaryDirectory() as bin_dir:
         build = os.path.dirname(os.path.dirname(os.path.dirname(
             os.path.abspath(args.gradmesh))))
@@ -193,9 +197,12 @@ def a_signal_while_starting(args, hosts):
                     f"{build}/worker/daemon/gradmesh-worker "
                     '"${@/#--coordinator=*/--coordinator=127.0.0.1:9}"\n')
         os.chmod(worker, 0o755)
-        later = launch(args, hosts, 1, port=7870,
-                       extra=[f"--bin_dir={bin_dir}"])
-        zero = launch(args, hosts, 0, port=7870)
+        port = 7890 if drained else 7870
+        # A start timeout the drained node's leaving must beat by far.
+        extra = ["--min-nodes=1", "--start_timeout_s=60"] if drained else []
+        later = launch(args, hosts, 1, port=port,
+                       extra=[f"--bin_dir={bin_dir}", *extra])
+        zero = launch(args, hosts, 0, port=port, extra=extra)
         # Node 1 starts its workers once node 0 sent it the job: node 0
         # then waits for a view of 4.
         lines, linked = [], threading.Event()
@@ -210,8 +217,8 @@ def a_signal_while_starting(args, hosts):
         reader.start()
         linked.wait(60)
         start = time.monotonic()
-        zero.send_signal(signal.SIGTERM)
-        results = finish([zero], 60)
+        (later if drained else zero).send_signal(signal.SIGTERM)
+        results = finish([zero], 90 if drained else 60)
         try:
             code = later.wait(60)
         except subprocess.TimeoutExpired:
@@ -222,10 +229,20 @@ def a_signal_while_starting(args, hosts):
         reader.join()
         results.append((code, "".join(lines)))
     check(linked.is_set(), "node 1 links and starts its workers", results)
-    check(results[0][0] == 130 and results[1][0] != 0 and elapsed < 10 and
-          "interrupted while starting" in results[0][1],
-          f"SIGTERM to node 0 while it waits for node 1's workers stops both "
-          f"launchers in {elapsed:.1f} s", results)
+    if not drained:
+        check(results[0][0] == 130 and results[1][0] != 0 and elapsed < 10
+              and "interrupted while starting" in results[0][1],
+              f"SIGTERM to node 0 while it waits for node 1's workers stops "
+              f"both launchers in {elapsed:.1f} s", results)
+        return
+    same = [line for line in results[0][1].splitlines()
+            if "the same on every rank" in line]
+    check(results[0][0] == 0 and len(same) == 2 and results[1][0] == 130 and
+          "did not form a view" not in results[0][1] and elapsed < 30,
+          f"with --min-nodes=1, node 1 sent SIGTERM while node 0 waits for "
+          f"its workers leaves, and node 0's processes train without it "
+          f"(node 0 done {elapsed:.1f} s after the signal; its start timeout "
+          f"is 60 s)", results)
 
 
 def alone(args, hosts, node, port, says, what):
@@ -259,6 +276,7 @@ def main():
         a_host_lost(args, hosts, drained=True)
         a_node_comes_late(args, hosts)
         a_signal_while_starting(args, hosts)
+        a_signal_while_starting(args, hosts, node=1)
         alone(args, hosts, 0, 7820, "node 1 of 2 did not join",
               "node 0 alone fails naming node 1")
         alone(args, hosts, 1, 7830, "node 0's launcher did not answer",

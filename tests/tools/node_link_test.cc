@@ -221,6 +221,31 @@ TEST(NodeLinkTest, AStoppedLauncherLeavesAJobThatMayLoseNodes) {
   EXPECT_EQ(left.get(), 130);
 }
 
+// A node that leaves, or loses copies, while the others' copies wait for
+// the first view lowers the view they wait for (else they would wait for
+// workers that never come, up to the start timeout).
+TEST(NodeLinkTest, LossesLowerTheViewEveryNodeAwaits) {
+  std::vector<Link> links = Connect(FreePort(), 3, 0, /*min_nodes=*/1);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  ASSERT_EQ(links[1]->members(), 6);
+  links[2]->Leave();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (links[1]->members() == 6 && absl::Now() < deadline) {
+    EXPECT_EQ(links[0]->Poll(), std::nullopt);
+    EXPECT_EQ(links[1]->Poll(), std::nullopt);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(links[0]->members(), 4);
+  EXPECT_EQ(links[1]->members(), 4);
+  links[0]->Lost(1);
+  while (links[1]->members() == 4 && absl::Now() < deadline) {
+    EXPECT_EQ(links[1]->Poll(), std::nullopt);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(links[0]->members(), 3);
+  EXPECT_EQ(links[1]->members(), 3);
+}
+
 TEST(NodeLinkTest, ALauncherThatDiesCountsAsItsNodeFailing) {
   std::vector<Link> links = Connect(FreePort(), 3);
   ASSERT_TRUE(links[0] && links[1] && links[2]);

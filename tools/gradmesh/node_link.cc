@@ -556,16 +556,30 @@ std::optional<NodeLink::Stop> NodeLink::Handle(Peer& peer,
     ended_ = true;
     return std::nullopt;
   }
+  if (!serving_ && word == "members") {
+    if (code >= shape_.per_node) members_ = std::min(members_, code);
+    return std::nullopt;
+  }
   if (serving_ && word == "lost") {
     // A count only grows (a line that says less is stale or wrong).
     peer.lost = std::max(peer.lost, std::clamp(code, 0, shape_.per_node));
     std::optional<Stop> stop = BelowMinimum();
+    if (!stop) Recount();
     if (!stop || verdict_) return std::nullopt;
     StopOthers(*stop, nullptr);  // the node that told it too
     return stop;
   }
   if (!serving_ && word == "end") end_ = code >= 0 && code <= 255 ? code : 1;
   return std::nullopt;
+}
+
+void NodeLink::Recount() {
+  const int members = Members();
+  if (!started_ || members >= members_) return;
+  members_ = members;
+  for (Peer& p : peers_) {
+    if (!p.done) Send(p, absl::StrCat("members ", members));
+  }
 }
 
 void NodeLink::StopOthers(const Stop& stop, const Peer* from) {
@@ -614,6 +628,7 @@ std::optional<NodeLink::Stop> NodeLink::Gone(Peer& peer) {
   std::optional<Stop> stop = BelowMinimum();
   if (stop) return Stop{absl::StrCat(gone, ": ", stop->why), 1};
   if (verdict_ || ended_) return std::nullopt;  // the job ends anyway
+  Recount();
   std::fprintf(stderr,
                "gradmesh run: %s; its %d processes count as lost, and the "
                "job goes on (--min-nodes=%d)\n",
@@ -627,7 +642,10 @@ void NodeLink::Lost(int count) {
     return;
   }
   lost_here_ = std::max(lost_here_, count);
-  if (std::optional<Stop> stop = BelowMinimum(); stop && !verdict_) {
+  std::optional<Stop> stop = BelowMinimum();
+  if (!stop) {
+    Recount();
+  } else if (!verdict_) {
     StopOthers(*stop, nullptr);
     own_stop_ = stop;
   }

@@ -30,6 +30,10 @@
 //                            silent the link ends 5 s after the first
 //                            probe (unacknowledged)
 //   node -> 0:  "lost L"     L of its copies are lost (with their workers)
+//   0 -> node:  "members W"  a node or copies were lost: W workers are left
+//                            in the job, so a node still waiting for the
+//                            first view of W' > W waits for W (a node that
+//                            left while the others' workers joined)
 //   both ways:  "ended 0"    a copy exited 0: the job is over for it, so no
 //                            node starts a failed copy again (node 0 passes
 //                            it on)
@@ -126,7 +130,8 @@ class NodeLink {
 
   const std::string& job() const { return job_; }
   // The workers to expect in the job's view when this node entered it
-  // (node 0: when the job started), its own included.
+  // (node 0: when the job started), its own included, less those lost
+  // since (node 0 tells every node: "members W").
   int members() const { return members_; }
   // Whether the job goes on without a node (Shape::min_nodes < nodes), so
   // that a node may lose its last copy without failing the job.
@@ -227,6 +232,9 @@ class NodeLink {
   // `peer`'s link broke before it was done: its failure, or on node 0
   // while nodes may be lost, its copies lost (a stop only below a minimum).
   std::optional<Stop> Gone(Peer& peer);
+  // Node 0: after a loss that the job survives, every node's members()
+  // falls to Members().
+  void Recount();
   // Node 0: the first failure becomes everyone's stop.
   void StopOthers(const Stop& stop, const Peer* from);
   // Node 0: the stop for every node once fewer than shape_.min_copies
