@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -223,27 +224,56 @@ TEST(NodeLinkTest, AStoppedLauncherLeavesAJobThatMayLoseNodes) {
 
 // A node that leaves, or loses copies, while the others' copies wait for
 // the first view lowers the view they wait for (else they would wait for
-// workers that never come, up to the start timeout).
+// workers that never come, up to the start timeout); so does one that
+// leaves once another joined the running job.
 TEST(NodeLinkTest, LossesLowerTheViewEveryNodeAwaits) {
-  std::vector<Link> links = Connect(FreePort(), 3, 0, /*min_nodes=*/1);
+  const int port = FreePort();
+  std::vector<Link> links = Connect(port, 3, 0, /*min_nodes=*/1);
   ASSERT_TRUE(links[0] && links[1] && links[2]);
   ASSERT_EQ(links[1]->members(), 6);
+  // Polls node 0 and `node` until `node` expects `members` (or 5 s pass).
+  auto await = [&](NodeLink& node, int members) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (node.members() != members && absl::Now() < deadline) {
+      EXPECT_EQ(links[0]->Poll(), std::nullopt);
+      EXPECT_EQ(node.Poll(), std::nullopt);
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return node.members();
+  };
   links[2]->Leave();
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (links[1]->members() == 6 && absl::Now() < deadline) {
-    EXPECT_EQ(links[0]->Poll(), std::nullopt);
-    EXPECT_EQ(links[1]->Poll(), std::nullopt);
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  EXPECT_EQ(await(*links[1], 4), 4);
   EXPECT_EQ(links[0]->members(), 4);
-  EXPECT_EQ(links[1]->members(), 4);
+  absl::StatusOr<Link> back = JoinLate(*links[0], port, 2, Nodes(3, 0, 1));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)->members(), 6);
+  links[1]->Leave();
+  EXPECT_EQ(await(**back, 4), 4);
+  EXPECT_EQ(links[0]->members(), 4);
   links[0]->Lost(1);
-  while (links[1]->members() == 4 && absl::Now() < deadline) {
-    EXPECT_EQ(links[1]->Poll(), std::nullopt);
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  EXPECT_EQ(await(**back, 3), 3);
   EXPECT_EQ(links[0]->members(), 3);
-  EXPECT_EQ(links[1]->members(), 3);
+}
+
+// Node 0 sending to a node that said "leaving" and closed its end (the
+// send fails with EPIPE or ECONNRESET) still reads that line: the node is
+// named as left, not as gone.
+TEST(NodeLinkTest, ALineBeforeTheCloseOutlivesAFailedSend) {
+  std::vector<Link> links =
+      Connect(FreePort(), 3, /*min_copies=*/4, /*min_nodes=*/1);
+  ASSERT_TRUE(links[0] && links[1] && links[2]);
+  links[2]->Leave();
+  absl::SleepFor(absl::Milliseconds(100));
+  links[0]->Lost(1);  // "members 5" to node 2, answered by a reset
+  absl::SleepFor(absl::Milliseconds(100));
+  links[1]->Lost(1);  // node 0's next Poll sends "members 4": it fails
+  absl::SleepFor(absl::Milliseconds(100));
+  const std::optional<NodeLink::Stop> stop = AwaitStop(*links[0]);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_TRUE(absl::StartsWith(stop->why,
+                               "node 2 left (its launcher was stopped): 2 of "
+                               "the job's 6 processes are left"))
+      << stop->why;
 }
 
 TEST(NodeLinkTest, ALauncherThatDiesCountsAsItsNodeFailing) {

@@ -191,11 +191,14 @@ void NodeLink::Send(Peer& peer, const std::string& line) {
   if (peer.fd < 0) return;
   const std::string data = line + "\n";
   // Short lines on an idle socket: one send takes them whole.
-  if (send(peer.fd, data.data(), data.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(data.size())) {
-    close(peer.fd);
-    peer.fd = -1;
-  }
+  const ssize_t sent = send(peer.fd, data.data(), data.size(), MSG_NOSIGNAL);
+  if (sent == static_cast<ssize_t>(data.size())) return;
+  // A peer that closed or reset its end may have sent lines before ("done
+  // CODE", "leaving 0"): Read takes them, then closes. Anything else leaves
+  // a line cut short.
+  if (sent < 0 && (errno == EPIPE || errno == ECONNRESET)) return;
+  close(peer.fd);
+  peer.fd = -1;
 }
 
 absl::StatusOr<std::unique_ptr<NodeLink>> NodeLink::Listen(int port) {
@@ -328,6 +331,7 @@ absl::Status NodeLink::Admit() {
              .queued = {lines.begin() + 1, lines.end()}};
     if (started_) {
       Send(place, JobLine());
+      told_ = std::max(told_, Members());
       std::fprintf(stderr,
                    "gradmesh run: node %d joined the running job (%d of %d "
                    "nodes in it)\n",
@@ -424,6 +428,7 @@ void NodeLink::StopListening() {
 void NodeLink::Start() {
   started_ = true;
   members_ = Members();
+  told_ = members_;
   const std::string line = JobLine();
   for (Peer& p : peers_) Send(p, line);
   if (!nodes_may_be_lost()) {
@@ -575,8 +580,9 @@ std::optional<NodeLink::Stop> NodeLink::Handle(Peer& peer,
 
 void NodeLink::Recount() {
   const int members = Members();
-  if (!started_ || members >= members_) return;
-  members_ = members;
+  if (!started_ || verdict_ || ended_ || members >= told_) return;
+  told_ = members;
+  members_ = std::min(members_, members);
   for (Peer& p : peers_) {
     if (!p.done) Send(p, absl::StrCat("members ", members));
   }

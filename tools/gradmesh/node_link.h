@@ -190,6 +190,9 @@ class NodeLink {
   // The queued lines and the whole lines that arrived from `peer`; its fd
   // is -1 once its connection ended.
   std::vector<std::string> Read(Peer& peer);
+  // One line to `peer`. A link that cannot take it whole is closed, unless
+  // the peer closed or reset it: Read then takes the lines it sent before,
+  // and closes it.
   void Send(Peer& peer, const std::string& line);
   // Node 0: node `node`'s place in peers_ while it is not in the job: lost.
   Peer Absent(int node) const;
@@ -233,7 +236,7 @@ class NodeLink {
   // while nodes may be lost, its copies lost (a stop only below a minimum).
   std::optional<Stop> Gone(Peer& peer);
   // Node 0: after a loss that the job survives, every node's members()
-  // falls to Members().
+  // falls to Members() (told when below what any node was told).
   void Recount();
   // Node 0: the first failure becomes everyone's stop.
   void StopOthers(const Stop& stop, const Peer* from);
@@ -248,6 +251,7 @@ class NodeLink {
   int listener_ = -1;     // node 0, while a node may still join
   std::string job_;
   int members_ = 0;
+  int told_ = 0;  // node 0: the most workers a node was told to expect
   std::vector<Peer> joining_;     // node 0: connections not yet a node
   std::vector<Peer> peers_;       // node 0: nodes 1.., one place each (fd -1
                                   // while not in the job); else: node 0
