@@ -301,11 +301,13 @@ def breakdown(runs):
     gradmesh's workers' own time (summed over buckets; it overlaps
     backward): selection and the rest of the worker's work, and the time
     blocked on peers. Bytes: gradmesh's as counted, DDP's and fp16's from
-    the ring's formula."""
+    the ring's formula. The sum's density: the values gradmesh's sums hold
+    (nonzero), over the model's parameters."""
     lines = ["| link | system | buckets | forward+backward ms | step() ms | "
              "exposed communication ms (over noop) | workers: own work ms | "
-             "workers: blocked on peers ms | bytes sent per step |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "workers: blocked on peers ms | bytes sent per step | "
+             "sum's density |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     done = [r for r in runs if "error" not in r and "mean_step" in r]
     limit = {r["link"]: r["mean_step"] for r in done if r["system"] == "noop"}
 
@@ -319,18 +321,21 @@ def breakdown(runs):
         m = r["mean_step"]
         exposed = (ms(total(m) - total(limit[r["link"]]))
                    if r["link"] in limit else "")
-        own = wait = ""
+        own = wait = density = ""
         sent = ring_bytes(r)
         if r["system"] == "gradmesh":
             own, wait = ms(m["worker_s"] - m["worker_wait_s"]), ms(
                 m["worker_wait_s"])
             sent = m["bytes_sent"]
+            if "nonzeros" in m:  # results of an older bench lack it
+                density = f"{100 * m['nonzeros'] / r['parameters']:.2f}%"
         lines.append(
             f"| {r['link']} | {r['system']} | {m['buckets'] or ''} | "
             f"{ms(m['forward_backward_s'])} | {ms(m['step_s'])} | "
             f"{exposed} | {own} | {wait} | "
             f"{'' if sent is None else f'{sent / 1e6:.3f} MB'}"
-            f"{' (ring model)' if r['system'] != 'gradmesh' and sent else ''} |")
+            f"{' (ring model)' if r['system'] != 'gradmesh' and sent else ''}"
+            f" | {density} |")
     return "\n".join(lines) + "\n"
 
 

@@ -192,7 +192,7 @@ class StepTimes:
         self.buckets = 0
         self.sums = dict.fromkeys(("forward_backward_s", "step_s",
                                    "worker_s", "worker_wait_s",
-                                   "bytes_sent"), 0.0)
+                                   "bytes_sent", "nonzeros"), 0.0)
 
     def add(self, forward_backward, step, infos):
         self.seen += 1
@@ -206,6 +206,7 @@ class StepTimes:
             self.sums["worker_s"] += info.seconds
             self.sums["worker_wait_s"] += info.wait_seconds
             self.sums["bytes_sent"] += info.bytes_sent
+            self.sums["nonzeros"] += info.nonzeros  # the sum's values
 
     def mean(self):
         mean = {k: v / max(1, self.steps) for k, v in self.sums.items()}

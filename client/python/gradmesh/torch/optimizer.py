@@ -693,7 +693,8 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     gradient; in exact buckets plain momentum. momentum_masking: whether
     the velocity is also cleared where a sparse sum has values (DGC's
     momentum factor masking); None: where the plan's density is at most 2%
-    (it helped at 1% and cost 3 points at 5%, docs/benchmarks.md).
+    (it helped at 1% and cost 0.87 points at 2.5%, 3 at 5%,
+    docs/benchmarks.md).
     With Adam or AdamW: in sparse buckets each process's Adam step
     direction is summed and applied with the learning rate; in exact ones
     plain Adam. Each bucket is all-reduced as soon as backward has produced
