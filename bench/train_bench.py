@@ -301,12 +301,13 @@ def breakdown(runs):
     gradmesh's workers' own time (summed over buckets; it overlaps
     backward): selection and the rest of the worker's work, and the time
     blocked on peers. Bytes: gradmesh's as counted, DDP's and fp16's from
-    the ring's formula. The sum's density: the values gradmesh's sums hold
-    (nonzero), over the model's parameters."""
+    the ring's formula. Sparse sums' values: the entries of gradmesh's
+    sparse sums a step (its buckets summed densely left out), over the
+    model's parameters: the plan's density where every bucket is sparse."""
     lines = ["| link | system | buckets | forward+backward ms | step() ms | "
              "exposed communication ms (over noop) | workers: own work ms | "
              "workers: blocked on peers ms | bytes sent per step | "
-             "sum's density |",
+             "sparse sums' values / parameters |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     done = [r for r in runs if "error" not in r and "mean_step" in r]
     limit = {r["link"]: r["mean_step"] for r in done if r["system"] == "noop"}
