@@ -23,6 +23,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 #include "proto/plan_proto.h"
+#include "proto/protocol_version.h"
 
 namespace gradmesh::server {
 namespace {
@@ -332,6 +333,8 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
           *context, {node.address()}, "the address it joins with")));
     }
     GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, node.node_id()));
+    GM_RETURN_IF_ERROR_GRPC(CheckProtocol(
+        request->protocol(), absl::StrCat("worker ", node.node_id())));
     const std::optional<View> known =
         request->has_view() ? std::optional(FromProto(request->view()))
                             : std::nullopt;
@@ -345,6 +348,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                           Heard(), known ? &*known : nullptr, Probed(*request));
     if (!view.ok()) return ToGrpc(view.status());
     *response->mutable_view() = ToProto(*view);
+    response->set_protocol(kProtocolVersion);
     Log(absl::StrCat(node.node_id(), " joined",
                      known ? absl::StrCat(" knowing epoch ", known->epoch) : "",
                      ": epoch ", view->epoch, ", ", view->members.size(),

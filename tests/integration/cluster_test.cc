@@ -33,6 +33,7 @@
 #include "gradmesh/v1/worker.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/protocol_version.h"
 #include "tests/support/free_port.h"
 #include "tools/gradmesh/local.h"
 #include "tools/gradmesh/local_cluster.h"
@@ -1057,6 +1058,30 @@ TEST_F(ClusterTest, PeerCallsOverTheSdkSocketAreRefused) {
   too_long.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   EXPECT_EQ(member->Outcome(&too_long, request, &response).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// A worker of another protocol version (0: a gradmesh from before versions
+// were named) is refused at Join, with both versions named, and the view
+// keeps its members.
+TEST_F(ClusterTest, AJoinOfAnotherProtocolIsRefused) {
+  Start(2, {{"algo", "dense"}});
+  auto coordinator = gradmesh::v1::Coordinator::NewStub(grpc::CreateChannel(
+      cluster_->coordinator_address(), grpc::InsecureChannelCredentials()));
+  for (const uint32_t protocol : {0u, kProtocolVersion + 1}) {
+    gradmesh::v1::JoinRequest join;
+    join.mutable_node()->set_node_id("worker-other-version");
+    join.mutable_node()->set_address("127.0.0.1:1");
+    join.set_protocol(protocol);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    gradmesh::v1::JoinResponse response;
+    const grpc::Status status = coordinator->Join(&context, join, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(status.error_message(),
+                ::testing::HasSubstr(absl::StrCat(
+                    "worker-other-version speaks protocol ", protocol)));
+  }
+  EXPECT_TRUE(cluster_->WaitForView(2, absl::Seconds(5)).ok());
 }
 
 // The coordinator dies and a new one takes its address: the members keep

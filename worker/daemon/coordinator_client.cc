@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
 #include "common/status_macros.h"
+#include "proto/protocol_version.h"
 
 namespace gradmesh::daemon {
 
@@ -43,6 +44,7 @@ absl::Status CoordinatorClient::Join() {
   {
     absl::MutexLock lock(&mu_);
     *request.mutable_node() = node_;
+    request.set_protocol(kProtocolVersion);
     if (latest_.epoch() > 0) *request.mutable_view() = latest_;
   }
   // A view that leaves this node out: it was removed, maybe for its link,
@@ -62,6 +64,9 @@ absl::Status CoordinatorClient::Join() {
   SetDeadline(&context, absl::Seconds(5));
   v1::JoinResponse response;
   GM_RETURN_IF_ERROR(ToAbsl(stub_->Join(&context, request, &response)));
+  // A coordinator of another version may answer with a view whose plan
+  // this worker cannot run: none of it is taken.
+  GM_RETURN_IF_ERROR(CheckProtocol(response.protocol(), "the coordinator"));
   Seen(response.view());
   return absl::OkStatus();
 }

@@ -1,0 +1,157 @@
+// CoordinatorClient against a coordinator of another protocol version: the
+// worker takes none of its answers and says why.
+#include "worker/daemon/coordinator_client.h"
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/protocol_version.h"
+
+namespace gradmesh::daemon {
+namespace {
+
+namespace v1 = ::gradmesh::v1;
+
+// Whether `done` holds within 10 s, asked every 20 ms.
+bool Within10s(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+// Answers every Join with a view of the joiner alone, naming `protocol`.
+class FakeCoordinator final : public v1::Coordinator::Service {
+ public:
+  explicit FakeCoordinator(uint32_t protocol) : protocol_(protocol) {}
+
+  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest* request,
+                    v1::JoinResponse* response) override {
+    joined_with_.store(request->protocol());
+    joins_.fetch_add(1);
+    v1::View* view = response->mutable_view();
+    view->set_epoch(1);
+    *view->add_members() = request->node();
+    response->set_protocol(protocol_);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse* response) override {
+    heartbeats_.fetch_add(1);
+    response->set_epoch(1);
+    return grpc::Status::OK;
+  }
+  grpc::Status Leave(grpc::ServerContext*, const v1::LeaveRequest*,
+                     v1::LeaveResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status WatchViews(grpc::ServerContext*, const v1::WatchRequest*,
+                          grpc::ServerWriter<v1::View>*) override {
+    return grpc::Status::OK;  // no views but the Join's
+  }
+
+  int joins() const { return joins_.load(); }
+  int heartbeats() const { return heartbeats_.load(); }
+  uint32_t joined_with() const { return joined_with_.load(); }
+
+ private:
+  const uint32_t protocol_;
+  std::atomic<int> joins_{0};
+  std::atomic<int> heartbeats_{0};
+  std::atomic<uint32_t> joined_with_{0};
+};
+
+// A CoordinatorClient of node "w0" following `fake`, recording its views and
+// log lines.
+class Following {
+ public:
+  explicit Following(FakeCoordinator* fake) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(fake);
+    server_ = builder.BuildAndStart();
+    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                       grpc::InsecureChannelCredentials());
+    v1::NodeInfo node;
+    node.set_node_id("w0");
+    client_ = std::make_unique<CoordinatorClient>(
+        v1::Coordinator::NewStub(channel), node, absl::Milliseconds(50),
+        [this](const v1::View&) {
+          absl::MutexLock lock(&mu_);
+          ++views_;
+        },
+        [this](const std::string& line) {
+          absl::MutexLock lock(&mu_);
+          lines_.push_back(line);
+        },
+        [] { return std::vector<std::string>(); });
+    client_->Start();
+  }
+  ~Following() {
+    client_->Stop();
+    server_->Shutdown();
+  }
+
+  // The first log line containing `text`; empty if none.
+  std::string Line(const std::string& text) {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& line : lines_) {
+      if (absl::StrContains(line, text)) return line;
+    }
+    return "";
+  }
+  int views() {
+    absl::MutexLock lock(&mu_);
+    return views_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int views_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<CoordinatorClient> client_;
+};
+
+TEST(CoordinatorClientTest, ACoordinatorOfAnotherProtocolIsNotFollowed) {
+  FakeCoordinator fake(/*protocol=*/0);  // as one before versions answers
+  Following worker(&fake);
+  ASSERT_TRUE(Within10s([&] { return !worker.Line("coordinator:").empty(); }));
+  const std::string line = worker.Line("coordinator:");
+  EXPECT_TRUE(absl::StrContains(line, "FAILED_PRECONDITION")) << line;
+  EXPECT_TRUE(absl::StrContains(line, "the coordinator speaks protocol 0"))
+      << line;
+  EXPECT_TRUE(absl::StrContains(line, "same gradmesh version")) << line;
+  // It keeps asking (the coordinator may be replaced), never heartbeats as a
+  // member, and takes none of the views it was answered with.
+  const int joins = fake.joins();
+  EXPECT_TRUE(Within10s([&] { return fake.joins() >= joins + 3; }));
+  EXPECT_EQ(fake.joined_with(), kProtocolVersion);
+  EXPECT_EQ(fake.heartbeats(), 0);
+  EXPECT_EQ(worker.views(), 0);
+}
+
+TEST(CoordinatorClientTest, ACoordinatorOfThisProtocolIsFollowed) {
+  FakeCoordinator fake(kProtocolVersion);
+  Following worker(&fake);
+  ASSERT_TRUE(Within10s([&] { return fake.heartbeats() > 0; }));
+  EXPECT_EQ(fake.joined_with(), kProtocolVersion);
+  EXPECT_GE(worker.views(), 1);
+  EXPECT_EQ(worker.Line("FAILED_PRECONDITION"), "");
+}
+
+}  // namespace
+}  // namespace gradmesh::daemon
