@@ -2,11 +2,13 @@
 // meaning of gradmesh/v1/peer.proto's and coordinator.proto's messages (the
 // acknowledgements, the step's agreement and vote). Workers of two versions
 // cannot run a step together (a newer sender waits for acknowledgements an
-// older worker never sends), so a worker names its version when it joins
-// (JoinRequest.protocol), the coordinator refuses a worker of another, and a
-// worker refuses a coordinator of another (JoinResponse.protocol). 0 is what
-// a gradmesh from before versions were named sends. Raise it with any change
-// that breaks a step between two versions.
+// older worker never sends), so the coordinator and its workers must speak
+// one version: a worker asks the coordinator's (Hello, which changes
+// nothing) before it joins or takes a view, and the coordinator refuses the
+// Join of a worker of another (JoinRequest.protocol; 0 from a gradmesh
+// from before versions were named, whose coordinator answers Hello with
+// UNIMPLEMENTED). Raise it with any change that breaks a step between two
+// versions.
 #ifndef GRADMESH_PROTO_PROTOCOL_VERSION_H_
 #define GRADMESH_PROTO_PROTOCOL_VERSION_H_
 
@@ -20,14 +22,16 @@ namespace gradmesh {
 
 inline constexpr uint32_t kProtocolVersion = 1;
 
-// FailedPrecondition naming both versions unless `theirs` (that of `who`,
-// e.g. "worker w1") is kProtocolVersion.
-inline absl::Status CheckProtocol(uint32_t theirs, absl::string_view who) {
+// FailedPrecondition naming both versions unless `theirs` (the version of
+// `who`, e.g. "worker w1") is kProtocolVersion (that of `self`, e.g. "the
+// coordinator").
+inline absl::Status CheckProtocol(uint32_t theirs, absl::string_view who,
+                                  absl::string_view self) {
   if (theirs == kProtocolVersion) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       who, " speaks protocol ", theirs,
-      theirs == 0 ? " (a gradmesh from before versions were named)" : "",
-      ", this process ", kProtocolVersion,
+      theirs == 0 ? " (a gradmesh from before versions were named)" : "", ", ",
+      self, " ", kProtocolVersion,
       ": the coordinator and every worker of a cluster must run the same "
       "gradmesh version"));
 }

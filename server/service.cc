@@ -322,6 +322,17 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     return health_ == nullptr ? 0 : health_->port();
   }
 
+  grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest* request,
+                     v1::HelloResponse* response) override {
+    // The worker decides; a mismatch is counted and logged here too.
+    VersionRefused(CheckProtocol(request->protocol(),
+                                 absl::StrCat("worker ", request->node_id()),
+                                 "the coordinator"))
+        .IgnoreError();
+    response->set_protocol(kProtocolVersion);
+    return grpc::Status::OK;
+  }
+
   grpc::Status Join(grpc::ServerContext* context,
                     const v1::JoinRequest* request,
                     v1::JoinResponse* response) override {
@@ -333,8 +344,9 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
           *context, {node.address()}, "the address it joins with")));
     }
     GM_RETURN_IF_ERROR_GRPC(CheckSpeaksFor(*context, node.node_id()));
-    GM_RETURN_IF_ERROR_GRPC(CheckProtocol(
-        request->protocol(), absl::StrCat("worker ", node.node_id())));
+    GM_RETURN_IF_ERROR_GRPC(VersionRefused(CheckProtocol(
+        request->protocol(), absl::StrCat("worker ", node.node_id()),
+        "the coordinator")));
     const std::optional<View> known =
         request->has_view() ? std::optional(FromProto(request->view()))
                             : std::nullopt;
@@ -348,7 +360,6 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
                           Heard(), known ? &*known : nullptr, Probed(*request));
     if (!view.ok()) return ToGrpc(view.status());
     *response->mutable_view() = ToProto(*view);
-    response->set_protocol(kProtocolVersion);
     Log(absl::StrCat(node.node_id(), " joined",
                      known ? absl::StrCat(" knowing epoch ", known->epoch) : "",
                      ": epoch ", view->epoch, ", ", view->members.size(),
@@ -437,6 +448,20 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
     return absl::OkStatus();
   }
   // Logs and counts a refusal.
+  // Refused's count, but one log line every 10 s at most: a worker of
+  // another version asks again at every heartbeat interval.
+  absl::Status VersionRefused(absl::Status status) {
+    if (status.ok()) return status;
+    metrics_.CountRefused();
+    {
+      absl::MutexLock lock(&mu_);
+      if (SteadyNow() - last_version_log_ < absl::Seconds(10)) return status;
+      last_version_log_ = SteadyNow();
+    }
+    Log(absl::StrCat("refused a call: ", status.message()));
+    return status;
+  }
+
   absl::Status Refused(absl::Status status) {
     if (!status.ok()) {
       metrics_.CountRefused();
@@ -550,6 +575,7 @@ class Server final : public CoordinatorServer, public v1::Coordinator::Service {
   // between such runs since the last tick.
   absl::Time last_awake_ ABSL_GUARDED_BY(mu_) = SteadyNow();
   absl::Duration longest_gap_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_version_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace

@@ -1061,27 +1061,51 @@ TEST_F(ClusterTest, PeerCallsOverTheSdkSocketAreRefused) {
 }
 
 // A worker of another protocol version (0: a gradmesh from before versions
-// were named) is refused at Join, with both versions named, and the view
-// keeps its members.
+// were named) is refused at Join, with both versions named, and nothing
+// changes: no new epoch. Hello answers the coordinator's version to any
+// worker.
 TEST_F(ClusterTest, AJoinOfAnotherProtocolIsRefused) {
   Start(2, {{"algo", "dense"}});
+  const absl::StatusOr<Plan> before = cluster_->GetPlan(0);
+  ASSERT_TRUE(before.ok()) << before.status();
   auto coordinator = gradmesh::v1::Coordinator::NewStub(grpc::CreateChannel(
       cluster_->coordinator_address(), grpc::InsecureChannelCredentials()));
+  auto deadline = [](grpc::ClientContext* context) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  };
   for (const uint32_t protocol : {0u, kProtocolVersion + 1}) {
     gradmesh::v1::JoinRequest join;
     join.mutable_node()->set_node_id("worker-other-version");
     join.mutable_node()->set_address("127.0.0.1:1");
     join.set_protocol(protocol);
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    deadline(&context);
     gradmesh::v1::JoinResponse response;
     const grpc::Status status = coordinator->Join(&context, join, &response);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
     EXPECT_THAT(status.error_message(),
                 ::testing::HasSubstr(absl::StrCat(
-                    "worker-other-version speaks protocol ", protocol)));
+                    "worker worker-other-version speaks protocol ", protocol)));
+
+    gradmesh::v1::HelloRequest hello;
+    hello.set_node_id("worker-other-version");
+    hello.set_protocol(protocol);
+    grpc::ClientContext ask;
+    deadline(&ask);
+    gradmesh::v1::HelloResponse answer;
+    EXPECT_TRUE(coordinator->Hello(&ask, hello, &answer).ok());
+    EXPECT_EQ(answer.protocol(), kProtocolVersion);
   }
-  EXPECT_TRUE(cluster_->WaitForView(2, absl::Seconds(5)).ok());
+  gradmesh::v1::HelloRequest hello;
+  hello.set_protocol(kProtocolVersion);
+  grpc::ClientContext ask;
+  deadline(&ask);
+  gradmesh::v1::HelloResponse answer;
+  EXPECT_TRUE(coordinator->Hello(&ask, hello, &answer).ok());
+  EXPECT_EQ(answer.protocol(), kProtocolVersion);
+  const absl::StatusOr<Plan> after = cluster_->GetPlan(0);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->epoch, before->epoch);
 }
 
 // The coordinator dies and a new one takes its address: the members keep

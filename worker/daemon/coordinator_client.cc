@@ -40,6 +40,7 @@ void CoordinatorClient::Start() {
 }
 
 absl::Status CoordinatorClient::Join() {
+  GM_RETURN_IF_ERROR(Hello());
   v1::JoinRequest request;
   {
     absl::MutexLock lock(&mu_);
@@ -64,17 +65,40 @@ absl::Status CoordinatorClient::Join() {
   SetDeadline(&context, absl::Seconds(5));
   v1::JoinResponse response;
   GM_RETURN_IF_ERROR(ToAbsl(stub_->Join(&context, request, &response)));
-  // A coordinator of another version may answer with a view whose plan
-  // this worker cannot run: none of it is taken.
-  GM_RETURN_IF_ERROR(CheckProtocol(response.protocol(), "the coordinator"));
   Seen(response.view());
   return absl::OkStatus();
+}
+
+absl::Status CoordinatorClient::Hello() {
+  v1::HelloRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_node_id(node_.node_id());
+  }
+  request.set_protocol(kProtocolVersion);
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(5));
+  v1::HelloResponse response;
+  const grpc::Status called = stub_->Hello(&context, request, &response);
+  absl::Status status;
+  if (called.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    status = CheckProtocol(0, "the coordinator", "this worker");
+  } else if (called.ok()) {
+    status =
+        CheckProtocol(response.protocol(), "the coordinator", "this worker");
+  } else {
+    return ToAbsl(called);  // no answer: the last one stands
+  }
+  absl::MutexLock lock(&mu_);
+  same_version_ = status.ok();
+  return status;
 }
 
 void CoordinatorClient::Seen(const v1::View& view) {
   bool restarted = false;
   {
     absl::MutexLock lock(&mu_);
+    if (!same_version_) return;  // a coordinator of another version's
     restarted = incarnation_ != 0 && view.incarnation() != incarnation_;
     incarnation_ = view.incarnation();
     // A coordinator that adopted the view answers with its own at the same
@@ -96,20 +120,22 @@ void CoordinatorClient::WatchLoop() {
   while (true) {
     grpc::ClientContext context;
     v1::WatchRequest request;
+    bool follow;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
+      follow = same_version_;
       watch_context_ = &context;
       request.set_after_epoch(latest_.epoch());
-    }
-    {
-      absl::MutexLock lock(&mu_);
       request.set_node_id(node_.node_id());
     }
-    auto reader = stub_->WatchViews(&context, request);
-    v1::View view;
-    while (reader->Read(&view)) Seen(view);
-    reader->Finish();
+    // Views only from a coordinator that said it speaks this version.
+    if (follow) {
+      auto reader = stub_->WatchViews(&context, request);
+      v1::View view;
+      while (reader->Read(&view)) Seen(view);
+      reader->Finish();
+    }
     {
       absl::MutexLock lock(&mu_);
       watch_context_ = nullptr;

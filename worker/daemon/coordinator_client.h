@@ -1,6 +1,7 @@
 // CoordinatorClient: this worker's side of membership.
 //
-// It joins the coordinator (retrying until it answers), heartbeats, rejoins
+// It joins the coordinator (retrying until it answers, and only one of its
+// own protocol version: proto/protocol_version.h), heartbeats, rejoins
 // when the coordinator has dropped it, follows the stream of views (passing
 // each to `on_view`), and sends iteration reports for autotune. Each
 // heartbeat names the members this worker cannot reach (`unreachable`). It
@@ -72,6 +73,11 @@ class CoordinatorClient {
   void Stop();
 
  private:
+  // Asks the coordinator's protocol version (Hello) and records whether it
+  // is this worker's; no answer leaves the last one standing.
+  // FailedPrecondition for another version.
+  absl::Status Hello();
+  // Hello, then Join.
   absl::Status Join();
   // Sends Leave if joined, and forgets the join.
   void Leave() ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_mu_);
@@ -103,6 +109,9 @@ class CoordinatorClient {
   bool stepped_out_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool joined_ ABSL_GUARDED_BY(mu_) = false;
+  // The coordinator said it speaks this worker's protocol: until then no
+  // view is taken (nor watched for).
+  bool same_version_ ABSL_GUARDED_BY(mu_) = false;
   gradmesh::v1::View latest_ ABSL_GUARDED_BY(mu_);  // epoch 0: none yet
   uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;   // of the last view seen
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -1,10 +1,12 @@
 // CoordinatorClient against a coordinator of another protocol version: the
-// worker takes none of its answers and says why.
+// worker neither joins it nor takes its views, and says why.
 #include "worker/daemon/coordinator_client.h"
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/protocol_version.h"
@@ -31,19 +34,27 @@ bool Within10s(const std::function<bool()>& done) {
   return true;
 }
 
-// Answers every Join with a view of the joiner alone, naming `protocol`.
+// Answers Hello with `protocol` (none: UNIMPLEMENTED, as a coordinator from
+// before versions does), every Join with a view of the joiner alone, and
+// every watch with a view that names node "w0".
 class FakeCoordinator final : public v1::Coordinator::Service {
  public:
-  explicit FakeCoordinator(uint32_t protocol) : protocol_(protocol) {}
+  explicit FakeCoordinator(std::optional<uint32_t> protocol)
+      : protocol_(protocol) {}
 
+  grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest* request,
+                     v1::HelloResponse* response) override {
+    if (!protocol_.has_value()) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+    }
+    hello_with_.store(request->protocol());
+    response->set_protocol(*protocol_);
+    return grpc::Status::OK;
+  }
   grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest* request,
                     v1::JoinResponse* response) override {
-    joined_with_.store(request->protocol());
     joins_.fetch_add(1);
-    v1::View* view = response->mutable_view();
-    view->set_epoch(1);
-    *view->add_members() = request->node();
-    response->set_protocol(protocol_);
+    *response->mutable_view() = View();
     return grpc::Status::OK;
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
@@ -57,19 +68,27 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
   grpc::Status WatchViews(grpc::ServerContext*, const v1::WatchRequest*,
-                          grpc::ServerWriter<v1::View>*) override {
-    return grpc::Status::OK;  // no views but the Join's
+                          grpc::ServerWriter<v1::View>* writer) override {
+    writer->Write(View());
+    return grpc::Status::OK;
   }
 
   int joins() const { return joins_.load(); }
   int heartbeats() const { return heartbeats_.load(); }
-  uint32_t joined_with() const { return joined_with_.load(); }
+  uint32_t hello_with() const { return hello_with_.load(); }
 
  private:
-  const uint32_t protocol_;
+  static v1::View View() {
+    v1::View view;
+    view.set_epoch(1);
+    view.add_members()->set_node_id("w0");
+    return view;
+  }
+
+  const std::optional<uint32_t> protocol_;
   std::atomic<int> joins_{0};
   std::atomic<int> heartbeats_{0};
-  std::atomic<uint32_t> joined_with_{0};
+  std::atomic<uint32_t> hello_with_{0};
 };
 
 // A CoordinatorClient of node "w0" following `fake`, recording its views and
@@ -83,6 +102,7 @@ class Following {
                              &port);
     builder.RegisterService(fake);
     server_ = builder.BuildAndStart();
+    GM_CHECK(server_ != nullptr && port > 0);
     auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
                                        grpc::InsecureChannelCredentials());
     v1::NodeInfo node;
@@ -126,30 +146,43 @@ class Following {
   std::unique_ptr<CoordinatorClient> client_;
 };
 
+// A coordinator from before versions (Hello unimplemented), and one of a
+// newer version: the worker never joins it, never heartbeats, takes none of
+// its views, and says why.
 TEST(CoordinatorClientTest, ACoordinatorOfAnotherProtocolIsNotFollowed) {
-  FakeCoordinator fake(/*protocol=*/0);  // as one before versions answers
-  Following worker(&fake);
-  ASSERT_TRUE(Within10s([&] { return !worker.Line("coordinator:").empty(); }));
-  const std::string line = worker.Line("coordinator:");
-  EXPECT_TRUE(absl::StrContains(line, "FAILED_PRECONDITION")) << line;
-  EXPECT_TRUE(absl::StrContains(line, "the coordinator speaks protocol 0"))
-      << line;
-  EXPECT_TRUE(absl::StrContains(line, "same gradmesh version")) << line;
-  // It keeps asking (the coordinator may be replaced), never heartbeats as a
-  // member, and takes none of the views it was answered with.
-  const int joins = fake.joins();
-  EXPECT_TRUE(Within10s([&] { return fake.joins() >= joins + 3; }));
-  EXPECT_EQ(fake.joined_with(), kProtocolVersion);
-  EXPECT_EQ(fake.heartbeats(), 0);
-  EXPECT_EQ(worker.views(), 0);
+  for (const std::optional<uint32_t> protocol :
+       {std::optional<uint32_t>(), std::optional(kProtocolVersion + 1)}) {
+    FakeCoordinator fake(protocol);
+    Following worker(&fake);
+    ASSERT_TRUE(
+        Within10s([&] { return !worker.Line("FAILED_PRECONDITION").empty(); }));
+    const std::string line = worker.Line("FAILED_PRECONDITION");
+    const std::string theirs =
+        protocol ? absl::StrCat("protocol ", *protocol, ", ")
+                 : "protocol 0 (a gradmesh from before versions were named)";
+    EXPECT_TRUE(absl::StrContains(
+        line, absl::StrCat("the coordinator speaks ", theirs)))
+        << line;
+    EXPECT_TRUE(absl::StrContains(
+        line, absl::StrCat("this worker ", kProtocolVersion, ": ")))
+        << line;
+    // Long enough for the watch to have been opened (every 300 ms) had the
+    // worker followed it.
+    absl::SleepFor(absl::Seconds(1));
+    EXPECT_EQ(fake.joins(), 0);
+    EXPECT_EQ(fake.heartbeats(), 0);
+    EXPECT_EQ(worker.views(), 0);
+  }
 }
 
 TEST(CoordinatorClientTest, ACoordinatorOfThisProtocolIsFollowed) {
   FakeCoordinator fake(kProtocolVersion);
   Following worker(&fake);
   ASSERT_TRUE(Within10s([&] { return fake.heartbeats() > 0; }));
-  EXPECT_EQ(fake.joined_with(), kProtocolVersion);
-  EXPECT_GE(worker.views(), 1);
+  EXPECT_EQ(fake.hello_with(), kProtocolVersion);
+  EXPECT_GE(fake.joins(), 1);
+  EXPECT_TRUE(Within10s([&] { return worker.views() >= 2; }))
+      << "the Join's view and the watch's";
   EXPECT_EQ(worker.Line("FAILED_PRECONDITION"), "");
 }
 
