@@ -73,6 +73,9 @@ def parse_args():
                    "autotuned)")
     p.add_argument("--warmup-steps", type=int, default=0,
                    help="gradmesh's plan: the first steps summed exactly")
+    p.add_argument("--exact-below", type=int, default=None,
+                   help="gradmesh's plan: buckets of fewer values are summed "
+                   "exactly (default: the launcher's)")
     p.add_argument("--num-buckets", type=int, default=0,
                    help="gradmesh's buckets (0: by size, as DDP)")
     p.add_argument("--first-bucket-mb", type=float, default=None,
@@ -81,6 +84,9 @@ def parse_args():
                    action=argparse.BooleanOptionalAction, default=None,
                    help="gradmesh's optimizer: DGC's momentum factor "
                    "masking (default: by the plan's density)")
+    p.add_argument("--exact-tensors-below", type=int, default=None,
+                   help="gradmesh's optimizer: parameters of fewer values "
+                   "summed exactly, in buckets of their own")
     p.add_argument("--train-limit", type=int, default=0,
                    help="the first N training images only (0: all)")
     p.add_argument("--test-limit", type=int, default=0,
@@ -146,12 +152,17 @@ class Bench:
         if self.args.momentum_masking is not None:
             job.append("--momentum-masking" if self.args.momentum_masking
                        else "--no-momentum-masking")
+        if self.args.exact_tensors_below is not None:
+            job.append(
+                f"--exact-tensors-below={self.args.exact_tensors_below}")
         plan = [f"--algo={self.args.algo}", f"--density={self.args.density}",
                 "--timeout-s=120"]
         if self.args.teams:
             plan.append(f"--teams={self.args.teams}")
         if self.args.warmup_steps:
             plan.append(f"--warmup-steps={self.args.warmup_steps}")
+        if self.args.exact_below is not None:
+            plan.append(f"--exact-below={self.args.exact_below}")
         if link == "loopback":
             return [[self.gradmesh, "run", f"--workers={self.args.workers}",
                      *plan, *job]]

@@ -103,6 +103,9 @@ def parse_args():
                         action=argparse.BooleanOptionalAction, default=None,
                         help="gradmesh: DGC's momentum factor masking "
                         "(default: by the plan's density)")
+    parser.add_argument("--exact-tensors-below", type=int, default=None,
+                        help="gradmesh: parameters of fewer values summed "
+                        "exactly, in buckets of their own (default: none)")
     parser.add_argument("--out", default="", help="rank 0's JSON")
     return parser.parse_args()
 
@@ -126,7 +129,8 @@ def wrap(system, model, args):
             momentum_correction=momentum > 0,
             momentum_masking=args.momentum_masking,
             num_buckets=args.num_buckets or None,
-            first_bucket_mb=args.first_bucket_mb)
+            first_bucket_mb=args.first_bucket_mb,
+            exact_tensors_below=args.exact_tensors_below)
     if system.startswith("powersgd"):
         dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024)

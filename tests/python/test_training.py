@@ -702,6 +702,41 @@ def test_momentum_masking_clears_the_velocity_only_when_asked(masking):
     assert torch.allclose(slot, expected, rtol=0, atol=1e-6)
 
 
+def test_exact_tensors_below_sums_small_tensors_exactly_under_any_plan():
+    """exact_tensors_below: the smaller parameters (here the biases, 18
+    values) go into a bucket of their own, registered exact, summed
+    exactly under a sparse plan too; the weights' buckets follow the plan.
+    With the whole model below it (146 values, over the test plan's
+    exact_below of 64), SGD with momentum corrected is the one-process
+    optimizer at every step, on every plan."""
+    model = Net()
+    optimizer = wrap(model, exact_tensors_below=20)
+    kinds = [(sorted(b.names), b.exact) for b in optimizer._gradmesh_buckets]
+    assert kinds == [(["second.weight"], False), (["first.weight"], False),
+                     (["second.bias"], True), (["first.bias"], True)]
+    train(model, optimizer, range(2))
+    algorithms = [b.last_algorithm for b in optimizer._gradmesh_buckets]
+    assert algorithms[1] == gradmesh.plan().algorithm  # 96 values: the plan
+    assert algorithms[2:] == ["dense", "dense"]
+    finish(optimizer, model)
+
+    model, reference = Net(), Net()
+    optimizer = corrected(model, "sgd", exact_tensors_below=1000)
+    assert [b.exact for b in optimizer._gradmesh_buckets] == [True, True]
+    plain = torch.optim.SGD(reference.parameters(), lr=LR, momentum=0.9)
+    for step in range(3):
+        train(model, optimizer, [step])
+        assert all(b.last_algorithm == "dense"
+                   for b in optimizer._gradmesh_buckets)
+        mean_gradient(reference, step)
+        plain.step()
+        assert_same(model, reference)
+    finish(optimizer, model)
+    with pytest.raises(gradmesh.GradmeshError) as refused:
+        wrap(Net(), exact_tensors_below=0)
+    assert refused.value.code == "INVALID_ARGUMENT"
+
+
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 def test_the_warmup_is_the_exact_sum_and_each_step_is_as_expected(kind):
     """The plan's warm-up (`--warmup_steps`): its steps are the one-process
