@@ -703,38 +703,50 @@ def test_momentum_masking_clears_the_velocity_only_when_asked(masking):
 
 
 def test_exact_tensors_below_sums_small_tensors_exactly_under_any_plan():
-    """exact_tensors_below: the smaller parameters (here the biases, 18
-    values) go into a bucket of their own, registered exact, summed
-    exactly under a sparse plan too; the weights' buckets follow the plan.
-    With the whole model below it (146 values, over the test plan's
-    exact_below of 64), SGD with momentum corrected is the one-process
-    optimizer at every step, on every plan."""
+    """exact_tensors_below: the smaller parameters (here the biases) go into
+    a bucket of their own, by size alone, registered exact; the weights'
+    buckets follow the plan (num_buckets=2). With the whole model below it
+    (one bucket of 146 values, over the sparse test plan's exact_below),
+    SGD with momentum corrected is the one-process optimizer at every step,
+    on every plan. A checkpoint moves only between optimizers of the same
+    order."""
     model = Net()
     optimizer = wrap(model, exact_tensors_below=20)
-    kinds = [(sorted(b.names), b.exact) for b in optimizer._gradmesh_buckets]
+    kinds = [(b.names, b.exact) for b in optimizer._gradmesh_buckets]
     assert kinds == [(["second.weight"], False), (["first.weight"], False),
-                     (["second.bias"], True), (["first.bias"], True)]
-    train(model, optimizer, range(2))
+                     (["second.bias", "first.bias"], True)]
+    train(model, optimizer, range(2 + gradmesh.plan().warmup_steps))
     algorithms = [b.last_algorithm for b in optimizer._gradmesh_buckets]
     assert algorithms[1] == gradmesh.plan().algorithm  # 96 values: the plan
-    assert algorithms[2:] == ["dense", "dense"]
+    assert algorithms[2] == "dense"
+    saved = optimizer.state_dict()
+    assert saved["gradmesh"]["params"] == [
+        "second.weight", "first.weight", "second.bias", "first.bias"]
     finish(optimizer, model)
+    other = wrap(Net())
+    with pytest.raises(gradmesh.GradmeshError) as refused:
+        other.load_state_dict(saved)
+    assert refused.value.code == "INVALID_ARGUMENT"
+    assert "another parameter order" in str(refused.value)
+    other.close()
 
     model, reference = Net(), Net()
     optimizer = corrected(model, "sgd", exact_tensors_below=1000)
-    assert [b.exact for b in optimizer._gradmesh_buckets] == [True, True]
+    [bucket] = optimizer._gradmesh_buckets
+    assert bucket.exact and (dense() or
+                             bucket.set.size >= gradmesh.plan().exact_below)
     plain = torch.optim.SGD(reference.parameters(), lr=LR, momentum=0.9)
     for step in range(3):
         train(model, optimizer, [step])
-        assert all(b.last_algorithm == "dense"
-                   for b in optimizer._gradmesh_buckets)
+        assert bucket.last_algorithm == "dense"
         mean_gradient(reference, step)
         plain.step()
         assert_same(model, reference)
     finish(optimizer, model)
-    with pytest.raises(gradmesh.GradmeshError) as refused:
-        wrap(Net(), exact_tensors_below=0)
-    assert refused.value.code == "INVALID_ARGUMENT"
+    for bad in (0, True, 2.5):
+        with pytest.raises(gradmesh.GradmeshError) as refused:
+            wrap(Net(), exact_tensors_below=bad)
+        assert refused.value.code == "INVALID_ARGUMENT"
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])

@@ -9,7 +9,8 @@ op Average the mean of the saved rows, under Sum their sum divided by the
 new size; a correction's own state (Adam's moments) takes the mean.
 
     "gradmesh": {"world_size": P, "keys": [key, ...],
-                 "sizes": [values, ...], "rows": float32 tensor (P, total)}
+                 "sizes": [values, ...], "rows": float32 tensor (P, total),
+                 "params": [the parameters' names, in the residuals' order]}
 
 The gather runs through one bucket per optimizer (Gather), registered with
 the optimizer, so that a failed gather leaves every process's registrations
@@ -137,6 +138,22 @@ def _checked_rows(table, keys, sizes):
     if not np.isfinite(rows).all():
         raise gradmesh._invalid("the checkpoint holds non-finite residuals")
     return rows
+
+
+def check_order(table, order, canonical):
+    """InvalidArgument unless `table` lays the residuals out in the
+    parameter order `order` (its "params"; a table without them, in
+    `canonical`, the only order before exact_tensors_below): a checkpoint
+    saved with another exact_tensors_below holds the same values in
+    another order, which rebucketing cannot tell."""
+    if not isinstance(table, dict):
+        return  # _checked_rows says what is wrong
+    saved = table.get("params", canonical)
+    if list(saved) != list(order):
+        raise gradmesh._invalid(
+            "the checkpoint's residuals are laid out in another parameter "
+            "order (saved with another exact_tensors_below): load it with "
+            "the optimizer's options it was saved with")
 
 
 def _residual_count(keys):

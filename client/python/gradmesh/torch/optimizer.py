@@ -11,6 +11,7 @@ checkpoints in checkpoint.py.
 import contextlib
 import itertools
 import math
+import operator
 import weakref
 
 import numpy as np
@@ -56,14 +57,15 @@ def _bucket_plan(params, num_buckets, bucket_cap_mb=25.0,
 def _exact_apart(params, buckets, exact_tensors_below):
     """[(run, exact)]: the runs of _bucket_plan(params, *buckets) over the
     parameters of exact_tensors_below values or more, then those over the
-    smaller ones (None: none), which are registered exact."""
+    smaller ones (None: none), by size alone (usually one run), which are
+    registered exact."""
     small, large = [], []
     for named in params:
         is_small = (exact_tensors_below is not None
                     and named[1].numel() < exact_tensors_below)
         (small if is_small else large).append(named)
     return ([(run, False) for run in _bucket_plan(large, *buckets)] +
-            [(run, True) for run in _bucket_plan(small, *buckets)])
+            [(run, True) for run in _bucket_plan(small, None, buckets[1])])
 
 
 class _Bucket:
@@ -135,6 +137,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                f"{next(_instances)}")
         self._gradmesh_runs = _exact_apart(list(reversed(named)), buckets,
                                            exact_tensors_below)
+        # The order of every checkpoint without "params" (see check_order).
+        self._gradmesh_canonical = [name for name, _ in reversed(named)]
         self._gradmesh_fusion = fusion
         self._gradmesh_hooks = {}  # id(p) -> (accumulator, hook handle)
         self._gradmesh_register()
@@ -295,10 +299,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _gradmesh_exact(bucket):
-        """Whether `bucket` is expected to be summed exactly: registered
-        exact or in the plan's warm-up, yes; else as its last sum was (the plan now for the first
+        """Whether `bucket` is expected to be summed exactly: in the plan's
+        warm-up, yes; else as its last sum was (the plan now for the first
         sum, and for the first after the warm-up)."""
-        if bucket.exact or bucket.step < bucket.warmup_steps:
+        if bucket.step < bucket.warmup_steps:
             return True
         if bucket.step == bucket.warmup_steps > 0:
             return bucket.planned_algorithm(gradmesh.plan()) == "dense"
@@ -571,6 +575,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state = super(self.__class__, self).state_dict()
         state["gradmesh"] = checkpoint.gather(self._gradmesh_gather,
                                               self._gradmesh_own_tensors())
+        state["gradmesh"]["params"] = self._gradmesh_order()
         return state
 
     def load_state_dict(self, state_dict):
@@ -589,6 +594,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if "gradmesh_residuals" in state:  # an earlier per-process format
             table = self._gradmesh_own_table(state, tensors,
                                              self._gradmesh_boundaries())
+        checkpoint.check_order(table, self._gradmesh_order(),
+                               self._gradmesh_canonical)
         values = checkpoint.mine(table, tensors, self._gradmesh_op,
                                  self._gradmesh_boundaries())
         before = super(self.__class__, self).state_dict()
@@ -617,6 +624,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for bucket, earlier in loaded:
                 client.load_residual(bucket.set, earlier.numpy())
             raise
+
+    def _gradmesh_order(self):
+        """The parameters' names in the order their residuals are laid end
+        to end (the buckets'): reversed(named_parameters), unless
+        exact_tensors_below moved the small ones after the others."""
+        return [name for b in self._gradmesh_buckets for name in b.names]
 
     def _gradmesh_boundaries(self):
         """Where each parameter ends in the buckets' residuals, laid end to
@@ -700,7 +713,9 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     spare core costs more than it hides: docs/benchmarks.md). num_buckets =
     M instead (the caps then unused) fuses them into M buckets of
     ceil(L / M) tensors each. A checkpoint saved with other buckets loads as
-    it is. fusion: "per_tensor" (SAFusion's quotas) or "after_fusion". backward_passes_per_step: N
+    it is (not one of another exact_tensors_below split). fusion:
+    "per_tensor" (SAFusion's quotas) or "after_fusion".
+    backward_passes_per_step: N
     backward passes are summed locally (in .grad, as torch does) and reduced
     once, at the Nth. grad_scaler: a loss scaler (anything with
     get_scale(), such as torch.cuda.amp.GradScaler): the workers get
@@ -713,7 +728,7 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     momentum factor masking); None: where the plan's density is at most 2%
     (it helped at 1% and cost 0.87 points at 2.5%, 3 at 5%,
     docs/benchmarks.md). exact_tensors_below: the parameters of fewer
-    values go into buckets of their own (made as the others are), summed
+    values go into buckets of their own (by size, usually one), summed
     exactly whatever the plan, as Deep Gradient Compression leaves small
     layers uncompressed; None: every bucket follows the plan. On the 824k
     CNN at 1%, 20000 (its convolutions, biases and last layer, 2.6% of the
@@ -737,10 +752,16 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     except (TypeError, ValueError):
         raise gradmesh._invalid("bucket_cap_mb and first_bucket_mb must be "
                                 "numbers of MiB") from None
-    if exact_tensors_below is not None and not (
-            isinstance(exact_tensors_below, int) and exact_tensors_below > 0):
-        raise gradmesh._invalid("exact_tensors_below must be a number of "
-                                "values > 0 (or None)")
+    if exact_tensors_below is not None:
+        try:
+            if isinstance(exact_tensors_below, bool):
+                raise TypeError
+            exact_tensors_below = operator.index(exact_tensors_below)
+        except TypeError:
+            exact_tensors_below = 0
+        if exact_tensors_below < 1:
+            raise gradmesh._invalid("exact_tensors_below must be a whole "
+                                    "number of values > 0 (or None)")
     return cls(optimizer.param_groups, list(named_parameters), op,
                (num_buckets, *caps),
                fusion, backward_passes_per_step, grad_scaler,
