@@ -70,6 +70,9 @@ def parse_args():
                         help="evaluate on the first N test images (0: all)")
     parser.add_argument("--num-buckets", type=int, default=None,
                         help="fusion buckets M (default: by size)")
+    parser.add_argument("--exact-tensors-below", type=int, default=None,
+                        help="parameters of fewer values summed exactly, in "
+                        "a bucket of their own (default: none)")
     parser.add_argument("--fusion", default="per_tensor",
                         choices=["per_tensor", "after_fusion"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
@@ -196,7 +199,8 @@ def main():
         num_buckets=args.num_buckets, fusion=args.fusion,
         momentum_correction=(args.momentum_correction and (
             args.optimizer == "adam" or args.momentum > 0)),
-        momentum_masking=args.momentum_masking)
+        momentum_masking=args.momentum_masking,
+        exact_tensors_below=args.exact_tensors_below)
 
     # The same shards in every run with this seed: rank r takes every
     # size-th image of the epoch's permutation, starting at r.
