@@ -728,6 +728,10 @@ def test_exact_tensors_below_sums_small_tensors_exactly_under_any_plan():
         other.load_state_dict(saved)
     assert refused.value.code == "INVALID_ARGUMENT"
     assert "another parameter order" in str(refused.value)
+    malformed = dict(saved, gradmesh=dict(saved["gradmesh"], params=7))
+    with pytest.raises(gradmesh.GradmeshError) as refused:
+        other.load_state_dict(malformed)
+    assert refused.value.code == "INVALID_ARGUMENT"
     other.close()
 
     model, reference = Net(), Net()

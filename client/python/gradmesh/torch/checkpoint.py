@@ -149,6 +149,9 @@ def check_order(table, order, canonical):
     if not isinstance(table, dict):
         return  # _checked_rows says what is wrong
     saved = table.get("params", canonical)
+    if not isinstance(saved, (list, tuple)):
+        raise gradmesh._invalid(
+            "the checkpoint's \"params\" is not a list of parameter names")
     if list(saved) != list(order):
         raise gradmesh._invalid(
             "the checkpoint's residuals are laid out in another parameter "
