@@ -17,6 +17,7 @@ the optimizer, so that a failed gather leaves every process's registrations
 paired, and unregistered with it: up to 2^22 values (16 MiB) per process.
 """
 
+import reprlib
 import zlib
 
 import numpy as np
@@ -142,16 +143,18 @@ def _checked_rows(table, keys, sizes):
 
 def check_order(table, order, canonical):
     """InvalidArgument unless `table` lays the residuals out in the
-    parameter order `order` (its "params"; a table without them, in
-    `canonical`, the only order before exact_tensors_below): a checkpoint
-    saved with another exact_tensors_below holds the same values in
-    another order, which rebucketing cannot tell."""
+    parameter order `order` (its "params", a list of names; a table without
+    them, in `canonical`, the only order before exact_tensors_below): a
+    checkpoint saved with another exact_tensors_below holds the same values
+    in another order, which rebucketing cannot tell."""
     if not isinstance(table, dict):
         return  # _checked_rows says what is wrong
     saved = table.get("params", canonical)
-    if not isinstance(saved, (list, tuple)):
+    if not isinstance(saved, (list, tuple)) or not all(
+            isinstance(name, str) for name in saved):
         raise gradmesh._invalid(
-            "the checkpoint's \"params\" is not a list of parameter names")
+            "the checkpoint's 'params' is not a list of parameter names: "
+            + reprlib.repr(saved))
     if list(saved) != list(order):
         raise gradmesh._invalid(
             "the checkpoint's residuals are laid out in another parameter "
