@@ -86,7 +86,8 @@ def parse_args():
                    "masking (default: by the plan's density)")
     p.add_argument("--exact-tensors-below", type=int, default=None,
                    help="gradmesh's optimizer: parameters of fewer values "
-                   "summed exactly, in buckets of their own")
+                   "summed exactly, in buckets of their own (0: none; "
+                   "default: the optimizer's, by the plan's density)")
     p.add_argument("--train-limit", type=int, default=0,
                    help="the first N training images only (0: all)")
     p.add_argument("--test-limit", type=int, default=0,

@@ -105,7 +105,8 @@ def parse_args():
                         "(default: by the plan's density)")
     parser.add_argument("--exact-tensors-below", type=int, default=None,
                         help="gradmesh: parameters of fewer values summed "
-                        "exactly, in buckets of their own (default: none)")
+                        "exactly, in buckets of their own (0: none; default: "
+                        "the optimizer's, by the plan's density)")
     parser.add_argument("--out", default="", help="rank 0's JSON")
     return parser.parse_args()
 

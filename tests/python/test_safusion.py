@@ -41,7 +41,7 @@ def missing_per_step(fusion, steps=4):
     optimizer = gradmesh.torch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.01),
         named_parameters=model.named_parameters(), num_buckets=1,
-        fusion=fusion)
+        fusion=fusion, exact_tensors_below=0)  # the small layer sparse too
     generator = torch.Generator().manual_seed(gradmesh.rank())
     missing = []
     for _ in range(steps):

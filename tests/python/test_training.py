@@ -103,7 +103,10 @@ def descend(model, grads=None):
 
 
 def wrap(model, optimizer=None, **kwargs):
+    """Two buckets of the model, none exact unless exact_tensors_below says
+    (the default split has a test of its own)."""
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=LR)
+    kwargs.setdefault("exact_tensors_below", 0)
     return gradmesh.torch.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), num_buckets=2,
         **kwargs)
@@ -751,10 +754,53 @@ def test_exact_tensors_below_sums_small_tensors_exactly_under_any_plan():
         plain.step()
         assert_same(model, reference)
     finish(optimizer, model)
-    for bad in (0, True, 2.5):
+    for bad in (-1, True, 2.5):
         with pytest.raises(gradmesh.GradmeshError) as refused:
             wrap(Net(), exact_tensors_below=bad)
         assert refused.value.code == "INVALID_ARGUMENT"
+
+
+def test_by_default_the_tensors_with_small_quotas_are_summed_exactly():
+    """exact_tensors_below=None: under a sparse plan, the parameters whose
+    quota at the plan's density is under EXACT_QUOTA_BELOW values, smallest
+    first, up to EXACT_SHARE of the model's values: here the biases (18 of
+    146 values; with second.weight, 50, over a quarter). Under the dense
+    plan, none (every sum is exact already)."""
+    from gradmesh.torch import optimizer as module
+    model = Net()
+    optimizer = wrap(model, exact_tensors_below=None)
+    exact = [b.names for b in optimizer._gradmesh_buckets if b.exact]
+    if dense():
+        assert exact == []
+    else:
+        plan = gradmesh.plan()
+        assert module.EXACT_QUOTA_BELOW / plan.density > 32  # all would fit
+        assert exact == [["second.bias", "first.bias"]]
+    train(model, optimizer, range(2))
+    finish(optimizer, model)
+
+
+def test_the_default_exact_split_follows_the_quota_and_the_share():
+    """_default_exact: under the quota's bound (256 / density values), the
+    smallest first while they make at most a quarter of the values; none
+    under a dense plan."""
+    from types import SimpleNamespace
+    from gradmesh.torch.optimizer import _default_exact
+
+    def chosen(sizes, density, algorithm="spardl"):
+        params = [(name, torch.empty(n)) for name, n in sizes.items()]
+        plan = SimpleNamespace(algorithm=algorithm, density=density)
+        return _default_exact(params, plan)
+
+    mlp = {"w1": 1605632, "w2": 4194304, "w3": 20480, "b1": 2048, "b2": 2048,
+           "b3": 10}
+    assert chosen(mlp, 0.01) == {"w3", "b1", "b2", "b3"}  # under 25,600
+    assert chosen(mlp, 0.05) == {"b1", "b2", "b3"}  # under 5,120
+    assert chosen(mlp, 0.01, "dense") == set()
+    # Over a quarter of the values: the smallest only, in the model's
+    # order among equals.
+    assert chosen({"a": 100, "b": 100, "c": 300}, 0.01) == {"a"}
+    assert chosen({"a": 600}, 0.01) == set()
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])

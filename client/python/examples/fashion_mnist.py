@@ -72,7 +72,8 @@ def parse_args():
                         help="fusion buckets M (default: by size)")
     parser.add_argument("--exact-tensors-below", type=int, default=None,
                         help="parameters of fewer values summed exactly, in "
-                        "a bucket of their own (default: none)")
+                        "a bucket of their own (0: none; default: the "
+                        "optimizer's, by the plan's density)")
     parser.add_argument("--fusion", default="per_tensor",
                         choices=["per_tensor", "after_fusion"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],

@@ -54,16 +54,42 @@ def _bucket_plan(params, num_buckets, bucket_cap_mb=25.0,
     return runs + ([run] if run else [])
 
 
+# By default a parameter is summed exactly when its quota at the plan's
+# density would keep fewer values a step than this (at 1%: under 25,600
+# values), the smallest first, while they make at most EXACT_SHARE of the
+# model's values (docs/python.md, "Small layers summed exactly").
+EXACT_QUOTA_BELOW = 256
+EXACT_SHARE = 0.25
+
+
+def _default_exact(params, plan):
+    """The names of the parameters summed exactly by default under `plan`:
+    none for a dense plan (every sum is exact already)."""
+    if plan.algorithm == "dense" or not plan.density > 0:
+        return set()
+    below = math.ceil(EXACT_QUOTA_BELOW / plan.density)
+    budget = EXACT_SHARE * sum(p.numel() for _, p in params)
+    chosen, total = set(), 0
+    for name, p in sorted(params, key=lambda named: named[1].numel()):
+        if p.numel() >= below or total + p.numel() > budget:
+            break
+        chosen.add(name)
+        total += p.numel()
+    return chosen
+
+
 def _exact_apart(params, buckets, exact_tensors_below):
     """[(run, exact)]: the runs of _bucket_plan(params, *buckets) over the
     parameters of exact_tensors_below values or more, then those over the
-    smaller ones (None: none), by size alone (usually one run), which are
-    registered exact."""
-    small, large = [], []
-    for named in params:
-        is_small = (exact_tensors_below is not None
-                    and named[1].numel() < exact_tensors_below)
-        (small if is_small else large).append(named)
+    smaller ones, by size alone (usually one run), which are registered
+    exact. exact_tensors_below None: by the plan (_default_exact); 0:
+    none."""
+    if exact_tensors_below is None:
+        exact = _default_exact(params, gradmesh.plan())
+    else:
+        exact = {name for name, p in params if p.numel() < exact_tensors_below}
+    small = [named for named in params if named[0] in exact]
+    large = [named for named in params if named[0] not in exact]
     return ([(run, False) for run in _bucket_plan(large, *buckets)] +
             [(run, True) for run in _bucket_plan(small, None, buckets[1])])
 
@@ -730,10 +756,13 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     docs/benchmarks.md). exact_tensors_below: the parameters of fewer
     values go into buckets of their own (by size, usually one), summed
     exactly whatever the plan, as Deep Gradient Compression leaves small
-    layers uncompressed; None: every bucket follows the plan. On the 824k
-    CNN at 1%, 20000 (its convolutions, biases and last layer, 2.6% of the
-    values) ended at or above dense in each of 3 seeds instead of 1.14
-    points below on average (docs/benchmarks.md).
+    layers uncompressed; 0: every bucket follows the plan; None (the
+    default): under a sparse plan, the parameters whose quota at the plan's
+    density is under EXACT_QUOTA_BELOW values a step, smallest first, up to
+    EXACT_SHARE of the values (at 1%: those under 25,600 values). On the
+    824k CNN at 1% that is its convolutions, biases and last layer (2.6% of
+    the values): one epoch ended at or above dense in each of 3 seeds
+    instead of 1.14 points below on average (docs/benchmarks.md).
     With Adam or AdamW: in sparse buckets each process's Adam step
     direction is summed and applied with the learning rate; in exact ones
     plain Adam. Each bucket is all-reduced as soon as backward has produced
@@ -758,10 +787,11 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
                 raise TypeError
             exact_tensors_below = operator.index(exact_tensors_below)
         except TypeError:
-            exact_tensors_below = 0
-        if exact_tensors_below < 1:
+            exact_tensors_below = -1
+        if exact_tensors_below < 0:
             raise gradmesh._invalid("exact_tensors_below must be a whole "
-                                    "number of values > 0 (or None)")
+                                    "number of values >= 0 (0: none; None: "
+                                    "by the plan's density)")
     return cls(optimizer.param_groups, list(named_parameters), op,
                (num_buckets, *caps),
                fusion, backward_passes_per_step, grad_scaler,
