@@ -65,6 +65,11 @@ def parse_args():
     p.add_argument("--workers", type=int, default=4, help="hosts, P")
     p.add_argument("--model", default="cnn824k", choices=MODELS)
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
+                   help="every system's: SGD with momentum 0.9, or Adam")
+    p.add_argument("--lr", type=float, default=None,
+                   help="the learning rate (default: 0.02 for SGD, 0.001 "
+                   "for Adam)")
     p.add_argument("--algo", default="spardl", help="gradmesh's plan")
     p.add_argument("--density", type=float, default=0.01,
                    help="gradmesh's plan")
@@ -147,7 +152,13 @@ class Bench:
                f"--test-limit={self.args.test_limit}",
                f"--evals-per-epoch={self.args.evals_per_epoch}",
                f"--num-buckets={self.args.num_buckets}",
-               f"--seed={self.args.seed}", f"--out={out}"]
+               f"--seed={self.args.seed}", f"--out={out}",
+               f"--optimizer={self.args.optimizer}"]
+        lr = self.args.lr
+        if lr is None and self.args.optimizer == "adam":
+            lr = 0.001
+        if lr is not None:
+            job.append(f"--lr={lr}")
         if self.args.first_bucket_mb is not None:
             job.append(f"--first-bucket-mb={self.args.first_bucket_mb}")
         if self.args.momentum_masking is not None:

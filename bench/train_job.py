@@ -88,7 +88,9 @@ def parse_args():
     parser.add_argument("--evals-per-epoch", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.02)
-    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--momentum", type=float, default=0.9,
+                        help="SGD's")
+    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--train-limit", type=int, default=0,
                         help="the first N training images only (0: all)")
@@ -120,14 +122,13 @@ def noop_hook(state, bucket):
 
 def wrap(system, model, args):
     """The model to train and the optimizer to step, for `system`."""
-    lr, momentum = args.lr, args.momentum
-    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     if system == "gradmesh":
         import gradmesh.torch
         gradmesh.broadcast_parameters(model.state_dict(), root_rank=0)
         return model, gradmesh.torch.DistributedOptimizer(
-            sgd, named_parameters=model.named_parameters(),
-            momentum_correction=momentum > 0,
+            inner_optimizer(model, args),
+            named_parameters=model.named_parameters(),
+            momentum_correction=args.optimizer == "adam" or args.momentum > 0,
             momentum_masking=args.momentum_masking,
             num_buckets=args.num_buckets or None,
             first_bucket_mb=args.first_bucket_mb,
@@ -150,7 +151,15 @@ def wrap(system, model, args):
             from torch.distributed.algorithms.ddp_comm_hooks import (
                 default_hooks)
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    return ddp, torch.optim.SGD(ddp.parameters(), lr=lr, momentum=momentum)
+    return ddp, inner_optimizer(ddp, args)
+
+
+def inner_optimizer(model, args):
+    """SGD with args.momentum, or Adam, at args.lr."""
+    if args.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=args.lr)
+    return torch.optim.SGD(model.parameters(), lr=args.lr,
+                           momentum=args.momentum)
 
 
 def start(system):
