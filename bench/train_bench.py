@@ -154,11 +154,8 @@ class Bench:
                f"--num-buckets={self.args.num_buckets}",
                f"--seed={self.args.seed}", f"--out={out}",
                f"--optimizer={self.args.optimizer}"]
-        lr = self.args.lr
-        if lr is None and self.args.optimizer == "adam":
-            lr = 0.001
-        if lr is not None:
-            job.append(f"--lr={lr}")
+        if self.args.lr is not None:
+            job.append(f"--lr={self.args.lr}")
         if self.args.first_bucket_mb is not None:
             job.append(f"--first-bucket-mb={self.args.first_bucket_mb}")
         if self.args.momentum_masking is not None:

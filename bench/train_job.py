@@ -15,8 +15,8 @@ torchrun's variables as well as gradmesh's), trained with one system:
   noop      DDP with a hook that sends nothing: the limit (compute alone)
 
 Every system sees the same shards (rank r takes every size-th image of the
-epoch's seeded permutation), the same initial parameters and SGD with
-momentum. --evals-per-epoch times an epoch every process stops at a barrier,
+epoch's seeded permutation), the same initial parameters and the same
+optimizer (SGD with momentum, or Adam). --evals-per-epoch times an epoch every process stops at a barrier,
 rank 0 evaluates, and all go on after a second barrier, so that no process
 trains while rank 0 evaluates. Rank 0 writes the run's curve to --out as
 JSON: the seconds of training so far (data loading and evaluation left out),
@@ -87,10 +87,12 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--evals-per-epoch", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--lr", type=float, default=None,
+                        help="default: 0.02 for SGD, 0.001 for Adam")
     parser.add_argument("--momentum", type=float, default=0.9,
                         help="SGD's")
-    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
+                        help="SGD with --momentum, or Adam")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--train-limit", type=int, default=0,
                         help="the first N training images only (0: all)")
@@ -110,7 +112,10 @@ def parse_args():
                         "exactly, in buckets of their own (0: none; default: "
                         "the optimizer's, by the plan's density)")
     parser.add_argument("--out", default="", help="rank 0's JSON")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.lr is None:
+        args.lr = 0.001 if args.optimizer == "adam" else 0.02
+    return args
 
 
 def noop_hook(state, bucket):

@@ -188,20 +188,22 @@ def test_distributed_optimizer_averages_like_one_process(num_buckets):
 
 
 def test_buckets_are_sized_as_ddp_s_and_the_first_overlaps_backward():
-    # By default one bucket up to 25 MiB. With DDP's 1 MiB first bucket, in
-    # backward order: the head, then 1.2 MB of body (the first bucket is
-    # full), then the stem.
+    # By default one bucket up to 25 MiB (no exact split here, which has
+    # tests of its own). With DDP's 1 MiB first bucket, in backward order:
+    # the head, then 1.2 MB of body (the first bucket is full), then the
+    # stem.
     torch.manual_seed(6)
     model = nn.Sequential(nn.Linear(20, 1000), nn.ReLU(),
                           nn.Linear(1000, 300), nn.ReLU(), nn.Linear(300, 10))
     one = gradmesh.torch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
-        named_parameters=model.named_parameters())
+        named_parameters=model.named_parameters(), exact_tensors_below=0)
     assert len(one._gradmesh_buckets) == 1
     one.close()
     optimizer = gradmesh.torch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
-        named_parameters=model.named_parameters(), first_bucket_mb=1)
+        named_parameters=model.named_parameters(), first_bucket_mb=1,
+        exact_tensors_below=0)
     buckets = optimizer._gradmesh_buckets
     assert [b.names for b in buckets] == [
         ["4.bias", "4.weight", "2.bias", "2.weight"], ["0.bias", "0.weight"]]
@@ -222,7 +224,7 @@ def test_buckets_are_sized_as_ddp_s_and_the_first_overlaps_backward():
     optimizer = gradmesh.torch.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
         named_parameters=model.named_parameters(), first_bucket_mb=0.01,
-        bucket_cap_mb=0.05)
+        bucket_cap_mb=0.05, exact_tensors_below=0)
     assert [b.names for b in optimizer._gradmesh_buckets] == [
         ["4.bias", "4.weight"], ["2.bias", "2.weight"],
         ["0.bias", "0.weight"]]
@@ -251,7 +253,8 @@ def test_a_checkpoint_saved_with_other_buckets_loads_into_these():
     def wrap(**buckets):
         return gradmesh.torch.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1),
-            named_parameters=model.named_parameters(), **buckets)
+            named_parameters=model.named_parameters(), exact_tensors_below=0,
+            **buckets)
 
     one = wrap(num_buckets=1)  # as an earlier version's default
     (bucket,) = one._gradmesh_buckets

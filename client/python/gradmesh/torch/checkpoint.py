@@ -158,10 +158,10 @@ def check_order(table, order, canonical):
     if list(saved) != list(order):
         raise gradmesh._invalid(
             "the checkpoint's residuals are laid out in another parameter "
-            "order (saved with another exact_tensors_below, or under a plan "
-            "of another density or algorithm with its default): load it "
-            "with the exact_tensors_below it was saved with (0: no exact "
-            "buckets)")
+            "order (saved with another exact_tensors_below, or with its "
+            "default under another density or exact_below): load it with "
+            "the options it was saved with (exact_tensors_below=0: no exact "
+            "buckets, as in checkpoints of an earlier gradmesh)")
 
 
 def _residual_count(keys):

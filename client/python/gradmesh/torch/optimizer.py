@@ -63,10 +63,11 @@ EXACT_SHARE = 0.25
 
 
 def _default_exact(params, plan):
-    """The names of the parameters summed exactly by default under `plan`:
-    none for a dense plan (every sum is exact already)."""
-    if plan.algorithm == "dense" or not plan.density > 0:
-        return set()
+    """The names of the parameters summed exactly by default: from the
+    plan's density and exact_below alone, which stay as configured for the
+    whole job (its algorithm does not: `auto` and its trials change it), so
+    that a process that starts late splits as the others did. None when the
+    rest would be under exact_below (summed exactly anyway)."""
     below = math.ceil(EXACT_QUOTA_BELOW / plan.density)
     budget = EXACT_SHARE * sum(p.numel() for _, p in params)
     chosen, total = set(), 0
@@ -75,7 +76,8 @@ def _default_exact(params, plan):
             break
         chosen.add(name)
         total += p.numel()
-    return chosen
+    rest = sum(p.numel() for name, p in params if name not in chosen)
+    return chosen if rest >= plan.exact_below else set()
 
 
 def _exact_apart(params, buckets, exact_tensors_below):
@@ -654,7 +656,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gradmesh_order(self):
         """The parameters' names in the order their residuals are laid end
         to end (the buckets'): reversed(named_parameters), unless
-        exact_tensors_below moved the small ones after the others."""
+        exact_tensors_below (or its default) moved the small ones after the
+        others."""
         return [name for b in self._gradmesh_buckets for name in b.names]
 
     def _gradmesh_boundaries(self):
@@ -738,7 +741,8 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     early in backward (one more operation a step, which on hosts without a
     spare core costs more than it hides: docs/benchmarks.md). num_buckets =
     M instead (the caps then unused) fuses them into M buckets of
-    ceil(L / M) tensors each. A checkpoint saved with other buckets loads as
+    ceil(L / M) tensors each (and the exact parameters, below, a bucket of
+    their own). A checkpoint saved with other buckets loads as
     it is (not one of another exact_tensors_below split). fusion:
     "per_tensor" (SAFusion's quotas) or "after_fusion".
     backward_passes_per_step: N
@@ -757,9 +761,10 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     values go into buckets of their own (by size, usually one), summed
     exactly whatever the plan, as Deep Gradient Compression leaves small
     layers uncompressed; 0: every bucket follows the plan; None (the
-    default): under a sparse plan, the parameters whose quota at the plan's
-    density is under EXACT_QUOTA_BELOW values a step, smallest first, up to
-    EXACT_SHARE of the values (at 1%: those under 25,600 values). On the
+    default): the parameters whose quota at the plan's density is under
+    EXACT_QUOTA_BELOW values a step, smallest first, up to EXACT_SHARE of
+    the values (at 1%: those under 25,600 values), unless the rest is under
+    the plan's exact_below. On the
     824k CNN at 1% that is its convolutions, biases and last layer (2.6% of
     the values): one epoch ended at or above dense in each of 3 seeds
     instead of 1.14 points below on average (docs/benchmarks.md).
