@@ -764,41 +764,51 @@ def test_by_default_the_tensors_with_small_quotas_are_summed_exactly():
     """exact_tensors_below=None: the parameters whose quota at the plan's
     density is under EXACT_QUOTA_BELOW values, smallest first, up to
     EXACT_SHARE of the model's values: here the biases (18 of 146 values;
-    with second.weight, 50, over a quarter). None where the weights (128
-    values) are under the plan's exact_below: summed exactly anyway."""
+    with second.weight, 50, over a quarter, though under the size bound).
+    None where the model is under the plan's exact_below: its bucket is
+    summed exactly anyway."""
     from gradmesh.torch import optimizer as module
     plan = gradmesh.plan()
-    assert module.EXACT_QUOTA_BELOW / plan.density > 32  # every bias fits
+    assert module.EXACT_QUOTA_BELOW / plan.density > 32  # the share decides
     model = Net()
     optimizer = wrap(model, exact_tensors_below=None)
     exact = [b.names for b in optimizer._gradmesh_buckets if b.exact]
-    if plan.exact_below > 128:
+    if plan.exact_below > 146:
         assert exact == []
     else:
         assert exact == [["second.bias", "first.bias"]]
     train(model, optimizer, range(2))
+    for bucket in optimizer._gradmesh_buckets:
+        if bucket.exact:
+            assert bucket.last_algorithm == "dense"
     finish(optimizer, model)
 
 
 def test_the_default_exact_split_follows_the_quota_and_the_share():
     """_default_exact: under the quota's bound (256 / density values), the
     smallest first while they make at most a quarter of the values; none
-    when the rest is under exact_below. The algorithm plays no part (it
-    changes under `auto`; a late process must split as the others did)."""
+    at density 1 or when the model is under exact_below. The algorithm
+    plays no part (it changes under `auto`; a late process must split as
+    the others did)."""
     from types import SimpleNamespace
     from gradmesh.torch.optimizer import _default_exact
 
     def chosen(sizes, density, exact_below=16384):
         params = [(name, torch.empty(n)) for name, n in sizes.items()]
-        plan = SimpleNamespace(density=density, exact_below=exact_below,
-                               algorithm="no part in it")
+        # No algorithm: reading it fails the test.
+        plan = SimpleNamespace(density=density, exact_below=exact_below)
         return _default_exact(params, plan)
 
     mlp = {"w1": 1605632, "w2": 4194304, "w3": 20480, "b1": 2048, "b2": 2048,
            "b3": 10}
     assert chosen(mlp, 0.01) == {"w3", "b1", "b2", "b3"}  # under 25,600
     assert chosen(mlp, 0.05) == {"b1", "b2", "b3"}  # under 5,120
-    assert chosen(mlp, 0.01, exact_below=6 * 10**6) == set()
+    assert chosen(mlp, 1.0) == set()  # nothing is left out
+    # The whole model against exact_below: under it, one exact bucket; at
+    # it, the split (the rest, under it too, is then exact on its own).
+    total = sum(mlp.values())
+    assert chosen(mlp, 0.01, exact_below=total + 1) == set()
+    assert chosen(mlp, 0.01, exact_below=total) == {"w3", "b1", "b2", "b3"}
     # Over a quarter of the values: the smallest only; among equals the
     # first in the order given (the optimizer gives backward order).
     assert chosen({"a": 100, "b": 100, "c": 300}, 0.01, 0) == {"a"}

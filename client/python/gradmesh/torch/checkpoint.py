@@ -159,9 +159,10 @@ def check_order(table, order, canonical):
         raise gradmesh._invalid(
             "the checkpoint's residuals are laid out in another parameter "
             "order (saved with another exact_tensors_below, or with its "
-            "default under another density or exact_below): load it with "
-            "the options it was saved with (exact_tensors_below=0: no exact "
-            "buckets, as in checkpoints of an earlier gradmesh)")
+            "default under another --density or --exact_below of the plan, "
+            "or from another model): load it with the options it was saved "
+            "with (exact_tensors_below=0: no exact buckets, as in "
+            "checkpoints of an earlier gradmesh)")
 
 
 def _residual_count(keys):
