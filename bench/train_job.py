@@ -16,17 +16,17 @@ torchrun's variables as well as gradmesh's), trained with one system:
 
 Every system sees the same shards (rank r takes every size-th image of the
 epoch's seeded permutation), the same initial parameters and the same
-optimizer (SGD with momentum, or Adam). --evals-per-epoch times an epoch every process stops at a barrier,
-rank 0 evaluates, and all go on after a second barrier, so that no process
-trains while rank 0 evaluates. Rank 0 writes the run's curve to --out as
-JSON: the seconds of training so far (data loading and evaluation left out),
-the test accuracy, and for gradmesh its plan ("spardl d=2", "dense"), at
-each point, and the plan's note (why: auto's trial figures) at the end,
-and the mean step split into forward and backward (DDP's all-reduce waits
-at the end of backward), step() (gradmesh waits for its buckets there) and,
-for gradmesh, the workers' own time per step (summed over buckets: the
-selection and packing, and the time blocked on peers) and bytes sent.
-"""
+optimizer (SGD with momentum, or Adam). --evals-per-epoch times an epoch
+every process stops at a barrier, rank 0 evaluates, and all go on after a
+second barrier, so that no process trains while rank 0 evaluates. Rank 0
+writes the run's curve to --out as JSON: the seconds of training so far
+(data loading and evaluation left out), the test accuracy, and for gradmesh
+its plan ("spardl d=2", "dense"), at each point, and the plan's note (why:
+auto's trial figures) at the end, and the mean step split into forward and
+backward (DDP's all-reduce waits at the end of backward), step() (gradmesh
+waits for its buckets there) and, for gradmesh, the workers' own time per
+step (summed over buckets: the selection and packing, and the time blocked
+on peers) and bytes sent."""
 
 import argparse
 import json

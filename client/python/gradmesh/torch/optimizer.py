@@ -766,10 +766,10 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     default): the parameters whose quota at the plan's density is under
     EXACT_QUOTA_BELOW values a step, smallest first, up to EXACT_SHARE of
     the values (at 1%: those under 25,600 values); none at density 1 or for
-    a model under the plan's exact_below. On the
-    824k CNN at 1% that is its convolutions, biases and last layer (2.6% of
-    the values): one epoch ended at or above dense in each of 3 seeds
-    instead of 1.14 points below on average (docs/benchmarks.md).
+    a model under the plan's exact_below. On the 824k CNN at 1% that is its
+    convolutions, biases and last layer (2.6% of the values): one epoch
+    ended at or above dense in each of 3 seeds instead of 1.14 points below
+    on average (docs/benchmarks.md).
     With Adam or AdamW: in sparse buckets each process's Adam step
     direction is summed and applied with the learning rate; in exact ones
     plain Adam. Each bucket is all-reduced as soon as backward has produced
