@@ -762,34 +762,43 @@ def test_exact_tensors_below_sums_small_tensors_exactly_under_any_plan():
 
 def test_by_default_the_tensors_with_small_quotas_are_summed_exactly():
     """exact_tensors_below=None: the parameters whose quota at the plan's
-    density is under EXACT_QUOTA_BELOW values, smallest first, up to
-    EXACT_SHARE of the model's values: here the biases (18 of 146 values;
-    with second.weight, 50, over a quarter, though under the size bound).
-    None where the model is under the plan's exact_below: its bucket is
-    summed exactly anyway."""
+    density is under EXACT_QUOTA_BELOW values, if they are at most
+    EXACT_SHARE of the model: here all but the first layer's 60,000
+    weights (3,002 of 63,002 values), in a bucket summed exactly. None at
+    density 1 or under exact_below, nor for Net, made of small layers
+    only."""
     from gradmesh.torch import optimizer as module
     plan = gradmesh.plan()
-    assert module.EXACT_QUOTA_BELOW / plan.density > 32  # the share decides
-    model = Net()
+    assert 2000 < module.EXACT_QUOTA_BELOW / plan.density <= 60000
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(60, 1000), nn.Tanh(), nn.Linear(1000, 2))
     optimizer = wrap(model, exact_tensors_below=None)
     exact = [b.names for b in optimizer._gradmesh_buckets if b.exact]
-    if plan.exact_below > 146:
+    if plan.density >= 1 or plan.exact_below > 63002:
         assert exact == []
     else:
-        assert exact == [["second.bias", "first.bias"]]
-    train(model, optimizer, range(2))
+        assert exact == [["2.bias", "2.weight", "0.bias"]]
+    generator = torch.Generator().manual_seed(gradmesh.rank())
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(8, 60, generator=generator)).square().mean(
+        ).backward()
+        optimizer.step()
     for bucket in optimizer._gradmesh_buckets:
         if bucket.exact:
             assert bucket.last_algorithm == "dense"
     finish(optimizer, model)
+    small = wrap(Net(), exact_tensors_below=None)
+    assert not any(b.exact for b in small._gradmesh_buckets)
+    small.close()
 
 
 def test_the_default_exact_split_follows_the_quota_and_the_share():
-    """_default_exact: under the quota's bound (256 / density values), the
-    smallest first while they make at most a quarter of the values; none
-    at density 1 or when the model is under exact_below. The algorithm
-    plays no part (it changes under `auto`; a late process must split as
-    the others did)."""
+    """_default_exact: every parameter under the quota's bound (256 /
+    density values) if they make at most a tenth of the values, else none;
+    none at density 1 or when the model is under exact_below. The
+    algorithm plays no part (it changes under `auto`; a late process must
+    split as the others did)."""
     from types import SimpleNamespace
     from gradmesh.torch.optimizer import _default_exact
 
@@ -809,11 +818,9 @@ def test_the_default_exact_split_follows_the_quota_and_the_share():
     total = sum(mlp.values())
     assert chosen(mlp, 0.01, exact_below=total + 1) == set()
     assert chosen(mlp, 0.01, exact_below=total) == {"w3", "b1", "b2", "b3"}
-    # Over a quarter of the values: the smallest only; among equals the
-    # first in the order given (the optimizer gives backward order).
-    assert chosen({"a": 100, "b": 100, "c": 300}, 0.01, 0) == {"a"}
-    assert chosen({"b": 100, "a": 100, "c": 300}, 0.01, 0) == {"b"}
-    assert chosen({"a": 600}, 0.01, 0) == set()
+    # The share: 10,000 of 110,000 values, then 12,000 of 112,000.
+    assert chosen({"w": 100000, "a": 5000, "b": 5000}, 0.01, 0) == {"a", "b"}
+    assert chosen({"w": 100000, "a": 6000, "b": 6000}, 0.01, 0) == set()
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])

@@ -54,12 +54,12 @@ def _bucket_plan(params, num_buckets, bucket_cap_mb=25.0,
     return runs + ([run] if run else [])
 
 
-# By default a parameter is summed exactly when its quota at the plan's
-# density would keep fewer values a step than this (at 1%: under 25,600
-# values), the smallest first, while they make at most EXACT_SHARE of the
-# model's values (docs/python.md, "Small layers summed exactly").
+# By default the parameters whose quota at the plan's density would keep
+# fewer values a step than this (at 1%: those under 25,600 values) are
+# summed exactly, if together they make at most EXACT_SHARE of the model's
+# values (docs/python.md, "Small layers summed exactly").
 EXACT_QUOTA_BELOW = 256
-EXACT_SHARE = 0.25
+EXACT_SHARE = 0.10
 
 
 def _default_exact(params, plan):
@@ -67,19 +67,16 @@ def _default_exact(params, plan):
     plan's density and exact_below alone, which stay as configured for the
     whole job (its algorithm does not: `auto` and its trials change it), so
     that a process that starts late splits as the others did. None at
-    density 1 (nothing is left out) or for a model under exact_below (its
-    one bucket is summed exactly anyway)."""
+    density 1 (nothing is left out), for a model under exact_below (its one
+    bucket is summed exactly anyway), or when the small parameters are more
+    than EXACT_SHARE of the model (their second operation a step then cost
+    more than it gained)."""
     total = sum(p.numel() for _, p in params)
     if plan.density >= 1 or total < plan.exact_below:
         return set()
     below = math.ceil(EXACT_QUOTA_BELOW / plan.density)
-    chosen, kept = set(), 0
-    for name, p in sorted(params, key=lambda named: named[1].numel()):
-        if p.numel() >= below or kept + p.numel() > EXACT_SHARE * total:
-            break
-        chosen.add(name)
-        kept += p.numel()
-    return chosen
+    small = {name: p.numel() for name, p in params if p.numel() < below}
+    return set(small) if sum(small.values()) <= EXACT_SHARE * total else set()
 
 
 def _exact_apart(params, buckets, exact_tensors_below):
@@ -764,9 +761,9 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     exactly whatever the plan, as Deep Gradient Compression leaves small
     layers uncompressed; 0: every bucket follows the plan; None (the
     default): the parameters whose quota at the plan's density is under
-    EXACT_QUOTA_BELOW values a step, smallest first, up to EXACT_SHARE of
-    the values (at 1%: those under 25,600 values); none at density 1 or for
-    a model under the plan's exact_below. On the 824k CNN at 1% that is its
+    EXACT_QUOTA_BELOW values a step (at 1%: those under 25,600 values), if
+    they are at most EXACT_SHARE of the values; none at density 1 or for a
+    model under the plan's exact_below. On the 824k CNN at 1% that is its
     convolutions, biases and last layer (2.6% of the values): one epoch
     ended at or above dense in each of 3 seeds instead of 1.14 points below
     on average (docs/benchmarks.md).
