@@ -158,8 +158,8 @@ grpc::StatusCode CallCoordinator(
 
 // GET http://127.0.0.1:port/metrics (curl, which scripts/setup.sh installs).
 std::string FetchMetrics(int port) {
-  const std::string command =
-      absl::StrCat("curl -sf http://127.0.0.1:", port, "/metrics");
+  const std::string command = absl::StrCat(
+      "curl -sf --max-time 10 http://127.0.0.1:", port, "/metrics");
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return "";
   std::string body;
@@ -1020,6 +1020,7 @@ TEST_F(ClusterTest, PeerCallsOverTheSdkSocketAreRefused) {
                                      grpc::InsecureChannelCredentials());
   auto peer = gradmesh::v1::Peer::NewStub(channel);
   grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   auto stream = peer->Exchange(&context);
   gradmesh::v1::Frame frame;
   frame.set_epoch(plan->epoch);

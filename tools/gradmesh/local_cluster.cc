@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/cli.h"
 #include "common/status_macros.h"
 
@@ -391,8 +392,15 @@ void LocalCluster::Signal(Process& p, int signal) {
     waitpid(p.pid, &p.exit_status, 0);
     p.pid = -1;
   } else if (signal == SIGSTOP) {
+    // Polled with a bound: a process stopped before reports no new stop.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
     int status = 0;
-    if (waitpid(p.pid, &status, WUNTRACED) == p.pid && !WIFSTOPPED(status)) {
+    pid_t got = 0;
+    while ((got = waitpid(p.pid, &status, WNOHANG | WUNTRACED)) == 0 &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    if (got == p.pid && !WIFSTOPPED(status)) {
       p.exit_status = status;  // it had exited: reaped now
       p.pid = -1;
     }

@@ -124,9 +124,9 @@ class LocalCluster {
   int restarts(int worker) const { return workers_[worker].restarts; }
 
   // Sends `signal` to worker `worker`; for SIGKILL reaps it, and for SIGSTOP
-  // returns once it has stopped (a stop takes effect when the process is
-  // next scheduled, which on a loaded machine can be after it has run a
-  // while longer).
+  // returns once it has stopped, or after 10 s (a stop takes effect when the
+  // process is next scheduled, which on a loaded machine can be after it has
+  // run a while longer; one stopped before reports no new stop).
   void Kill(int worker, int signal);
   // Kill's signals, to the coordinator (one this cluster started).
   void SignalCoordinator(int signal);

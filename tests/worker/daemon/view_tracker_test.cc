@@ -76,10 +76,12 @@ class ViewTrackerTest : public ::testing::Test {
 TEST_F(ViewTrackerTest, WaitsForTheFirstViewUntilTheDeadline) {
   EXPECT_TRUE(
       absl::IsDeadlineExceeded(views_.Acquire(0, clock_.Now()).status()));
-  // A waiter gives up when the clock passes its deadline...
+  // A waiter gives up when the clock passes its deadline (taken before the
+  // thread starts: a thread scheduled after the Advance would otherwise wait
+  // on a fake clock that never reaches its deadline)...
+  const absl::Time deadline = clock_.Now() + absl::Seconds(5);
   std::thread waiter([&] {
-    EXPECT_TRUE(absl::IsDeadlineExceeded(
-        views_.Acquire(0, clock_.Now() + absl::Seconds(5)).status()));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(views_.Acquire(0, deadline).status()));
   });
   absl::SleepFor(absl::Milliseconds(20));
   clock_.Advance(absl::Seconds(6));
