@@ -60,8 +60,10 @@ tsan_tests=(loopback_test view_tracker_test step_protocol_test data_plane_test
 bash scripts/build.sh build-tsan/build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DGRADMESH_SANITIZE=thread -DGRADMESH_CUDA=OFF \
     -DCMAKE_PREFIX_PATH="$PWD/build-tsan/absl" -- "${tsan_tests[@]}"
+# Each binary under a bound, as ctest bounds its tests: a hang fails by name.
 for t in "${tsan_tests[@]}"; do
   TSAN_OPTIONS="suppressions=$PWD/tests/tsan/suppressions.txt halt_on_error=1" \
+      timeout --kill-after=10 900 \
       "$(find build-tsan/build/tests -name "$t" -type f | head -1)" \
-      --gtest_brief=1
+      --gtest_brief=1 || { echo "== $t failed or ran past 900 s"; exit 1; }
 done

@@ -211,7 +211,7 @@ TEST_F(ClusterTest, AStalledWorkerIsDroppedThenRejoins) {
   const StepResults warm = RunStep(trainers, {0, 1, 2, 3}, 0);
   for (const auto& r : warm) ASSERT_TRUE(r.status.ok()) << r.status;
 
-  cluster_->Kill(2, SIGSTOP);
+  ASSERT_TRUE(cluster_->Kill(2, SIGSTOP));
   const absl::Time start = absl::Now();
   const StepResults during = RunStep(trainers, {0, 1, 2, 3}, 1);
   EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(3));
@@ -930,7 +930,7 @@ TEST_F(ClusterTest, APausedCoordinatorEvictsNobody) {
       ConnectAll(*cluster_, "pause", 4000, absl::Seconds(20));
   const StepResults before = RunStep(trainers, {0, 1, 2}, 0);
   for (const auto& r : before) ASSERT_TRUE(r.status.ok()) << r.status;
-  cluster_->SignalCoordinator(SIGSTOP);
+  ASSERT_TRUE(cluster_->SignalCoordinator(SIGSTOP));
   absl::SleepFor(absl::Seconds(5));
   cluster_->SignalCoordinator(SIGCONT);
   absl::SleepFor(absl::Seconds(1));

@@ -377,16 +377,16 @@ bool LocalCluster::Exited(int worker) {
   return p.pid <= 0;
 }
 
-void LocalCluster::Kill(int worker, int signal) {
-  Signal(workers_[worker], signal);
+bool LocalCluster::Kill(int worker, int signal) {
+  return Signal(workers_[worker], signal);
 }
 
-void LocalCluster::SignalCoordinator(int signal) {
-  Signal(coordinator_, signal);
+bool LocalCluster::SignalCoordinator(int signal) {
+  return Signal(coordinator_, signal);
 }
 
-void LocalCluster::Signal(Process& p, int signal) {
-  if (p.pid <= 0) return;
+bool LocalCluster::Signal(Process& p, int signal) {
+  if (p.pid <= 0) return signal != SIGSTOP;
   kill(p.pid, signal);
   if (signal == SIGKILL) {
     waitpid(p.pid, &p.exit_status, 0);
@@ -404,7 +404,9 @@ void LocalCluster::Signal(Process& p, int signal) {
       p.exit_status = status;  // it had exited: reaped now
       p.pid = -1;
     }
+    return got == p.pid && WIFSTOPPED(status);
   }
+  return true;
 }
 
 absl::Status LocalCluster::Stop() {

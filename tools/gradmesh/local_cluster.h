@@ -124,16 +124,19 @@ class LocalCluster {
   int restarts(int worker) const { return workers_[worker].restarts; }
 
   // Sends `signal` to worker `worker`; for SIGKILL reaps it, and for SIGSTOP
-  // returns once it has stopped, or after 10 s (a stop takes effect when the
-  // process is next scheduled, which on a loaded machine can be after it has
-  // run a while longer; one stopped before reports no new stop).
-  void Kill(int worker, int signal);
+  // returns once it has stopped (a stop takes effect when the process is
+  // next scheduled, which on a loaded machine can be after it has run a
+  // while longer), or reaps it if it had exited instead. False only when a
+  // SIGSTOP showed no stop within 10 s (or the process had exited): the
+  // caller's test would not test what it means to.
+  bool Kill(int worker, int signal);
   // Kill's signals, to the coordinator (one this cluster started).
-  void SignalCoordinator(int signal);
+  bool SignalCoordinator(int signal);
   bool alive(int worker) const { return workers_[worker].pid > 0; }
   // Whether worker `worker`'s process has exited (reaping it if so).
   bool Exited(int worker);
-  // Its wait status once reaped (Exited, or Kill with SIGKILL).
+  // Its wait status once reaped (Exited, Kill with SIGKILL, or Kill with
+  // SIGSTOP that found it exited).
   int exit_status(int worker) const { return workers_[worker].exit_status; }
 
   // A temporary work_dir is removed with the cluster unless this is called
@@ -168,7 +171,7 @@ class LocalCluster {
                      Process* process);
   absl::Status AwaitPortFile(Process* process, absl::Time deadline);
   // Kill's work, for any process.
-  void Signal(Process& process, int signal);
+  bool Signal(Process& process, int signal);
   // Spawns the coordinator listening on `listen` and waits until it serves.
   absl::Status StartCoordinator(const std::string& listen, absl::Time deadline);
   // The work directory: options_.work_dir (made if absent) or a new
