@@ -8,7 +8,8 @@
 //       "0.0.0.0:9100", registry, [&] { UpdateGauges(); }));
 //
 // The refresh runs on the HTTP server's thread; it must be thread-safe and
-// must not block for long. Stopping (destruction) takes about a second.
+// must not block for long. Destruction stops the server: it returns once
+// the server's threads are done (within milliseconds).
 #ifndef GRADMESH_COMMON_METRICS_METRICS_ENDPOINT_H_
 #define GRADMESH_COMMON_METRICS_METRICS_ENDPOINT_H_
 
@@ -30,6 +31,8 @@ class MetricsEndpoint {
       const std::string& listen, std::shared_ptr<prometheus::Registry> registry,
       std::function<void()> refresh);
 
+  ~MetricsEndpoint();
+
   int port() const { return port_; }
 
  private:
@@ -39,6 +42,7 @@ class MetricsEndpoint {
 
   std::shared_ptr<Fresh> fresh_;  // the exposer holds it weakly
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string host_;  // where to connect to this server's port
   int port_ = 0;
 };
 
