@@ -234,7 +234,6 @@ class Metrics {
  private:
   const Coordinator* const coordinator_;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<MetricsEndpoint> endpoint_;
   prometheus::Family<prometheus::Counter>* departures_;
   prometheus::Family<prometheus::Counter>* link_removals_;
   prometheus::Gauge* members_;
@@ -254,6 +253,9 @@ class Metrics {
   prometheus::Gauge* alpha_;
   prometheus::Gauge* beta_;
   prometheus::Counter* refused_;
+  // Last, so destroyed first: a scrape's refresh in progress, which the
+  // endpoint's destruction waits for, finds every other member alive.
+  std::unique_ptr<MetricsEndpoint> endpoint_;
 };
 
 class Server final : public CoordinatorServer, public v1::Coordinator::Service {

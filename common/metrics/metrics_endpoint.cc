@@ -1,9 +1,12 @@
 #include "common/metrics/metrics_endpoint.h"
 
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <thread>
 #include <utility>
@@ -11,7 +14,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "prometheus/collectable.h"
 
@@ -36,10 +38,13 @@ class MetricsEndpoint::Fresh final : public prometheus::Collectable {
 
 namespace {
 
-// The host a local client reaches `listen` (host:port) at: a wildcard
-// address's loopback, else the host itself (brackets taken off).
-std::string ReachableHost(const std::string& listen) {
-  std::string host = listen.substr(0, listen.rfind(':'));
+// The host a local client reaches civetweb's `listen` at: a wildcard's
+// loopback, else the host itself (brackets taken off). Of a list, the first.
+std::string ReachableHost(std::string listen) {
+  listen = listen.substr(0, listen.find(','));
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || listen.front() == '+') return "127.0.0.1";
+  std::string host = listen.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
@@ -48,24 +53,50 @@ std::string ReachableHost(const std::string& listen) {
   return host;
 }
 
-// Opens and at once closes a connection to host:port (errors ignored).
-void Touch(const std::string& host, int port) {
+// Where `host`:`port` is, an IPv4 address first (civetweb binds a name's
+// first); size 0 if it does not resolve.
+void Resolve(const std::string& host, int port, sockaddr_storage* address,
+             socklen_t* size) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
+  *size = 0;
   if (getaddrinfo(host.c_str(), absl::StrCat(port).c_str(), &hints, &found) !=
       0) {
     return;
   }
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
-    close(fd);
-    if (connected) break;
+  const addrinfo* pick = found;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
+  }
+  if (pick != nullptr && pick->ai_addrlen <= sizeof(*address)) {
+    std::memcpy(address, pick->ai_addr, pick->ai_addrlen);
+    *size = pick->ai_addrlen;
   }
   freeaddrinfo(found);
+}
+
+// Opens, and closes within 20 ms, a connection to `address`. False once
+// the port refuses: nothing listens there any more.
+bool Touch(const sockaddr_storage& address, socklen_t size) {
+  const int fd =
+      socket(address.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;
+  bool listening = true;
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&address), size) != 0) {
+    if (errno == EINPROGRESS) {
+      pollfd wait{.fd = fd, .events = POLLOUT, .revents = 0};
+      poll(&wait, 1, /*timeout_ms=*/20);
+    } else {
+      listening = errno != ECONNREFUSED;
+    }
+  }
+  close(fd);
+  return listening;
 }
 
 }  // namespace
@@ -73,17 +104,18 @@ void Touch(const std::string& host, int port) {
 MetricsEndpoint::~MetricsEndpoint() {
   if (exposer_ == nullptr) return;
   // civetweb's listening thread sees the stop only when its poll returns:
-  // every 2 s, or at once on a connection. Connections to the port wake it,
-  // so that a daemon stops in milliseconds rather than about a second.
+  // every 2 s, or at once on a connection. Connections to the port wake it
+  // (600 tries at most, about 3 s, and none once the port refuses).
   absl::Notification stopped;
   std::thread stopper([&] {
     exposer_.reset();
     stopped.Notify();
   });
-  const absl::Time give_up = absl::Now() + absl::Seconds(3);
-  while (!stopped.WaitForNotificationWithTimeout(absl::Milliseconds(5)) &&
-         absl::Now() < give_up) {
-    if (port_ > 0) Touch(host_, port_);
+  bool listening = wake_size_ > 0;
+  for (int i = 0; i < 600 && !stopped.WaitForNotificationWithTimeout(
+                                 absl::Milliseconds(5));
+       ++i) {
+    if (listening) listening = Touch(wake_, wake_size_);
   }
   stopper.join();
 }
@@ -103,7 +135,10 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   endpoint->exposer_->RegisterCollectable(endpoint->fresh_);
   const std::vector<int> ports = endpoint->exposer_->GetListeningPorts();
   if (!ports.empty()) endpoint->port_ = ports.front();
-  endpoint->host_ = ReachableHost(listen);
+  if (endpoint->port_ > 0) {
+    Resolve(ReachableHost(listen), endpoint->port_, &endpoint->wake_,
+            &endpoint->wake_size_);
+  }
   return endpoint;
 }
 

@@ -8,10 +8,14 @@
 //       "0.0.0.0:9100", registry, [&] { UpdateGauges(); }));
 //
 // The refresh runs on the HTTP server's thread; it must be thread-safe and
-// must not block for long. Destruction stops the server: it returns once
-// the server's threads are done (within milliseconds).
+// must not block for long, nor wait on the thread that destroys the
+// endpoint. Destruction stops the server and returns once its threads are
+// done: usually within milliseconds; up to about 2 s while an idle client
+// holds a connection open; after any scrape in progress.
 #ifndef GRADMESH_COMMON_METRICS_METRICS_ENDPOINT_H_
 #define GRADMESH_COMMON_METRICS_METRICS_ENDPOINT_H_
+
+#include <sys/socket.h>
 
 #include <functional>
 #include <memory>
@@ -42,7 +46,8 @@ class MetricsEndpoint {
 
   std::shared_ptr<Fresh> fresh_;  // the exposer holds it weakly
   std::unique_ptr<prometheus::Exposer> exposer_;
-  std::string host_;  // where to connect to this server's port
+  sockaddr_storage wake_{};  // where a connection reaches the server
+  socklen_t wake_size_ = 0;  // 0: nowhere known
   int port_ = 0;
 };
 

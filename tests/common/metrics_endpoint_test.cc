@@ -19,7 +19,8 @@ namespace {
 // GET /metrics on 127.0.0.1:port (curl, which scripts/setup.sh installs).
 std::string Scrape(int port) {
   const std::string command = absl::StrCat(
-      "curl -sf --max-time 10 http://127.0.0.1:", port, "/metrics");
+      "curl -sf --noproxy '*' --max-time 10 http://127.0.0.1:", port,
+      "/metrics");
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return "";
   std::string body;

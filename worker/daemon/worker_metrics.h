@@ -110,7 +110,6 @@ class WorkerMetrics {
   void StartSeriesAtZero();
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<MetricsEndpoint> endpoint_;
   prometheus::Family<prometheus::Histogram>* operation_seconds_;
   prometheus::Family<prometheus::Histogram>* topk_seconds_;
   prometheus::Family<prometheus::Counter>* bytes_sent_;
@@ -137,6 +136,9 @@ class WorkerMetrics {
   prometheus::Counter* operations_ok_;  // operations("OK"), per success
   absl::Mutex norms_mu_;
   std::vector<std::string> norm_buffers_ ABSL_GUARDED_BY(norms_mu_);
+  // Last, so destroyed first: a scrape's refresh in progress, which the
+  // endpoint's destruction waits for, finds every other member alive.
+  std::unique_ptr<MetricsEndpoint> endpoint_;
 };
 
 }  // namespace gradmesh::daemon
