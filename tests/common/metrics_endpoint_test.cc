@@ -12,25 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "prometheus/counter.h"
+#include "tests/support/scrape.h"
 
 namespace gradmesh {
 namespace {
 
-// GET /metrics on 127.0.0.1:port (curl, which scripts/setup.sh installs).
-std::string Scrape(int port) {
-  const std::string command = absl::StrCat(
-      "curl -sf --noproxy '*' --max-time 10 http://127.0.0.1:", port,
-      "/metrics");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return "";
-  std::string body;
-  char buffer[4096];
-  for (size_t got; (got = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) {
-    body.append(buffer, got);
-  }
-  pclose(pipe);
-  return body;
-}
+using ::gradmesh::testing::Scrape;
 
 bool Accepts(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -35,6 +35,7 @@
 #include "gtest/gtest.h"
 #include "proto/protocol_version.h"
 #include "tests/support/free_port.h"
+#include "tests/support/scrape.h"
 #include "tools/gradmesh/local.h"
 #include "tools/gradmesh/local_cluster.h"
 #include "tools/gradmesh/synthetic.h"
@@ -156,20 +157,7 @@ grpc::StatusCode CallCoordinator(
   return (stub.*method)(&context, request, &response).error_code();
 }
 
-// GET http://127.0.0.1:port/metrics (curl, which scripts/setup.sh installs).
-std::string FetchMetrics(int port) {
-  const std::string command = absl::StrCat(
-      "curl -sf --max-time 10 http://127.0.0.1:", port, "/metrics");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return "";
-  std::string body;
-  char buffer[4096];
-  for (size_t got; (got = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) {
-    body.append(buffer, got);
-  }
-  pclose(pipe);
-  return body;
-}
+using ::gradmesh::testing::Scrape;
 
 class ClusterTest : public ::testing::Test {
  protected:
@@ -960,8 +948,7 @@ TEST_F(ClusterTest, EveryWorkerIsBackSoonAfterALongCoordinatorOutage) {
   // Past the time an adopted member has to come back, the new coordinator
   // runs every member under the same epoch.
   absl::SleepFor(absl::Seconds(4.5));
-  const std::string metrics =
-      FetchMetrics(cluster_->coordinator_metrics_port());
+  const std::string metrics = Scrape(cluster_->coordinator_metrics_port());
   EXPECT_TRUE(absl::StrContains(metrics, "gradmesh_coordinator_members 3"))
       << metrics;
   EXPECT_TRUE(absl::StrContains(
@@ -1002,7 +989,7 @@ TEST_F(ClusterTest, ChannelsToAddressesNoViewHasAreDropped) {
     barrier();
   }
   // Its coordinator and its two peers now.
-  const std::string metrics = FetchMetrics(cluster_->worker_metrics_port(0));
+  const std::string metrics = Scrape(cluster_->worker_metrics_port(0));
   EXPECT_TRUE(absl::StrContains(metrics, "gradmesh_worker_peer_channels 3\n"))
       << metrics;
 }
@@ -1171,8 +1158,7 @@ TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
       ASSERT_TRUE(r.status.ok()) << r.status;
     }
   }
-  const std::string coordinator =
-      FetchMetrics(cluster_->coordinator_metrics_port());
+  const std::string coordinator = Scrape(cluster_->coordinator_metrics_port());
   for (const char* series :
        {"gradmesh_coordinator_members 4", "gradmesh_coordinator_epoch",
         "gradmesh_coordinator_teams", "gradmesh_coordinator_autotuning 0",
@@ -1186,7 +1172,7 @@ TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
         << series << " missing from\n"
         << coordinator;
   }
-  const std::string worker = FetchMetrics(cluster_->worker_metrics_port(1));
+  const std::string worker = Scrape(cluster_->worker_metrics_port(1));
   for (const char* series :
        {"gradmesh_worker_operation_seconds_count{algorithm=\"spardl\"}",
         "gradmesh_worker_topk_seconds_count{algorithm=\"spardl\"}",
@@ -1206,7 +1192,7 @@ TEST_F(ClusterTest, AutotunePicksADAndMetricsAnswer) {
   }
   // An unregistered bucket's series goes (job names are new every run).
   trainers.clear();
-  EXPECT_FALSE(absl::StrContains(FetchMetrics(cluster_->worker_metrics_port(1)),
+  EXPECT_FALSE(absl::StrContains(Scrape(cluster_->worker_metrics_port(1)),
                                  "residual_norm{buffer=\"test/g\"}"));
 }
 
@@ -1733,7 +1719,7 @@ TEST(SdkTokenTest, CallsOverTcpNeedTheToken) {
   EXPECT_EQ((*local)->size(), 2);
   // The refusals were counted.
   EXPECT_TRUE(absl::StrContains(
-      FetchMetrics((*cluster)->worker_metrics_port(0)),
+      Scrape((*cluster)->worker_metrics_port(0)),
       "gradmesh_worker_calls_refused_total{reason=\"token\"} 3"));
   good->reset();
   local->reset();
