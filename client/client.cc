@@ -357,6 +357,7 @@ absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
                          ? v1::FUSION_AFTER_FUSION
                          : v1::FUSION_PER_TENSOR_QUOTA);
   request.set_exact(options.exact);
+  request.set_exact_tensors(options.exact_tensors);
   for (const TensorSpec& t : tensors) {
     state->offsets.push_back(state->offsets.back() + t.size);
     v1::TensorSpec* spec = request.add_tensors();

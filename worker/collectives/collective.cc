@@ -90,7 +90,8 @@ absl::Status StepRunner::SendPiece(uint32_t step, int send_to,
   stats_->bytes_sent += payload.size();
   ++stats_->messages_sent;
   return context_.transport->Send(
-      send_to, {context_.epoch, context_.operation, step}, std::move(payload));
+      send_to, {context_.epoch, context_.operation, context_.first_step + step},
+      std::move(payload));
 }
 
 absl::StatusOr<std::string> StepRunner::ReceivePiece(uint32_t step,
@@ -99,7 +100,8 @@ absl::StatusOr<std::string> StepRunner::ReceivePiece(uint32_t step,
   {
     ScopedTimer waiting(&stats_->wait_seconds);
     message = context_.transport->Recv(
-        recv_from, {context_.epoch, context_.operation, step},
+        recv_from,
+        {context_.epoch, context_.operation, context_.first_step + step},
         context_.deadline);
   }
   GM_ASSIGN_OR_RETURN(std::string bytes, std::move(message));

@@ -52,6 +52,9 @@ struct OpContext {
   uint64_t epoch = 0;
   uint64_t operation = 0;
   absl::Time deadline = absl::InfiniteFuture();
+  // Added to every step of the schedule's tags: the parts of a composite
+  // operation (exact_tail.h) run apart. Schedules tag below kPartSteps.
+  uint32_t first_step = 0;
 };
 
 // What Reduce proposes once its schedule has run.

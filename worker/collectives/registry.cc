@@ -1,9 +1,12 @@
 #include "worker/collectives/registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "worker/collectives/dense_ring.h"
+#include "worker/collectives/exact_tail.h"
 #include "worker/collectives/gtopk.h"
 #include "worker/collectives/oktopk.h"
 #include "worker/collectives/schedule.h"
@@ -233,12 +236,26 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
         absl::StrCat("quantization applies to topkdsa's dense phase only, not ",
                      entry->name));
   }
-  absl::StatusOr<std::unique_ptr<Collective>> created =
-      entry->create(options, world_size, rank, n);
-  if (created.ok() && options.topk != nullptr) {
-    (*created)->set_topk(*options.topk);
+  // The dense ring sums everything exactly: a tail changes nothing.
+  const uint64_t tail = entry->name == "dense" ? 0 : options.exact_tail;
+  if (tail > n && n > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an exact tail of ", tail, " values in a buffer of ", n));
   }
-  return created;
+  if (tail > 0 && tail == n) {
+    return FindAlgorithm("dense")->create(options, world_size, rank, n);
+  }
+  AlgorithmOptions head = options;
+  if (tail > 0) {
+    head.exact_tail = 0;
+    head.tensor_starts = StartsBelow(options.tensor_starts, n - tail);
+  }
+  absl::StatusOr<std::unique_ptr<Collective>> created =
+      entry->create(head, world_size, rank, n - std::min(tail, n));
+  if (!created.ok()) return created;
+  if (options.topk != nullptr) (*created)->set_topk(*options.topk);
+  if (tail == 0 || n == 0) return created;
+  return ExactTail::Create(*std::move(created), world_size, rank, n, tail);
 }
 
 }  // namespace gradmesh::collectives

@@ -53,6 +53,10 @@ struct AlgorithmOptions {
   // tensor_quota.h); the others select over the whole buffer. Empty: one
   // vector.
   std::vector<uint64_t> tensor_starts;
+  // The last exact_tail values are summed exactly by the dense ring in the
+  // same operation, the algorithm running on the rest (exact_tail.h). 0:
+  // none; the whole buffer: the dense ring alone.
+  uint64_t exact_tail = 0;
 };
 
 // One all-reduce's cost for one worker, by formula.
@@ -108,8 +112,9 @@ std::optional<FormulaCost> TableOneCost(absl::string_view algorithm,
                                         double density);
 
 // Creates the algorithm `options.algorithm` for `rank` of `world_size` over n
-// values. InvalidArgument for an unknown name, or options the algorithm does
-// not honour (teams, quantize_bits) or rejects.
+// values (behind an ExactTail when options.exact_tail says so).
+// InvalidArgument for an unknown name, options the algorithm does not honour
+// (teams, quantize_bits) or rejects, or an exact tail longer than n.
 absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     const AlgorithmOptions& options, int world_size, int rank, uint64_t n);
 

@@ -90,7 +90,10 @@ std::vector<int> PlanRecursiveDoubling(int p, int g) {
 }
 
 uint32_t PhaseStep(int phase, uint32_t step) {
-  GM_CHECK(phase >= 0 && step < kPhaseSteps) << phase << " " << step;
+  GM_CHECK(phase >= 0 &&
+           static_cast<uint32_t>(phase) < kPartSteps / kPhaseSteps &&
+           step < kPhaseSteps)
+      << phase << " " << step;
   return static_cast<uint32_t>(phase) * kPhaseSteps + step;
 }
 

@@ -115,6 +115,10 @@ std::vector<int> PlanRecursiveDoubling(int p, int g);
 // world holds at most this many workers (a ring or rotation phase takes
 // p - 1 steps).
 inline constexpr uint32_t kPhaseSteps = 1u << 12;
+// Every tag step of one schedule lies below it (phases below
+// kPartSteps / kPhaseSteps, checked), so a composite operation can run a
+// second schedule from it (OpContext::first_step).
+inline constexpr uint32_t kPartSteps = 1u << 31;
 
 // The tag step of `step` in phase `phase` (phases 0, 1, 2, ... of one
 // algorithm's operation). step < kPhaseSteps (checked).

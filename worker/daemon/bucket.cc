@@ -68,11 +68,23 @@ absl::StatusOr<std::shared_ptr<Bucket>> OpenBucket(
     absl::StrAppend(&bucket->descriptor, " after-fusion");
   }
   if (options.exact) absl::StrAppend(&bucket->descriptor, " exact");
+  if (options.exact_tensors > tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket '", name.bucket, "': the last ", options.exact_tensors,
+        " tensors exact, of ", tensors.size()));
+  }
+  if (options.exact_tensors > 0) {
+    absl::StrAppend(&bucket->descriptor, " exact-last:", options.exact_tensors);
+  }
   bucket->per_tensor_quota = options.per_tensor_quota;
   bucket->exact = options.exact;
   for (uint64_t start = 0; const TensorSpec& t : tensors) {
     bucket->tensor_starts.push_back(start);
     start += t.size;
+  }
+  for (size_t i = tensors.size() - options.exact_tensors; i < tensors.size();
+       ++i) {
+    bucket->exact_tail += tensors[i].size;
   }
   bucket->fingerprint = Fnv1a(bucket->descriptor);
   bucket->layout = SegmentLayout(n);

@@ -39,6 +39,9 @@ struct BucketOptions {
   bool per_tensor_quota = true;
   // Always summed exactly (the dense ring), whatever its size and the plan.
   bool exact = false;
+  // The last this many tensors summed exactly in the bucket's own operation
+  // (collectives/exact_tail.h), the rest by the plan.
+  uint32_t exact_tensors = 0;
 };
 
 // Who registers a bucket (RegisterRequest.client_id, .segment_locked).
@@ -70,6 +73,8 @@ struct Bucket {
   absl::flat_hash_set<std::pair<std::string, uint64_t>> members;
   bool per_tensor_quota = true;
   bool exact = false;  // BucketOptions::exact
+  // The values of the BucketOptions::exact_tensors last tensors.
+  uint64_t exact_tail = 0;
   SegmentLayout layout{0};
   SharedSegment segment;
   absl::Mutex mu;                         // held briefly
@@ -102,8 +107,9 @@ absl::Status CheckName(absl::string_view what, absl::string_view name,
 
 // A bucket of `tensors` in segment `shm_name` (mapped, its name unlinked),
 // described and laid out, not yet agreed with the members (id, buffer and
-// members unset). InvalidArgument for bad names or specs, a segment of the
-// wrong size; PermissionDenied for a segment that is not this user's alone.
+// members unset). InvalidArgument for bad names or specs (exact_tensors past
+// the tensors' count among them), a segment of the wrong size; PermissionDenied
+// for a segment that is not this user's alone.
 absl::StatusOr<std::shared_ptr<Bucket>> OpenBucket(
     const BucketName& name, const std::vector<TensorSpec>& tensors,
     const std::string& shm_name, const BucketOptions& options);

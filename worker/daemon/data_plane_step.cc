@@ -196,10 +196,12 @@ absl::StatusOr<ReduceResult> DataPlane::Attempt(
   state.out.exact = exact;
   const engine::Request request =
       StepRequest(call, bucket, g, gradient, deadline, &state);
+  engine::GroupConfig config =
+      exact ? engine::ExactConfig(g.config()) : g.config();
+  if (!exact) config.options.algorithm.exact_tail = bucket.exact_tail;
   const absl::Time start = absl::Now();
   absl::StatusOr<sparse::SparseBlock> result =
-      engine_.AllReduce(exact ? engine::ExactConfig(g.config()) : g.config(),
-                        request, &state.out.stats);
+      engine_.AllReduce(config, request, &state.out.stats);
   state.out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (!result.ok()) {
     const absl::Status& why = result.status();

@@ -88,7 +88,8 @@ grpc::Status SdkService::Register(grpc::ServerContext* context,
   absl::StatusOr<Membership> joined = plane_->Register(
       name, tensors, request->shm_name(), request->index(), Deadline(*context),
       {.per_tensor_quota = request->fusion() != v1::FUSION_AFTER_FUSION,
-       .exact = request->exact()},
+       .exact = request->exact(),
+       .exact_tensors = request->exact_tensors()},
       {.id = request->client_id(), .locks_segment = request->segment_locked()});
   if (!joined.ok()) return ToGrpc(joined.status());
   response->set_epoch(joined->epoch);

@@ -71,7 +71,8 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
   auto run = [&]() -> absl::StatusOr<sparse::SparseBlock> {
     if (buffer->collective == nullptr ||
         buffer->collective_epoch != group.options.epoch ||
-        buffer->collective_algorithm != group.options.algorithm.algorithm) {
+        buffer->collective_algorithm != group.options.algorithm.algorithm ||
+        buffer->collective_tail != group.options.algorithm.exact_tail) {
       buffer->collective.reset();
       collectives::AlgorithmOptions options = group.options.algorithm;
       options.tensor_starts.assign(request.tensor_starts.begin(),
@@ -87,6 +88,7 @@ absl::StatusOr<sparse::SparseBlock> Engine::AllReduce(
       buffer->collective = *std::move(collective);
       buffer->collective_epoch = group.options.epoch;
       buffer->collective_algorithm = group.options.algorithm.algorithm;
+      buffer->collective_tail = group.options.algorithm.exact_tail;
     }
     const collectives::OpContext context{
         .transport = group.transport,

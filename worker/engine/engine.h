@@ -149,10 +149,11 @@ class Engine {
     const uint64_t n;
     absl::Mutex mu;  // held for a whole operation
     std::unique_ptr<collectives::Collective> collective ABSL_GUARDED_BY(mu);
-    // The collective is made again for another epoch, or another algorithm
-    // (a plan's warm-up sums a bucket exactly, then by the plan).
+    // The collective is made again for another epoch, algorithm or exact
+    // tail (a plan's warm-up sums a bucket exactly, then by the plan).
     uint64_t collective_epoch ABSL_GUARDED_BY(mu) = 0;
     std::string collective_algorithm ABSL_GUARDED_BY(mu);
+    uint64_t collective_tail ABSL_GUARDED_BY(mu) = 0;  // exact_tail
     std::vector<float> residual ABSL_GUARDED_BY(mu);
   };
 

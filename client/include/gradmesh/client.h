@@ -137,6 +137,12 @@ struct RegisterOptions {
   // process, no residual) whatever the plan's algorithm. Buckets of fewer
   // values than the plan's exact_below (Plan::exact_below) are exact anyway.
   bool exact = false;
+  // Sum the last exact_tensors tensors exactly and the rest by the plan, in
+  // one operation a step: small tensors that a top-k would leave out, kept
+  // exact at the cost of one all-reduce, where a bucket of their own would
+  // be a second one. At most the number of tensors (InvalidArgument
+  // otherwise).
+  uint32_t exact_tensors = 0;
 };
 
 struct ClientOptions {

@@ -243,16 +243,20 @@ def barrier():
     _the_client().barrier()
 
 
-def register(name, tensors, fusion="per_tensor", exact=False):
+def register(name, tensors, fusion="per_tensor", exact=False,
+             exact_tensors=0):
     """Registers bucket `name` of [(tensor_name, size), ...] float32 tensors.
 
     fusion: "per_tensor" (each top-k selection gives every tensor its own
     quota, so none goes missing) or "after_fusion" (one top-k over the fused
-    bucket). exact: always summed exactly (dense), whatever the plan. Every
-    process registers the same buckets in the same order. Returns the
-    TensorSet; gradmesh.torch uses this directly.
+    bucket). exact: always summed exactly (dense), whatever the plan.
+    exact_tensors: the last this many tensors are summed exactly, the rest
+    by the plan, in one operation a step. Every process registers the same
+    buckets in the same order. Returns the TensorSet; gradmesh.torch uses
+    this directly.
     """
-    return _the_client().register(name, list(tensors), fusion, exact)
+    return _the_client().register(name, list(tensors), fusion, exact,
+                                  exact_tensors)
 
 
 def _as_array(tensor):

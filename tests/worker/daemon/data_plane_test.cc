@@ -150,12 +150,13 @@ class Workers {
   // Register on every rank at once (it is collective).
   std::vector<SharedSegment> RegisterAll(const BucketName& name,
                                          const std::vector<TensorSpec>& t,
-                                         const BucketClient& client = {}) {
+                                         const BucketClient& client = {},
+                                         const BucketOptions& options = {}) {
     std::vector<SharedSegment> segments(size());
     std::vector<std::thread> threads;
     for (int r = 0; r < size(); ++r) {
       threads.emplace_back([&, r] {
-        auto segment = Register(r, name, t, {}, client);
+        auto segment = Register(r, name, t, options, client);
         ASSERT_TRUE(segment.ok()) << segment.status();
         segments[r] = *std::move(segment);
       });
@@ -357,6 +358,64 @@ TEST(DataPlaneTest, TheWarmUpsStepsAreSummedExactly) {
       EXPECT_LT(sum.size(), kN);
     }
   }
+}
+
+// A bucket whose last tensor is registered exact: each step sums it exactly
+// (every value, no residual left there) and the other by the plan, in one
+// operation, the same on every worker, mass conserved. More exact tensors
+// than the bucket holds is refused, as are registrations that differ.
+TEST(DataPlaneTest, TheExactLastTensorsAreSummedExactlyInTheSameOperation) {
+  constexpr uint64_t kN = 1000, kHead = 900;
+  Workers w(4, {.algorithm = "spardl", .density = 0.05, .teams = 2});
+  w.Start();
+  auto segments = w.RegisterAll({"job", "b"}, {{"w", kHead}, {"b", 100}}, {},
+                                {.exact_tensors = 1});
+  std::vector<std::vector<float>> residuals(4, std::vector<float>(kN, 0));
+  for (uint64_t step = 0; step < 2; ++step) {
+    const std::vector<std::vector<float>> gradients =
+        WriteGradients(segments, kN, 10 * step);
+    const testing::MassBalance balance(gradients, residuals);
+    auto results = SparseStepOfJobB(w, step);
+    std::vector<sparse::SparseBlock> blocks;
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(results[r].ok()) << results[r].status();
+      EXPECT_FALSE(results[r]->exact);
+      blocks.push_back(Sparse(segments[r], kN, results[r]->nonzeros));
+      residuals[r] = Residual(segments[r], kN);
+      EXPECT_EQ(blocks[r].indices, blocks[0].indices);
+      EXPECT_EQ(blocks[r].values, blocks[0].values);
+      EXPECT_THAT(absl::MakeSpan(residuals[r]).subspan(kHead), Each(0.0f));
+    }
+    EXPECT_TRUE(balance.Holds(blocks[0], residuals));
+    // The head by the plan (5%: 45 of 900), the tail whole.
+    ASSERT_LT(blocks[0].size(), kN);
+    const size_t head = blocks[0].size() - 100;
+    EXPECT_LE(head, 45u);
+    for (uint64_t i = 0; i < 100; ++i) {
+      EXPECT_EQ(blocks[0].indices[head + i], kHead + i);
+      float sum = 0;
+      for (int r = 0; r < 4; ++r) sum += gradients[r][kHead + i];
+      EXPECT_NEAR(blocks[0].values[head + i], sum, 1e-5) << i;
+    }
+  }
+  std::vector<absl::Status> status(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = w.Register(r, {"job", "c"}, {{"w", 90}, {"b", 10}},
+                             {.exact_tensors = r == 0 ? 1u : 0u})
+                      .status();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(absl::IsInvalidArgument(status[r])) << r << ": " << status[r];
+  }
+  const absl::Status too_many =
+      w.Register(0, {"job", "d"}, {{"w", 90}}, {.exact_tensors = 2}).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(too_many)) << too_many;
+  EXPECT_THAT(std::string(too_many.message()),
+              ::testing::HasSubstr("the last 2 tensors exact, of 1"));
 }
 
 // Each step reports the time since the bucket's step before began here (the

@@ -80,31 +80,41 @@ def _default_exact(params, plan):
 
 
 def _exact_apart(params, buckets, exact_tensors_below):
-    """[(run, exact)]: the runs of _bucket_plan(params, *buckets) over the
-    parameters of exact_tensors_below values or more, then those over the
-    smaller ones, by size alone (usually one run), which are registered
-    exact. exact_tensors_below None: by the plan (_default_exact); 0:
-    none."""
+    """[(run, exact_count)]: the runs of _bucket_plan(params, *buckets) over
+    the parameters of exact_tensors_below values or more, the smaller ones
+    appended to the last run as its exact_count last tensors, summed
+    exactly in that bucket's own operation. Without larger ones, the runs
+    of the smaller by size alone (usually one), wholly exact.
+    exact_tensors_below None: by the plan (_default_exact); 0: none."""
     if exact_tensors_below is None:
         exact = _default_exact(params, gradmesh.plan())
     else:
         exact = {name for name, p in params if p.numel() < exact_tensors_below}
     small = [named for named in params if named[0] in exact]
     large = [named for named in params if named[0] not in exact]
-    return ([(run, False) for run in _bucket_plan(large, *buckets)] +
-            [(run, True) for run in _bucket_plan(small, None, buckets[1])])
+    runs = [(run, 0) for run in _bucket_plan(large, *buckets)]
+    if not runs:
+        return [(run, len(run))
+                for run in _bucket_plan(small, None, buckets[1])]
+    if small:
+        runs[-1] = (runs[-1][0] + small, len(small))
+    return runs
 
 
 class _Bucket:
     """One fused bucket of the optimizer: its parameters, their slots in the
     worker's shared memory, and this step's state."""
 
-    def __init__(self, bucket_name, named_params, fusion, exact=False):
+    def __init__(self, bucket_name, named_params, fusion, exact_count=0):
         self.names = [name for name, _ in named_params]
         self.params = [p for _, p in named_params]
         specs = [(name, p.numel()) for name, p in named_params]
-        self.exact = exact  # registered exact: summed exactly, any plan
-        self.set = gradmesh.register(bucket_name, specs, fusion, exact)
+        # registered exact: summed exactly, any plan; else its exact_count
+        # last parameters are, in its own operation
+        self.exact = exact_count == len(specs)
+        self.exact_count = 0 if self.exact else exact_count
+        self.set = gradmesh.register(bucket_name, specs, fusion, self.exact,
+                                     self.exact_count)
         values = torch.from_numpy(self.set.values())
         self.slots = []
         for i, p in enumerate(self.params):
@@ -181,8 +191,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         worker (every process at the same point)."""
         self._gradmesh_buckets = [
             _Bucket(f"{self._gradmesh_name}.{i}", run, self._gradmesh_fusion,
-                    exact)
-            for i, (run, exact) in enumerate(self._gradmesh_runs)
+                    exact_count)
+            for i, (run, exact_count) in enumerate(self._gradmesh_runs)
         ]
         correction = self._gradmesh_correction
         self._gradmesh_gather = checkpoint.Gather(
@@ -322,13 +332,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._gradmesh_correction is not None:
             p = bucket.params[i]
             self._gradmesh_correction.transform(
-                p, self._gradmesh_group(p), slot, self._gradmesh_exact(bucket))
+                p, self._gradmesh_group(p), slot,
+                i >= len(bucket.params) - bucket.exact_count
+                or self._gradmesh_exact(bucket))
 
     @staticmethod
     def _gradmesh_exact(bucket):
-        """Whether `bucket` is expected to be summed exactly: in the plan's
-        warm-up, yes; else as its last sum was (the plan now for the first
-        sum, and for the first after the warm-up)."""
+        """Whether `bucket` is expected to be summed exactly (its exact last
+        parameters always are): in the plan's warm-up, yes; else as its last
+        sum was (the plan now for the first sum, and for the first after the
+        warm-up)."""
         if bucket.step < bucket.warmup_steps:
             return True
         if bucket.step == bucket.warmup_steps > 0:
@@ -561,9 +574,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         inner = super(self.__class__, self).step
         if self._gradmesh_correction is None:
             return inner()
-        exact = {id(p) for b in self._gradmesh_buckets
-                 if b.info is not None and b.info.algorithm == "dense"
-                 for p in b.params}
+        exact = {id(p) for b in self._gradmesh_buckets if b.info is not None
+                 for p in (b.params if b.info.algorithm == "dense" else
+                           b.params[len(b.params) - b.exact_count:])}
         return self._gradmesh_correction.step(inner, exact)
 
     def _gradmesh_own_tensors(self):
@@ -757,9 +770,10 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     momentum factor masking); None: where the plan's density is at most 2%
     (it helped at 1% and cost 0.87 points at 2.5%, 3 at 5%,
     docs/benchmarks.md). exact_tensors_below: the parameters of fewer
-    values go into buckets of their own (by size, usually one), summed
-    exactly whatever the plan, as Deep Gradient Compression leaves small
-    layers uncompressed; 0: every bucket follows the plan; None (the
+    values are summed exactly whatever the plan, as Deep Gradient
+    Compression leaves small layers uncompressed: at the end of the last
+    bucket, in its own operation (without larger parameters, in buckets of
+    their own); 0: every bucket follows the plan; None (the
     default): the parameters whose quota at the plan's density is under
     EXACT_QUOTA_BELOW values a step (at 1%: those under 25,600 values), if
     they are at most EXACT_SHARE of the values; none at density 1 or for a
@@ -768,7 +782,7 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     ended at or above dense in each of 3 seeds instead of 1.14 points below
     on average (docs/benchmarks.md).
     With Adam or AdamW: in sparse buckets each process's Adam step
-    direction is summed and applied with the learning rate; in exact ones
+    direction is summed and applied with the learning rate; on exact sums
     plain Adam. Each bucket is all-reduced as soon as backward has produced
     all of its gradients, while backward goes on. After step(), .last_infos
     holds each bucket's gradmesh.ReduceInfo. state_dict() is collective (it
