@@ -769,6 +769,28 @@ def test_exact_tensors_below_sums_small_tensors_exactly_under_any_plan():
         assert refused.value.code == "INVALID_ARGUMENT"
 
 
+def test_an_exact_tail_keeps_plain_momentum_under_masking():
+    """The exact last parameters of a sparse bucket (here the biases) are
+    summed exactly: with the momentum correction and its masking on, each
+    step moves them as SGD with momentum on the mean gradient does (masking
+    is for sparse sums; on an exact one it would clear every velocity)."""
+    model, reference = Net(), Net()
+    optimizer = corrected(model, "sgd-masked", exact_tensors_below=20)
+    assert optimizer._gradmesh_buckets[-1].exact_count == 2
+    velocity = {}
+    for step in range(3 + gradmesh.plan().warmup_steps):
+        reference.load_state_dict(model.state_dict())
+        mean_gradient(reference, step)
+        train(model, optimizer, [step])
+        for name in ("first.bias", "second.bias"):
+            p, q = (dict(m.named_parameters())[name]
+                    for m in (model, reference))
+            velocity[name] = 0.9 * velocity.get(name, 0) + q.grad
+            torch.testing.assert_close(p, q - LR * velocity[name], rtol=1e-5,
+                                       atol=1e-6)
+    finish(optimizer, model)
+
+
 def test_by_default_the_tensors_with_small_quotas_are_summed_exactly():
     """exact_tensors_below=None: the parameters whose quota at the plan's
     density is under EXACT_QUOTA_BELOW values, if they are at most

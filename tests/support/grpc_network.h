@@ -5,13 +5,17 @@
 #define GRADMESH_TESTS_SUPPORT_GRPC_NETWORK_H_
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "worker/transport/grpc/grpc_transport.h"
@@ -37,12 +41,25 @@ class GrpcNetwork {
   }
 
   ~GrpcNetwork() {
+    // gRPC waits unbounded after a shutdown's deadline, for every call to
+    // end: a test that would hang there fails by name instead.
+    absl::Notification done;
+    std::thread watchdog([&done] {
+      if (!done.WaitForNotificationWithTimeout(absl::Seconds(120))) {
+        std::fprintf(stderr,
+                     "GrpcNetwork: its transports and servers had not shut "
+                     "down 120 s after it began\n");
+        std::abort();
+      }
+    });
     transports_.clear();
     // Bounded, as the daemon's: calls still open after it are cancelled
     // instead of waited for (under ASan a stream's end can lag its client).
     const auto deadline =
         std::chrono::system_clock::now() + std::chrono::seconds(5);
     for (auto& server : servers_) server->Shutdown(deadline);
+    done.Notify();
+    watchdog.join();
   }
 
   // Replaces every rank's transport with one of `epoch`.

@@ -127,6 +127,11 @@ class _Bucket:
         self.hooked = 0  # parameters with a gradient hook
         self.clear()
 
+    def in_exact_tail(self, i):
+        """Whether parameter i is one of the exact_count last, summed
+        exactly in the bucket's own operation whatever its algorithm."""
+        return i >= len(self.params) - self.exact_count
+
     def planned_algorithm(self, plan):
         """The algorithm `plan` sums this bucket with, after any warm-up."""
         dense = (self.exact or self.set.size < plan.exact_below
@@ -333,8 +338,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p = bucket.params[i]
             self._gradmesh_correction.transform(
                 p, self._gradmesh_group(p), slot,
-                i >= len(bucket.params) - bucket.exact_count
-                or self._gradmesh_exact(bucket))
+                bucket.in_exact_tail(i) or self._gradmesh_exact(bucket))
 
     @staticmethod
     def _gradmesh_exact(bucket):
@@ -496,10 +500,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         holds)."""
         correction = self._gradmesh_correction
         sparse = correction is not None and bucket.info.algorithm != "dense"
-        for p, slot in zip(bucket.params, bucket.slots):
+        for i, (p, slot) in enumerate(zip(bucket.params, bucket.slots)):
             if not p.requires_grad:
                 continue  # frozen: does not move
-            if sparse:
+            if sparse and not bucket.in_exact_tail(i):
                 correction.sent(p, slot)
             if p.grad is None:
                 p.grad = (slot * scale).to(p.device, p.dtype)
@@ -575,8 +579,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._gradmesh_correction is None:
             return inner()
         exact = {id(p) for b in self._gradmesh_buckets if b.info is not None
-                 for p in (b.params if b.info.algorithm == "dense" else
-                           b.params[len(b.params) - b.exact_count:])}
+                 for i, p in enumerate(b.params)
+                 if b.info.algorithm == "dense" or b.in_exact_tail(i)}
         return self._gradmesh_correction.step(inner, exact)
 
     def _gradmesh_own_tensors(self):
