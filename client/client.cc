@@ -342,6 +342,32 @@ int Client::size() const {
 
 const std::string& Client::job() const { return impl_->job; }
 
+namespace {
+
+// What a registration says of the bucket (Register adds its segment and
+// numbers).
+v1::RegisterRequest DescribeBucket(const std::string& job,
+                                   const std::string& bucket,
+                                   const std::vector<TensorSpec>& tensors,
+                                   const RegisterOptions& options) {
+  v1::RegisterRequest request;
+  request.set_job(job);
+  request.set_bucket(bucket);
+  request.set_fusion(options.fusion == Fusion::kAfterFusion
+                         ? v1::FUSION_AFTER_FUSION
+                         : v1::FUSION_PER_TENSOR_QUOTA);
+  request.set_exact(options.exact);
+  request.set_exact_tensors(options.exact_tensors);
+  for (const TensorSpec& t : tensors) {
+    v1::TensorSpec* spec = request.add_tensors();
+    spec->set_name(t.name);
+    spec->set_size(t.size);
+  }
+  return request;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
     const std::string& bucket, const std::vector<TensorSpec>& tensors,
     const RegisterOptions& options) {
@@ -350,20 +376,11 @@ absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
   state->bucket = bucket;
   state->tensors = tensors;
   state->offsets.push_back(0);
-  v1::RegisterRequest request;
-  request.set_job(impl_->job);
-  request.set_bucket(bucket);
-  request.set_fusion(options.fusion == Fusion::kAfterFusion
-                         ? v1::FUSION_AFTER_FUSION
-                         : v1::FUSION_PER_TENSOR_QUOTA);
-  request.set_exact(options.exact);
-  request.set_exact_tensors(options.exact_tensors);
   for (const TensorSpec& t : tensors) {
     state->offsets.push_back(state->offsets.back() + t.size);
-    v1::TensorSpec* spec = request.add_tensors();
-    spec->set_name(t.name);
-    spec->set_size(t.size);
   }
+  v1::RegisterRequest request =
+      DescribeBucket(impl_->job, bucket, tensors, options);
   // The daemon checks names and sizes; a size that would not even map
   // fails here first.
   if (state->offsets.back() > std::numeric_limits<uint32_t>::max()) {
@@ -396,7 +413,15 @@ absl::StatusOr<std::unique_ptr<TensorSet>> Client::Register(
   GM_RETURN_IF_ERROR(SharedSegment::Unlink(name));
   GM_RETURN_IF_ERROR(impl_->Check(status));
   impl_->SetMembership(response.rank(), response.world_size());
-  return std::unique_ptr<TensorSet>(new TensorSet(std::move(state)));
+  auto set = std::unique_ptr<TensorSet>(new TensorSet(std::move(state)));
+  if (response.exact_tensors() != options.exact_tensors) {
+    // Unregistered as `set` goes: the tail would be summed by the plan.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucket '", bucket,
+        "': the worker does not sum exact tensors (it "
+        "predates RegisterOptions::exact_tensors); upgrade the worker"));
+  }
+  return set;
 }
 
 Handle Client::AllReduceAsync(TensorSet& set, uint64_t step,

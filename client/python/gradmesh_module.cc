@@ -254,6 +254,21 @@ void BindClientCalls(py::class_<Client, ClientPtr>& cls) {
       });
 }
 
+// Client.register: a bucket of (name, size) tensors.
+std::shared_ptr<PyTensorSet> Register(
+    ClientPtr client, const std::string& bucket,
+    const std::vector<std::pair<std::string, uint64_t>>& tensors,
+    const std::string& fusion, bool exact, uint32_t exact_tensors) {
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, size] : tensors) specs.push_back({name, size});
+  const RegisterOptions options{.fusion = ParseFusion(fusion),
+                                .exact = exact,
+                                .exact_tensors = exact_tensors};
+  auto set =
+      WithoutGil([&] { return client->Register(bucket, specs, options); });
+  return ReleasingGil(new PyTensorSet{client, ValueOrThrow(std::move(set))});
+}
+
 void BindClient(py::module_& m) {
   py::class_<Client, ClientPtr> cls(
       m, "Client", "A connection to this node's worker daemon.");
@@ -271,31 +286,14 @@ void BindClient(py::module_& m) {
          "Connects (worker and job default to $GRADMESH_WORKER and "
          "$GRADMESH_JOB; over TCP the token is $GRADMESH_TOKEN) and waits "
          "until the worker is in a view.")
-      .def(
-          "register",
-          [](ClientPtr client, const std::string& bucket,
-             const std::vector<std::pair<std::string, uint64_t>>& tensors,
-             const std::string& fusion, bool exact, uint32_t exact_tensors) {
-            std::vector<TensorSpec> specs;
-            for (const auto& [name, size] : tensors) {
-              specs.push_back({name, size});
-            }
-            const RegisterOptions options{.fusion = ParseFusion(fusion),
-                                          .exact = exact,
-                                          .exact_tensors = exact_tensors};
-            auto set = WithoutGil(
-                [&] { return client->Register(bucket, specs, options); });
-            return ReleasingGil(
-                new PyTensorSet{client, ValueOrThrow(std::move(set))});
-          },
-          py::arg("bucket"), py::arg("tensors"),
-          py::arg("fusion") = "per_tensor", py::arg("exact") = false,
-          py::arg("exact_tensors") = 0,
-          "Registers a bucket of (name, size) float32 tensors; every process "
-          "registers the same buckets in the same order. exact: always "
-          "summed exactly (dense), whatever the plan; exact_tensors: the "
-          "last this many tensors summed exactly, in the bucket's own "
-          "operation.")
+      .def("register", &Register, py::arg("bucket"), py::arg("tensors"),
+           py::arg("fusion") = "per_tensor", py::arg("exact") = false,
+           py::arg("exact_tensors") = 0,
+           "Registers a bucket of (name, size) float32 tensors; every process "
+           "registers the same buckets in the same order. exact: always "
+           "summed exactly (dense), whatever the plan; exact_tensors: the "
+           "last this many tensors summed exactly, in the bucket's own "
+           "operation.")
       .def(
           "allreduce_async",
           [](ClientPtr client, std::shared_ptr<PyTensorSet> set, uint64_t step,

@@ -1,5 +1,6 @@
 #include "worker/collectives/exact_tail.h"
 
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -7,21 +8,6 @@
 #include "worker/collectives/dense_ring.h"
 
 namespace gradmesh::collectives {
-namespace {
-
-// Adds the counts of one part of an operation into the whole's.
-void AddCounts(const OpStats& part, OpStats* whole) {
-  whole->rounds += part.rounds;
-  whole->messages_sent += part.messages_sent;
-  whole->messages_received += part.messages_received;
-  whole->bytes_sent += part.bytes_sent;
-  whole->bytes_received += part.bytes_received;
-  whole->coo_bytes_received += part.coo_bytes_received;
-  whole->topk_seconds += part.topk_seconds;
-  whole->wait_seconds += part.wait_seconds;
-}
-
-}  // namespace
 
 std::vector<uint64_t> StartsBelow(absl::Span<const uint64_t> starts,
                                   uint64_t head) {
@@ -35,7 +21,9 @@ std::vector<uint64_t> StartsBelow(absl::Span<const uint64_t> starts,
 std::unique_ptr<ExactTail> ExactTail::Create(std::unique_ptr<Collective> inner,
                                              int world_size, int rank,
                                              uint64_t n, uint64_t tail) {
-  GM_CHECK(inner != nullptr && tail > 0 && tail < n) << tail << " " << n;
+  GM_CHECK(inner != nullptr && tail > 0 && tail < n &&
+           n <= std::numeric_limits<uint32_t>::max())
+      << tail << " " << n;
   absl::StatusOr<std::unique_ptr<DenseRing>> ring =
       DenseRing::Create(world_size, rank, tail);
   GM_CHECK(ring.ok()) << ring.status();  // the inner one took the same group
@@ -69,10 +57,10 @@ absl::StatusOr<Proposal> ExactTail::Reduce(absl::Span<const float> accumulator,
                       inner_->Reduce(accumulator.first(head_), context, stats));
   OpContext ring_context = context;
   ring_context.first_step = context.first_step + kPartSteps;
-  OpStats ring_stats;
+  // The ring's counts add to the inner ones (Reduce only adds to `stats`;
+  // result_nonzeros is set below).
   GM_ASSIGN_OR_RETURN(Proposal ring, ring_->Reduce(accumulator.subspan(head_),
-                                                   ring_context, &ring_stats));
-  AddCounts(ring_stats, stats);
+                                                   ring_context, stats));
 
   sparse::SparseBlock result;
   const size_t size = inner.result.size() + ring.result.size();
@@ -86,6 +74,7 @@ absl::StatusOr<Proposal> ExactTail::Reduce(absl::Span<const float> accumulator,
   for (uint32_t i : ring.result.indices) result.indices.push_back(i + shift);
   result.values.insert(result.values.end(), ring.result.values.begin(),
                        ring.result.values.end());
+  ring.result = {};  // its apply reads none of it
   stats->result_nonzeros = result.size();
   return Proposal{
       .result = std::move(result),

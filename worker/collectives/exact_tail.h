@@ -1,7 +1,7 @@
 // ExactTail: one operation that sums the last values of a buffer exactly and
 // the rest by a sparse algorithm, so that a bucket whose small tensors are
 // kept exact costs one operation a step (one agreement, one vote), not two
-// buckets' worth.
+// buckets' worth; the ring's schedule runs after the algorithm's.
 //
 // The buffer [0, n) is cut at head = n - tail: the inner algorithm runs on
 // [0, head) as if that range were its whole buffer (its tensors those of the
@@ -9,12 +9,14 @@
 // (dense_ring.h) sums [head, n) exactly and leaves no residual there. The
 // result is the inner result followed by the ring's `tail` entries, their
 // indices shifted by head; every worker gets it bitwise identical, and mass
-// is conserved as in each part (collective.h). A job that sums the two
-// ranges as two buffers of their own gets the same bits.
+// is conserved as in each part (collective.h). The bits are those of the
+// two ranges summed as two buffers of their own under the same operation id
+// (TopkDSA's quantization seeds from the id).
 //
 // The inner algorithm runs first, then the ring, tagged from kPartSteps
 // (OpContext::first_step): the parts never share a tag. Stats are the sum
-// of the two parts' counts; figures are the inner algorithm's.
+// of the two parts' counts; figures are the inner algorithm's. n must fit
+// the blocks' uint32 indices (checked).
 #ifndef GRADMESH_WORKER_COLLECTIVES_EXACT_TAIL_H_
 #define GRADMESH_WORKER_COLLECTIVES_EXACT_TAIL_H_
 

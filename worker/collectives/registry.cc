@@ -246,7 +246,9 @@ absl::StatusOr<std::unique_ptr<Collective>> CreateCollective(
     return FindAlgorithm("dense")->create(options, world_size, rank, n);
   }
   AlgorithmOptions head = options;
-  if (tail > 0) {
+  if (tail > 0 && n > 0) {
+    // The parts each fit; the whole must too (its result's indices).
+    GM_RETURN_IF_ERROR(ValidateCommon(world_size, rank, n, options.density));
     head.exact_tail = 0;
     head.tensor_starts = StartsBelow(options.tensor_starts, n - tail);
   }

@@ -77,13 +77,15 @@ absl::StatusOr<std::shared_ptr<Bucket>> OpenBucket(
     absl::StrAppend(&bucket->descriptor, " exact-last:", options.exact_tensors);
   }
   bucket->per_tensor_quota = options.per_tensor_quota;
-  bucket->exact = options.exact;
+  // A tail of every tensor is the whole bucket exact, and says so.
+  bucket->exact = options.exact || (options.exact_tensors > 0 &&
+                                    options.exact_tensors == tensors.size());
   for (uint64_t start = 0; const TensorSpec& t : tensors) {
     bucket->tensor_starts.push_back(start);
     start += t.size;
   }
-  for (size_t i = tensors.size() - options.exact_tensors; i < tensors.size();
-       ++i) {
+  for (size_t i = tensors.size() - options.exact_tensors;
+       !bucket->exact && i < tensors.size(); ++i) {
     bucket->exact_tail += tensors[i].size;
   }
   bucket->fingerprint = Fnv1a(bucket->descriptor);

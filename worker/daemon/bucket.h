@@ -40,7 +40,8 @@ struct BucketOptions {
   // Always summed exactly (the dense ring), whatever its size and the plan.
   bool exact = false;
   // The last this many tensors summed exactly in the bucket's own operation
-  // (collectives/exact_tail.h), the rest by the plan.
+  // (collectives/exact_tail.h), the rest by the plan; all of them: as
+  // `exact`.
   uint32_t exact_tensors = 0;
 };
 
@@ -73,7 +74,8 @@ struct Bucket {
   absl::flat_hash_set<std::pair<std::string, uint64_t>> members;
   bool per_tensor_quota = true;
   bool exact = false;  // BucketOptions::exact
-  // The values of the BucketOptions::exact_tensors last tensors.
+  // The values of the BucketOptions::exact_tensors last tensors (0 when the
+  // bucket is exact).
   uint64_t exact_tail = 0;
   SegmentLayout layout{0};
   SharedSegment segment;

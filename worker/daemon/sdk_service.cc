@@ -95,6 +95,7 @@ grpc::Status SdkService::Register(grpc::ServerContext* context,
   response->set_epoch(joined->epoch);
   response->set_rank(joined->rank);
   response->set_world_size(joined->world_size);
+  response->set_exact_tensors(request->exact_tensors());
   return grpc::Status::OK;
 }
 

@@ -362,8 +362,9 @@ TEST(DataPlaneTest, TheWarmUpsStepsAreSummedExactly) {
 
 // A bucket whose last tensor is registered exact: each step sums it exactly
 // (every value, no residual left there) and the other by the plan, in one
-// operation, the same on every worker, mass conserved. More exact tensors
-// than the bucket holds is refused, as are registrations that differ.
+// operation, the same on every worker, mass conserved. A tail of every
+// tensor is an exact bucket. More exact tensors than the bucket holds is
+// refused, as are registrations that differ.
 TEST(DataPlaneTest, TheExactLastTensorsAreSummedExactlyInTheSameOperation) {
   constexpr uint64_t kN = 1000, kHead = 900;
   Workers w(4, {.algorithm = "spardl", .density = 0.05, .teams = 2});
@@ -410,6 +411,13 @@ TEST(DataPlaneTest, TheExactLastTensorsAreSummedExactlyInTheSameOperation) {
   for (auto& thread : threads) thread.join();
   for (int r = 0; r < 4; ++r) {
     EXPECT_TRUE(absl::IsInvalidArgument(status[r])) << r << ": " << status[r];
+  }
+  // A tail of every tensor: the bucket summed exactly, and reported so.
+  auto whole = w.RegisterAll({"job", "e"}, {{"w", 90}, {"b", 10}}, {},
+                             {.exact_tensors = 2});
+  for (const auto& out : AllReduceAll(w, {.name = {"job", "e"}})) {
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_TRUE(out->exact);
   }
   const absl::Status too_many =
       w.Register(0, {"job", "d"}, {{"w", 90}}, {.exact_tensors = 2}).status();

@@ -137,6 +137,12 @@ class GrpcTransport::Stream final
 
   int peer() const { return peer_; }
 
+  // Its late callbacks no longer reach the service (which may be gone).
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    detached_ = true;
+  }
+
   bool WaitDone(absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithDeadline(absl::Condition(&done_), deadline);
@@ -156,7 +162,7 @@ class GrpcTransport::Stream final
               absl::StrCat("the stream to peer ", peer_, " broke"));
           broken_at_ = SteadyNow();
         }
-        broken = broken_;
+        if (!detached_) broken = broken_;
         queue_.clear();
         unacknowledged_.clear();
         release = closing_;  // Close is waiting for the queue to drain
@@ -295,6 +301,7 @@ class GrpcTransport::Stream final
   bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
   bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool detached_ ABSL_GUARDED_BY(mu_) = false;  // Detach()
 };
 
 absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
@@ -335,13 +342,18 @@ GrpcTransport::~GrpcTransport() {
   for (auto& s : streams) s->Close();
   // A peer that stopped reading cannot hold the process: cancel stragglers.
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  std::vector<std::shared_ptr<Stream>> stragglers;
   for (auto& s : streams) {
-    if (s->WaitDone(deadline)) continue;
-    s->Cancel();
-    if (s->WaitDone(absl::Now() + absl::Seconds(30))) continue;
-    // gRPC never ended the cancelled call. The stream is left behind (its
-    // late callbacks find the epoch closed) rather than hang the view change
-    // or shutdown that destroys this transport; a leak checker names it.
+    if (!s->WaitDone(deadline)) stragglers.push_back(s);
+  }
+  for (auto& s : stragglers) s->Cancel();
+  const absl::Time cancelled = absl::Now() + absl::Seconds(30);
+  for (auto& s : stragglers) {
+    if (s->WaitDone(cancelled)) continue;
+    // gRPC never ended the cancelled call. The stream is left behind,
+    // detached from the service, rather than hang the view change or
+    // shutdown that destroys this transport; a leak checker names it.
+    s->Detach();
     std::fprintf(stderr,
                  "gradmesh: the stream to peer %d of epoch %llu had not ended "
                  "30 s after it was cancelled; it is left behind\n",

@@ -161,7 +161,7 @@ def check_order(table, order, canonical):
             "order (saved with another exact_tensors_below, or with its "
             "default under another --density or --exact_below of the plan, "
             "or from another model): load it with the options it was saved "
-            "with (exact_tensors_below=0: no exact buckets, as in "
+            "with (exact_tensors_below=0: nothing summed apart, as in "
             "checkpoints of an earlier gradmesh)")
 
 

@@ -12,11 +12,12 @@ Each correction keeps per-parameter state on this process (created as zeros,
 so every process has the same tensors, which a checkpoint gathers) and
 offers:
     transform(p, group, slot, exact)  the direction of p's gradient, in
-                               place (`exact`: its bucket is expected to be
-                               summed exactly); a non-finite gradient is
-                               left as it is and the state unchanged (the
-                               worker refuses the step, a loss scaler skips
-                               it);
+                               place (`exact`: p is expected to be summed
+                               exactly: its bucket's sum is, or p is one
+                               of its exact last tensors); a non-finite
+                               gradient is left as it is and the state
+                               unchanged (the worker refuses the step, a
+                               loss scaler skips it);
     sent(p, slot)              after a sparse sum wrote `slot`;
     step(inner_step, exact)    the wrapped optimizer's step on the sums
                                (`exact`: ids of the parameters whose sum

@@ -69,8 +69,8 @@ def _default_exact(params, plan):
     that a process that starts late splits as the others did. None at
     density 1 (nothing is left out), for a model under exact_below (its one
     bucket is summed exactly anyway), or when the small parameters are more
-    than EXACT_SHARE of the model (their second operation a step then cost
-    more than it gained)."""
+    than EXACT_SHARE of the model (their exact sum then cost more than it
+    gained)."""
     total = sum(p.numel() for _, p in params)
     if plan.density >= 1 or total < plan.exact_below:
         return set()
@@ -757,8 +757,8 @@ def DistributedOptimizer(optimizer, named_parameters, op=gradmesh.Average,
     early in backward (one more operation a step, which on hosts without a
     spare core costs more than it hides: docs/benchmarks.md). num_buckets =
     M instead (the caps then unused) fuses them into M buckets of
-    ceil(L / M) tensors each (and the exact parameters, below, a bucket of
-    their own). A checkpoint saved with other buckets loads as
+    ceil(L / M) tensors each (the exact parameters, below, then join the
+    last). A checkpoint saved with other buckets loads as
     it is (not one of another exact_tensors_below split). fusion:
     "per_tensor" (SAFusion's quotas) or "after_fusion".
     backward_passes_per_step: N
