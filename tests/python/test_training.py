@@ -713,6 +713,23 @@ def test_momentum_masking_clears_the_velocity_only_when_asked(masking):
     assert torch.allclose(slot, expected, rtol=0, atol=1e-6)
 
 
+def assert_biases_follow_the_mean(model, optimizer, steps, momentum=0.0):
+    """Trains a Net for `steps` steps: after each, its biases have moved as
+    SGD with `momentum` on the exact mean gradient moves them (taken on a
+    copy of the model made before the step)."""
+    reference, velocity = Net(), {}
+    for step in range(steps):
+        reference.load_state_dict(model.state_dict())
+        mean_gradient(reference, step)
+        train(model, optimizer, [step])
+        for name in ("first.bias", "second.bias"):
+            p, q = (dict(m.named_parameters())[name]
+                    for m in (model, reference))
+            velocity[name] = momentum * velocity.get(name, 0) + q.grad
+            torch.testing.assert_close(p, q - LR * velocity[name], rtol=1e-5,
+                                       atol=1e-6)
+
+
 def test_exact_tensors_below_sums_small_tensors_exactly_under_any_plan():
     """exact_tensors_below: the smaller parameters (here the biases) go at
     the end of the last bucket, summed exactly in its own operation; the
@@ -721,22 +738,15 @@ def test_exact_tensors_below_sums_small_tensors_exactly_under_any_plan():
     of 146 values, over the sparse test plan's exact_below), SGD with
     momentum corrected is the one-process optimizer at every step, on every
     plan. A checkpoint moves only between optimizers of the same order."""
-    model, reference = Net(), Net()
+    model = Net()
     optimizer = wrap(model, exact_tensors_below=20)
     kinds = [(b.names, b.exact, b.exact_count)
              for b in optimizer._gradmesh_buckets]
     assert kinds == [(["second.weight"], False, 0),
                      (["first.weight", "second.bias", "first.bias"], False,
                       2)]
-    for step in range(2 + gradmesh.plan().warmup_steps):
-        reference.load_state_dict(model.state_dict())
-        mean_gradient(reference, step)
-        train(model, optimizer, [step])
-        for name in ("first.bias", "second.bias"):
-            p, q = (dict(m.named_parameters())[name]
-                    for m in (model, reference))
-            torch.testing.assert_close(p, q - LR * q.grad, rtol=1e-5,
-                                       atol=1e-6)
+    assert_biases_follow_the_mean(model, optimizer,
+                                  2 + gradmesh.plan().warmup_steps)
     algorithms = [b.last_algorithm for b in optimizer._gradmesh_buckets]
     assert algorithms[1] == gradmesh.plan().algorithm  # 114 values: the plan
     saved = optimizer.state_dict()
@@ -774,20 +784,12 @@ def test_an_exact_tail_keeps_plain_momentum_under_masking():
     summed exactly: with the momentum correction and its masking on, each
     step moves them as SGD with momentum on the mean gradient does (masking
     is for sparse sums; on an exact one it would clear every velocity)."""
-    model, reference = Net(), Net()
+    model = Net()
     optimizer = corrected(model, "sgd-masked", exact_tensors_below=20)
     assert optimizer._gradmesh_buckets[-1].exact_count == 2
-    velocity = {}
-    for step in range(3 + gradmesh.plan().warmup_steps):
-        reference.load_state_dict(model.state_dict())
-        mean_gradient(reference, step)
-        train(model, optimizer, [step])
-        for name in ("first.bias", "second.bias"):
-            p, q = (dict(m.named_parameters())[name]
-                    for m in (model, reference))
-            velocity[name] = 0.9 * velocity.get(name, 0) + q.grad
-            torch.testing.assert_close(p, q - LR * velocity[name], rtol=1e-5,
-                                       atol=1e-6)
+    assert_biases_follow_the_mean(model, optimizer,
+                                  3 + gradmesh.plan().warmup_steps,
+                                  momentum=0.9)
     finish(optimizer, model)
 
 
